@@ -1,0 +1,31 @@
+"""Plain records shared across the package: questions, passages, and the error type for bad input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class InputError(ValueError):
+    """Bad user input (a file, a line, a key). The message names where; the CLI prints it without a traceback."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question with its gold answers (aliases included; scored against the best)."""
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    type: str = ""
+    supporting_titles: tuple[str, ...] = ()
+    # Paragraphs that come with the record (HotpotQA `context`), as (title, text) pairs.
+    context: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable passage of a corpus."""
+
+    id: str
+    title: str
+    text: str
