@@ -1,0 +1,154 @@
+"""Throughput of sampling and cost of training-time log-probs on the default model.
+
+Prints new tokens/s of :class:`mhgpo.generation.HFGenerator` for batch sizes 1, 4 and 16 on 16 prompts
+of about 200 tokens (32 new tokens each), then the wall time and peak resident memory of
+:func:`mhgpo.logprobs.output_logprobs` forward + backward on 8 sequences of 256 tokens, next to a plain
+full-logits forward + backward for comparison.
+
+    python benchmarks/bench_generation.py [--model smollm2-135m] [--skip-full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import gc
+import threading
+import time
+from typing import Any, Callable
+
+import psutil
+import torch
+
+from mhgpo.generation import HFGenerator, SamplingParams
+from mhgpo.logprobs import output_logprobs
+from mhgpo.models import DEFAULT_MODEL, encode_chat, load_model
+
+PASSAGE = (
+    "The Berlin Wall was a guarded concrete barrier that encircled West Berlin from 1961 to 1989, "
+    "separating it from East Berlin and East Germany. Construction began on 13 August 1961. "
+    "The fall of the wall on 9 November 1989 paved the way for German reunification in October 1990. "
+)
+
+
+class PeakRSS:
+    """Samples the resident set size of this process every few milliseconds while active."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self.interval = interval
+        self.process = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __enter__(self) -> "PeakRSS":
+        self.peak = self.process.memory_info().rss
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+def make_prompts(tokenizer: Any, count: int = 16, target: int = 200) -> list[list[int]]:
+    """``count`` chat prompts of about ``target`` tokens each (lengths vary a little)."""
+    prompts = []
+    for i in range(count):
+        text = PASSAGE * 8
+        question = f"Question {i}: in which year did the wall fall, and what happened {i} months later?"
+        ids = encode_chat(tokenizer, [{"role": "user", "content": text + question}])
+        while len(ids) > target + (i % 5) * 4:
+            text = text[: int(len(text) * 0.95)]
+            ids = encode_chat(tokenizer, [{"role": "user", "content": text + question}])
+        prompts.append(ids)
+    return prompts
+
+
+def bench_generation(lm: Any, prompts: list[list[int]], batch_sizes: tuple[int, ...]) -> None:
+    params = SamplingParams(max_new_tokens=32, temperature=1.0, top_p=0.9)
+    HFGenerator(lm.model, lm.tokenizer, batch_size=4).generate(prompts[:4], SamplingParams(max_new_tokens=4))
+    mean_len = sum(map(len, prompts)) / len(prompts)
+    print(f"generation: {len(prompts)} prompts of {mean_len:.0f} tokens on average, max_new_tokens=32")
+    for size in batch_sizes:
+        torch.manual_seed(0)
+        generator = HFGenerator(lm.model, lm.tokenizer, batch_size=size)
+        start = time.perf_counter()
+        generations = generator.generate(prompts, params)
+        elapsed = time.perf_counter() - start
+        new = sum(len(g.output_ids) for g in generations)
+        print(f"  batch_size={size:>2}: {new:4d} new tokens in {elapsed:6.2f} s = {new / elapsed:7.1f} tokens/s")
+
+
+def release_freed_memory() -> None:
+    """Give freed heap memory back to the OS (glibc), so that RSS peaks of successive runs are comparable."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
+def measure(label: str, fn: Callable[[], None]) -> None:
+    release_freed_memory()
+    with PeakRSS() as peak:
+        base = peak.peak
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+    print(f"  {label}: {elapsed:6.2f} s, peak RSS {peak.peak / 2**20:7.0f} MiB (+{(peak.peak - base) / 2**20:.0f} MiB)")
+
+
+def bench_logprobs(lm: Any, skip_full: bool, batch: int = 8, length: int = 256, output_len: int = 128) -> None:
+    gen = torch.Generator().manual_seed(0)
+    vocab = lm.model.config.vocab_size
+    ids = torch.randint(0, vocab, (batch, length), generator=gen)  # (B, L)
+    prompts = [row[: length - output_len].tolist() for row in ids]
+    outputs = [row[length - output_len :].tolist() for row in ids]
+    model = lm.model
+    model.train()
+    print(f"training log-probs: {batch} sequences of {length} tokens ({output_len} output tokens each)")
+
+    def chunked() -> None:
+        logp, mask = output_logprobs(model, prompts, outputs, pad_id=lm.tokenizer.pad_token_id)
+        (logp * mask).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    def full() -> None:
+        logits = model(input_ids=ids).logits.float()  # (B, L, V)
+        logp = torch.log_softmax(logits, dim=-1)[:, length - output_len - 1 : -1]  # (B, T, V)
+        picked = logp.gather(2, ids[:, length - output_len :].unsqueeze(-1))  # (B, T, 1)
+        picked.sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    chunked()  # warm-up
+    measure("output_logprobs forward+backward", chunked)
+    if not skip_full:
+        measure("full-logits forward+backward (comparison)", full)
+    model.eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--skip-full", action="store_true", help="skip the full-logits comparison")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    lm = load_model(args.model)
+    print(f"model {lm.name} on {lm.device} ({lm.dtype}), loaded in {time.perf_counter() - start:.1f} s, "
+          f"{torch.get_num_threads()} threads")
+    bench_logprobs(lm, args.skip_full)
+    bench_generation(lm, make_prompts(lm.tokenizer), (1, 4, 16))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from mhgpo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,219 @@
+"""The `mhgpo` command line: data, ask, eval, train, demo.
+
+Flags are shortcuts for config keys; any config key can also be set with a trailing `key=value`.
+Bad input ends with one line naming the file, line or key, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def _flag_overrides(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
+    """`--flag value` → `key=value` for every flag given on the command line."""
+    out = []
+    for attr, key in mapping.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- commands
+
+
+def cmd_data_synth(args: argparse.Namespace) -> int:
+    from mhgpo.synth import write_world
+
+    paths = write_world(Path(args.out), seed=args.seed, n_train=args.train, n_dev=args.dev)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _team(model: str, gen_batch_size: int, seed: int):
+    from mhgpo.generation import HFGenerator
+    from mhgpo.models import encode_chat, load_model
+
+    import torch
+
+    torch.manual_seed(seed)
+    loaded = load_model(model)
+    generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=gen_batch_size)
+    return loaded, generator, (lambda messages: encode_chat(loaded.tokenizer, messages))
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from mhgpo.config import EvalConfig, load_config
+    from mhgpo.factory import build_workflow
+    from mhgpo.records import Example
+    from mhgpo.rollout import RolloutSpec, run_rollouts
+
+    overrides = _flag_overrides(args, {"model": "model", "corpus": "retrieval.corpus", "system": "system"})
+    cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
+    console = _console()
+    workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+    with console.status(f"loading {cfg.model} ..."):
+        loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed)
+    example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
+    batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True), np.random.default_rng(0))
+    for node in batch.nodes:
+        if node.kind == "tool":
+            console.rule(f"[bold]{node.agent}[/] (tool)")
+            for i, title in enumerate(node.info.get("titles", [])):
+                console.print(f"  Document{i}: {title}")
+            continue
+        console.rule(f"[bold]{node.agent}[/]")
+        console.print(node.output, markup=False)
+        details = {k: v for k, v in node.info.items() if v not in ("", [], None)}
+        if node.agent == "reranker":
+            titles = batch.leaves()[0].trace.get("selected_titles", [])
+            details["selected_titles"] = titles
+        if node.penalty:
+            details["penalty"] = node.penalty
+        for k, v in details.items():
+            console.print(f"  [dim]{k}:[/] {v}", markup=True, highlight=False)
+    leaf = batch.leaves()[0]
+    console.rule("[bold]answer[/]")
+    console.print(leaf.final_answer, markup=False)
+    if args.gold:
+        console.print(f"[dim]F1 against the gold answer:[/] {leaf.terminal:.2f}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mhgpo.config import EvalConfig, dump_config, load_config
+    from mhgpo.evaluate import evaluate_examples, metrics_table, write_eval
+    from mhgpo.factory import build_workflow, load_examples
+
+    overrides = _flag_overrides(
+        args,
+        {
+            "data": "data",
+            "model": "model",
+            "limit": "limit",
+            "batch_size": "batch_size",
+            "corpus": "retrieval.corpus",
+            "retriever": "retrieval.retriever",
+            "index": "retrieval.index",
+            "system": "system",
+            "seed": "seed",
+            "output_dir": "output_dir",
+        },
+    )
+    cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
+    console = _console()
+    examples = load_examples(cfg.data, cfg.limit)
+    with console.status("preparing retrieval ..."):
+        workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+    with console.status(f"loading {cfg.model} ..."):
+        loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed)
+    console.print(f"[dim]{len(examples)} questions from {cfg.data}; model {loaded.name} on {loaded.device}[/]")
+    result = evaluate_examples(examples, workflow, generator, encode, cfg.batch_size)
+    console.print(metrics_table({f"{cfg.system} / {cfg.data}": result.metrics}))
+    behaviour = {k: v for k, v in result.metrics.items() if "/" in k}
+    console.print("  ".join(f"{k} {v:.2f}" for k, v in behaviour.items()))
+    console.print(f"{result.metrics['n']} questions in {result.metrics['seconds']:.1f} s "
+                  f"({result.metrics['n'] / max(result.metrics['seconds'], 1e-9):.2f} questions/s)")
+    if cfg.output_dir:
+        out = Path(cfg.output_dir)
+        write_eval(result, out, {"data": cfg.data, "model": cfg.model, "system": cfg.system})
+        dump_config(cfg, out / "eval_config.yaml")
+        console.print(f"wrote {out / 'metrics.json'} and {out / 'predictions.jsonl'}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mhgpo", description="Train and evaluate LLM multi-agent search systems with MHGPO."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="data utilities")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    synth = data_sub.add_parser("synth", help="write a synthetic mini-wiki world (corpus, train, dev)")
+    synth.add_argument("--out", required=True, help="output folder")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--train", type=int, default=2000, help="number of training questions")
+    synth.add_argument("--dev", type=int, default=200, help="number of dev questions")
+    synth.set_defaults(func=cmd_data_synth)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="a YAML config file")
+        p.add_argument("--model", help="smollm2-135m (default), a Hugging Face id, a local folder or a .gguf file")
+        p.add_argument("--corpus", help="a JSONL corpus (id, title, text), or 'context'")
+        p.add_argument("--system", choices=["mas", "llm"], help="the team (mas, default) or the model alone (llm)")
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+    ask = sub.add_parser("ask", help="run the team on one question and show what each agent did")
+    ask.add_argument("question")
+    ask.add_argument("--gold", action="append", help="a gold answer (to print the F1)")
+    common(ask)
+    ask.set_defaults(func=cmd_ask)
+
+    ev = sub.add_parser("eval", help="evaluate the team on a data set (Acc / EM / F1)")
+    ev.add_argument("--data", help="synthetic (default) or hotpotqa:PATH")
+    ev.add_argument("--limit", type=int, help="evaluate the first N questions")
+    ev.add_argument("--batch-size", type=int, help="questions per breadth-first batch")
+    ev.add_argument("--retriever", help="bm25 (default)")
+    ev.add_argument("--index", help="a built index folder to reuse")
+    ev.add_argument("--seed", type=int)
+    ev.add_argument("--output-dir", help="where to write metrics.json and predictions.jsonl")
+    common(ev)
+    ev.set_defaults(func=cmd_eval)
+
+    from mhgpo import train_cli
+
+    train_cli.add_commands(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mhgpo.records import InputError
+
+    _quiet_libraries()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as e:
+        print(f"mhgpo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mhgpo: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Typed configuration: dataclasses, YAML files that are dumps of them, and `key=value` overrides.
+
+Every entry point has one config dataclass (`EvalConfig`, `TrainConfig`). A YAML file is a (partial) dump of
+it; command-line overrides use dotted keys (`system.top_k=5`, `train.lr=1e-5`). Unknown keys and values of the
+wrong type are rejected with an `InputError` that names the key (and the file when there is one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from mhgpo.records import InputError
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class AgentSampling:
+    """Per-agent generation settings (used when sampling; evaluation decodes greedily)."""
+
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 0.9
+
+
+@dataclasses.dataclass
+class SystemConfig:
+    """The default three-agent search system (DESIGN §2): retrieval sizes, format rules and penalties."""
+
+    top_k: int = 3  # passages retrieved per sub-query
+    max_candidates: int = 10  # candidates shown to the Reranker after merging
+    snippet_words: int = 60  # words of each passage shown to the agents
+    max_subqueries: int = 4
+    max_query_chars: int = 300
+    max_answer_words: int = 30
+    rewriter_penalty: float = -0.5
+    reranker_penalty: float = -0.5
+    answerer_penalty: float = -1.0
+    rewriter: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=48))
+    reranker: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=16))
+    answerer: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=24))
+
+
+@dataclasses.dataclass
+class RetrievalConfig:
+    corpus: str | None = None  # JSONL corpus; None: the data's own corpus (synthetic world / record contexts)
+    retriever: str = "bm25"
+    index: str | None = None  # a built index folder to reuse
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    data: str = "synthetic"
+    model: str = "smollm2-135m"
+    system: str = "mas"
+    limit: int | None = None
+    batch_size: int = 32  # questions per breadth-first batch
+    gen_batch_size: int = 16  # sequences per generate() call
+    seed: int = 0
+    output_dir: str | None = None
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+
+
+# ----------------------------------------------------------------------------------------------- machinery
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check (and mildly coerce) `value` against the annotation `tp`; raise InputError naming `key`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except InputError as e:
+                errors.append(str(e))
+        if len(errors) == 1:
+            raise InputError(errors[0] + (" (or null)" if type(None) in args else ""))
+        raise InputError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise InputError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin in (list, tuple):
+        (inner, *_) = typing.get_args(tp) or (Any,)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise InputError(f"{key}: expected a list, got {value!r}")
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise InputError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise InputError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise InputError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise InputError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a (partial) nested dict; unknown keys raise InputError naming them."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InputError(
+            f"unknown config key {prefix}{unknown[0]!s}; valid keys here: {', '.join(prefix + n for n in sorted(names))}"
+        )
+    kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise InputError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise InputError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    base: dict[str, Any] | None = None,
+) -> T:
+    """defaults ← `base` ← YAML file ← `overrides` (`a.b=value`), checked against `cls`."""
+    tree: dict[str, Any] = dict(base or {})
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"{p}: config file not found")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise InputError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(loaded, dict):
+            raise InputError(f"{p}: a config file must be a mapping of keys to values")
+        tree = _merge(tree, loaded)
+        try:
+            from_dict(cls, tree)
+        except InputError as e:
+            raise InputError(f"{p}: {e}") from None
+    for text in overrides:
+        keys, value = parse_override(text)
+        _set_path(tree, keys, value)
+    return from_dict(cls, tree)
+
+
+def dump_config(obj: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    from mhgpo.io import atomic_write_text
+
+    atomic_write_text(Path(path), yaml.safe_dump(to_dict(obj), sort_keys=False))
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    aggr: str = "mean"  # Aggr of paper Eq. (aggr): mean | max | min | rand
+    penalties: bool = True  # False: final-only reward (no agent-specific penalties)
+
+    def validate(self) -> None:
+        if self.aggr not in ("mean", "max", "min", "rand"):
+            raise InputError(f"reward.aggr: expected mean, max, min or rand, got {self.aggr!r}")
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine (after warm-up)
+    max_grad_norm: float = 1.0
+    ppo_epochs: int = 1
+    clip_eps: float = 0.2
+    kl_beta: float = 0.001
+    micro_batch_tokens: int = 4096  # prompt + output tokens per forward/backward (padding included)
+    logprob_chunk: int = 256  # output positions per log-softmax chunk
+
+    def validate(self) -> None:
+        if self.schedule not in ("constant", "cosine"):
+            raise InputError(f"optim.schedule: expected constant or cosine, got {self.schedule!r}")
+        if self.lr <= 0:
+            raise InputError(f"optim.lr: must be positive, got {self.lr}")
+        if self.ppo_epochs < 1:
+            raise InputError(f"optim.ppo_epochs: must be at least 1, got {self.ppo_epochs}")
+
+
+@dataclasses.dataclass
+class LoraConfig:
+    enabled: bool = True
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = dataclasses.field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    model: str = "smollm2-135m"
+    data: str = "synthetic:train"
+    val_data: str = "synthetic:dev"
+    system: str = "mas"
+    algo: str = "mhgpo"
+    sampler: str = "rr"  # is | fof | rr | fof_os
+    steps: int = 20
+    questions_per_step: int = 8
+    group_size: int = 4
+    rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
+    regroup_within_role: bool = True
+    seed: int = 0
+    output_dir: str = "runs/train"
+    eval_every: int = 10  # 0: never during training
+    val_limit: int = 50
+    eval_batch_size: int = 32
+    gen_batch_size: int = 16
+    save_every: int = 10
+    keep_checkpoints: int = 2
+    max_rounds: int = 64  # safety bound on workflow steps per rollout
+    train_roles: list[str] | None = None  # None: every role trains
+    frozen_roles: list[str] = dataclasses.field(default_factory=list)
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+
+    def validate(self) -> None:
+        if self.sampler not in ("is", "fof", "rr", "fof_os"):
+            raise InputError(f"sampler: expected is, fof, rr or fof_os, got {self.sampler!r}")
+        if self.group_size < 2:
+            raise InputError(f"group_size: must be at least 2, got {self.group_size}")
+        if self.steps < 1 or self.questions_per_step < 1:
+            raise InputError("steps and questions_per_step must be at least 1")
+        if self.algo not in ("mhgpo",):
+            raise InputError(f"algo: expected mhgpo, got {self.algo!r}")
+        if any(p < 0 for p in self.rr_probs) or sum(self.rr_probs) <= 0:
+            raise InputError(f"rr_probs: expected non-negative probabilities, got {self.rr_probs}")

@@ -1,0 +1,159 @@
+"""Training-time log-probabilities of output tokens given their prompts, differentiable.
+
+:func:`output_logprobs` runs the model backbone once over right-padded ``prompt + output`` rows, keeps
+only the hidden states at the positions that predict output tokens, and applies the LM head and the
+log-softmax to those in chunks of positions; each chunk is checkpointed when gradients are needed, so
+the full-vocabulary logits of a chunk are recomputed in the backward pass rather than kept. No
+full-vocabulary log-softmax is ever taken over prompt positions.
+
+:func:`output_logprobs_reference` is the slow, obviously correct version used to test it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def _causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside ``model`` (a peft wrapper is looked through; adapters stay active,
+    since peft injects its layers into the wrapped modules)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _backbone_and_head(model: Any) -> tuple[Any, Any]:
+    """The decoder stack (returning final, normalised hidden states) and the LM head of ``model``."""
+    lm = _causal_lm(model)
+    head = lm.get_output_embeddings()
+    backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+    if backbone is None or backbone is lm:
+        prefix = getattr(lm, "base_model_prefix", "")
+        backbone = getattr(lm, prefix, None) if prefix else None
+    if head is None or backbone is None or backbone is lm:
+        raise TypeError(f"cannot split {type(lm).__name__} into a backbone and an LM head")
+    return backbone, head
+
+
+def _soft_cap(lm: Any) -> float | None:
+    cap = getattr(getattr(lm, "config", None), "final_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def _check(prompts: list[list[int]], outputs: list[list[int]], temperature: float) -> None:
+    if len(prompts) != len(outputs):
+        raise ValueError(f"{len(prompts)} prompts but {len(outputs)} outputs")
+    if temperature <= 0.0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty: the first output token would have no context")
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _token_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, cap: float | None
+) -> torch.Tensor:
+    """``log_softmax(head(hidden) / T)`` at ``targets``: hidden (N, H), targets (N,) -> (N,) float32."""
+    logits = head(hidden).float()  # (N, V)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap  # (N, V)
+    logits = logits / temperature  # (N, V)
+    picked = logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
+    return picked - torch.logsumexp(logits, dim=-1)  # (N,)
+
+
+def output_logprobs(
+    model: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+    pad_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each output token given its prompt and the preceding output tokens.
+
+    Returns ``(logp, mask)``, both (B, T_out) with ``T_out = max(len(o) for o in outputs)``: ``logp`` is
+    float32, differentiable w.r.t. the model parameters, 0 where ``mask`` is False; ``mask`` is bool.
+    ``chunk_size`` bounds the number of positions whose full-vocabulary logits exist at once.
+    """
+    _check(prompts, outputs, temperature)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    device = _device(model)
+    batch = len(prompts)
+    t_out = max((len(o) for o in outputs), default=0)
+    mask = torch.zeros((batch, t_out), dtype=torch.bool, device=device)  # (B, T_out)
+    for row, out in enumerate(outputs):
+        mask[row, : len(out)] = True
+    if batch == 0 or t_out == 0:
+        return torch.zeros((batch, t_out), dtype=torch.float32, device=device), mask
+
+    backbone, head = _backbone_and_head(model)
+    cap = _soft_cap(_causal_lm(model))
+    lengths = [len(p) + len(o) for p, o in zip(prompts, outputs)]
+    width = max(lengths)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (B, L)
+    rows: list[int] = []  # per output token: its row ...
+    cols: list[int] = []  # ... and the position whose hidden state predicts it
+    for row, (prompt, out) in enumerate(zip(prompts, outputs)):
+        input_ids[row, : lengths[row]] = torch.tensor(list(prompt) + list(out), dtype=torch.long)
+        attention_mask[row, : lengths[row]] = 1
+        rows.extend([row] * len(out))
+        cols.extend(range(len(prompt) - 1, len(prompt) - 1 + len(out)))
+    # Trim padding columns that predict nothing: the last real position of each row predicts no token.
+    input_ids = input_ids[:, : width - 1].to(device)  # (B, L-1)
+    attention_mask = attention_mask[:, : width - 1].to(device)  # (B, L-1)
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = out.last_hidden_state  # (B, L-1, H)
+    row_idx = torch.tensor(rows, dtype=torch.long, device=device)  # (N,)
+    col_idx = torch.tensor(cols, dtype=torch.long, device=device)  # (N,)
+    picked_hidden = hidden[row_idx, col_idx]  # (N, H)
+    targets = torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device)  # (N,)
+
+    needs_grad = torch.is_grad_enabled() and picked_hidden.requires_grad
+    pieces = []
+    for start in range(0, targets.shape[0], chunk_size):
+        h = picked_hidden[start : start + chunk_size]  # (n, H)
+        t = targets[start : start + chunk_size]  # (n,)
+        if needs_grad:
+            pieces.append(checkpoint(_token_logprobs, h, t, head, temperature, cap, use_reentrant=False))  # (n,)
+        else:
+            pieces.append(_token_logprobs(h, t, head, temperature, cap))  # (n,)
+    flat = torch.cat(pieces)  # (N,)
+    logp = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)
+    logp = logp.masked_scatter(mask, flat)  # (B, T_out), row-major order matches `rows`
+    return logp, mask
+
+
+def output_logprobs_reference(
+    model: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`output_logprobs`, computed one sample at a time with a full forward pass and
+    a full log-softmax over every position. Slow; for tests."""
+    _check(prompts, outputs, temperature)
+    device = _device(model)
+    batch = len(prompts)
+    t_out = max((len(o) for o in outputs), default=0)
+    logp = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)
+    mask = torch.zeros((batch, t_out), dtype=torch.bool, device=device)  # (B, T_out)
+    for row, (prompt, out) in enumerate(zip(prompts, outputs)):
+        if not out:
+            continue
+        ids = torch.tensor([list(prompt) + list(out)], dtype=torch.long, device=device)  # (1, L)
+        logits = model(input_ids=ids).logits.float()  # (1, L, V)
+        all_logp = torch.log_softmax(logits / temperature, dim=-1)[0]  # (L, V)
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(out), device=device)  # (T,)
+        targets = torch.tensor(out, dtype=torch.long, device=device)  # (T,)
+        logp[row, : len(out)] = all_logp[positions, targets]  # (T,)
+        mask[row, : len(out)] = True
+    return logp, mask

@@ -1,0 +1,191 @@
+"""The policy side of training: the shared model (full or LoRA), its reference, and one MHGPO update.
+
+The reference policy is the initial model: under LoRA the same model with the adapter disabled (no second
+copy), else a frozen copy. Log-probs are computed only at output positions, in chunks (`mhgpo.logprobs`).
+One update = `ppo_epochs` passes over the step's samples, each pass one optimiser step whose gradient is
+accumulated over micro-batches; the step-wide token weights make it independent of the micro-batch cut.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mhgpo.config import LoraConfig, OptimConfig
+from mhgpo.logprobs import output_logprobs
+from mhgpo.losses import mhgpo_policy_loss, token_weights
+
+
+@dataclass
+class Sample:
+    """One trained LLM call."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    old_logprobs: list[float]
+    advantage: float
+    agent: str
+    temperature: float = 1.0
+
+
+class Policy:
+    """The trainable model, its optimiser and scheduler, and its reference."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, optim: OptimConfig, lora: LoraConfig, total_steps: int):
+        self.cfg = optim
+        self.pad_id = pad_id
+        self.lora = lora.enabled
+        if lora.enabled:
+            from peft import LoraConfig as PeftLoraConfig
+            from peft import get_peft_model
+
+            present = {name.split(".")[-1] for name, _ in model.named_modules()}
+            targets = [t for t in lora.target_modules if t in present]
+            if not targets:
+                raise ValueError(f"lora.target_modules {lora.target_modules} match no module of the model")
+            peft_cfg = PeftLoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none"
+            )
+            model = get_peft_model(model, peft_cfg)
+            self.ref_model = None
+        else:
+            self.ref_model = copy.deepcopy(model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.model = model
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim, total_steps))
+
+    # ----------------------------------------------------------------------------------------------- helpers
+
+    def _reference_context(self):
+        return self.model.disable_adapter() if self.lora else nullcontext()
+
+    def _logprobs(self, model: torch.nn.Module, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        return output_logprobs(
+            model,
+            [s.prompt_ids for s in batch],
+            [s.output_ids for s in batch],
+            temperature=batch[0].temperature,
+            chunk_size=self.cfg.logprob_chunk,
+            pad_id=self.pad_id,
+        )
+
+    @torch.no_grad()
+    def reference_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """log pi_ref of every sample's output tokens (list of 1-D tensors)."""
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        was_training = self.model.training
+        self.model.eval()
+        model = self.model if self.lora else self.ref_model
+        with self._reference_context():
+            for idx in micro_batches(samples, self.cfg.micro_batch_tokens):
+                logp, mask = self._logprobs(model, [samples[i] for i in idx])
+                for row, i in enumerate(idx):
+                    out[i] = logp[row, : int(mask[row].sum())].detach()
+        self.model.train(was_training)
+        return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------------------------ update
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """`ppo_epochs` optimiser steps on the step's samples; returns loss / kl / clip_fraction / grad_norm."""
+        samples = [s for s in samples if s.output_ids]
+        if not samples:
+            self.scheduler.step()
+            return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "ratio": 1.0}
+        ref = self.reference_logprobs(samples) if self.cfg.kl_beta != 0 else None
+        weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
+        batches = micro_batches(samples, self.cfg.micro_batch_tokens)
+        totals: dict[str, float] = {}
+        self.model.train()
+        for _epoch in range(self.cfg.ppo_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_sum, tok = 0.0, 0.0
+            acc = {"kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0}
+            for idx in batches:
+                batch = [samples[i] for i in idx]
+                logp, mask = self._logprobs(self.model, batch)  # (b, T) (b, T)
+                old = _pad([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
+                ref_b = _pad([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
+                adv = torch.tensor([s.advantage for s in batch], dtype=logp.dtype)  # (b,)
+                loss, stats = mhgpo_policy_loss(
+                    logp, old.to(logp.device), None if ref_b is None else ref_b.to(logp.device), adv.to(logp.device),
+                    weights[idx].to(logp.device), mask, self.cfg.clip_eps, self.cfg.kl_beta,
+                )
+                loss.backward()
+                loss_sum += float(loss)
+                n = stats["n_tokens"]
+                tok += n
+                for k in acc:
+                    acc[k] += stats.get(k, 0.0) * n
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+            self.optimizer.step()
+            totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **{k: v / max(tok, 1) for k, v in acc.items()}}
+        self.scheduler.step()
+        totals["lr"] = self.scheduler.get_last_lr()[0]
+        return totals
+
+
+def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=rows[0].dtype if rows else torch.float32)  # (b, T)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r[:width]
+    return out
+
+
+def micro_batches(samples: list[Sample], max_tokens: int) -> list[list[int]]:
+    """Indices of samples packed by length (same temperature together) so that
+    rows × longest (prompt + output) ≤ max_tokens; a longer single sample gets a batch of its own."""
+    order = sorted(range(len(samples)), key=lambda i: (samples[i].temperature, _len(samples[i])))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current:
+            longest = max(_len(samples[j]) for j in current + [i])
+            same_temp = samples[current[0]].temperature == samples[i].temperature
+            if not same_temp or longest * (len(current) + 1) > max_tokens:
+                batches.append(current)
+                current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _len(s: Sample) -> int:
+    return len(s.prompt_ids) + len(s.output_ids)
+
+
+def _lr_lambda(cfg: OptimConfig, total_steps: int):
+    def f(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "cosine":
+            span = max(total_steps - cfg.warmup_steps, 1)
+            progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return f
+
+
+def peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def describe(model: torch.nn.Module) -> dict[str, Any]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"parameters": total, "trainable": trainable}

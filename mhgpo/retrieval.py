@@ -1,0 +1,347 @@
+"""BM25 retrieval over a passage corpus, built on the `bm25s` library.
+
+Each passage is indexed as `title + " " + text`, lowercased, split into word tokens, with English
+stop words removed; tokens are stemmed with PyStemmer's English stemmer when that package is
+installed (it is optional). Only passages that share at least one token with the query are
+returned (a query of stop words alone finds nothing), best score first.
+
+A `BM25Retriever` keeps an LRU cache keyed by (query, k), so repeated searches cost nothing.
+`load_or_build_bm25` reuses an index saved on disk when its corpus fingerprint matches and rebuilds
+it otherwise; `index_dir_for` says where the index of a corpus file lives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence, Union
+
+import bm25s
+import numpy as np
+
+from mhgpo.data import load_corpus_jsonl
+from mhgpo.records import InputError, Passage
+
+__all__ = [
+    "BM25Retriever",
+    "CacheInfo",
+    "corpus_fingerprint",
+    "index_dir_for",
+    "load_or_build_bm25",
+]
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+META_FILE = "meta.json"
+PASSAGES_FILE = "passages.jsonl"
+INDEX_FORMAT = 1
+STOPWORDS = "en"
+DEFAULT_CACHE_SIZE = 65536
+
+
+class CacheInfo(NamedTuple):
+    """Counters of the (query, k) result cache."""
+
+    hits: int
+    misses: int
+    size: int
+    maxsize: int
+
+
+def _stemmer() -> Any | None:
+    """PyStemmer's English stemmer when installed, else None."""
+    try:
+        import Stemmer  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return Stemmer.Stemmer("english")
+
+
+def _tokenizer_config(stemmer: Any | None, k1: float, b: float) -> dict[str, Any]:
+    return {"stopwords": STOPWORDS, "stemmer": "english" if stemmer is not None else None, "k1": k1, "b": b}
+
+
+def corpus_fingerprint(passages: Sequence[Passage]) -> dict[str, Any]:
+    """`{"count": N, "sha256": HEX}` over the ids, titles and texts of `passages`, in order."""
+    digest = hashlib.sha256()
+    for p in passages:
+        digest.update(json.dumps([p.id, p.title, p.text], ensure_ascii=False).encode("utf-8"))
+        digest.update(b"\n")
+    return {"count": len(passages), "sha256": digest.hexdigest()}
+
+
+def _doc_text(passage: Passage) -> str:
+    return f"{passage.title} {passage.text}"
+
+
+class BM25Retriever:
+    """BM25 search over a fixed list of passages, with a (query, k) result cache."""
+
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        index: bm25s.BM25 | None,
+        stemmer: Any | None = None,
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        """Wrap an already built `bm25s` index (None for an empty corpus); use `build` or `load`."""
+        self.passages: tuple[Passage, ...] = tuple(passages)
+        self._index = index
+        self._stemmer = stemmer
+        self.k1, self.b = k1, b
+        self.fingerprint = corpus_fingerprint(self.passages)
+        self._cache: OrderedDict[tuple[str, int], tuple[Passage, ...]] = OrderedDict()
+        self._cache_size = cache_size
+        self._hits = 0
+        self._misses = 0
+        self._lock = threading.Lock()
+
+    # --- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        passages: Sequence[Passage],
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> BM25Retriever:
+        """Index `passages` (title + text of each)."""
+        stemmer = _stemmer()
+        index = None
+        if passages:
+            tokens = bm25s.tokenize(
+                [_doc_text(p) for p in passages], stopwords=STOPWORDS, stemmer=stemmer, show_progress=False
+            )
+            index = bm25s.BM25(k1=k1, b=b)
+            index.index(tokens, show_progress=False)
+        return cls(passages, index, stemmer, k1=k1, b=b, cache_size=cache_size)
+
+    def meta(self) -> dict[str, Any]:
+        """What `save` writes to meta.json: format, corpus fingerprint and tokenizer settings."""
+        return {"format": INDEX_FORMAT, **self.fingerprint, **_tokenizer_config(self._stemmer, self.k1, self.b)}
+
+    def save(self, directory: PathLike) -> None:
+        """Write the bm25s index, passages.jsonl and meta.json (last) into `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self._index is not None:
+            self._index.save(str(directory), show_progress=False)
+        with open(directory / PASSAGES_FILE, "w", encoding="utf-8") as f:
+            for p in self.passages:
+                f.write(json.dumps({"id": p.id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n")
+        (directory / META_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory: PathLike, *, cache_size: int = DEFAULT_CACHE_SIZE) -> BM25Retriever:
+        """Load an index written by `save`; InputError if it is missing, incomplete or inconsistent."""
+        directory = Path(directory)
+        meta = read_meta(directory)
+        if meta is None:
+            raise InputError(f"{directory}: not a BM25 index (no readable {META_FILE})")
+        passages = load_corpus_jsonl(directory / PASSAGES_FILE) if meta.get("count") else []
+        if corpus_fingerprint(passages) != {"count": meta.get("count"), "sha256": meta.get("sha256")}:
+            raise InputError(f"{directory}: {PASSAGES_FILE} does not match {META_FILE}; delete the folder to rebuild")
+        return cls._from_meta(directory, passages, meta, cache_size)
+
+    @classmethod
+    def _from_meta(
+        cls, directory: Path, passages: Sequence[Passage], meta: dict[str, Any], cache_size: int
+    ) -> BM25Retriever:
+        stemmer = _stemmer() if meta.get("stemmer") else None
+        if meta.get("stemmer") and stemmer is None:
+            raise InputError(f"{directory}: index was built with PyStemmer, which is not installed")
+        k1, b = float(meta.get("k1", 1.5)), float(meta.get("b", 0.75))
+        index = None
+        if passages:
+            try:
+                index = bm25s.BM25.load(str(directory), show_progress=False)
+            except (OSError, ValueError, KeyError) as err:
+                raise InputError(f"{directory}: cannot load the bm25s index ({err})") from None
+            if int(index.scores["num_docs"]) != len(passages):
+                raise InputError(f"{directory}: index holds {index.scores['num_docs']} documents, expected {len(passages)}")
+        return cls(passages, index, stemmer, k1=k1, b=b, cache_size=cache_size)
+
+    # --- search ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        """The top `k` passages for `query` (fewer when fewer share a token with it)."""
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        """`search` for each query; queries not in the cache are scored in one bm25s call."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        results: list[tuple[Passage, ...] | None] = [None] * len(queries)
+        todo: dict[str, list[int]] = {}
+        with self._lock:
+            for i, query in enumerate(queries):
+                if query in todo:  # repeated within this batch: searched once
+                    self._hits += 1
+                    todo[query].append(i)
+                    continue
+                cached = self._cache_get((query, k))
+                if cached is not None:
+                    self._hits += 1
+                    results[i] = cached
+                else:
+                    self._misses += 1
+                    todo[query] = [i]
+        found = self._search_uncached(list(todo), k)
+        with self._lock:
+            for (query, positions), hits in zip(todo.items(), found):
+                self._cache_put((query, k), hits)
+                for i in positions:
+                    results[i] = hits
+        return [list(r or ()) for r in results]
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses and size of the (query, k) result cache."""
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, len(self._cache), self._cache_size)
+
+    def cache_clear(self) -> None:
+        """Empty the result cache and reset its counters."""
+        with self._lock:
+            self._cache.clear()
+            self._hits = self._misses = 0
+
+    def _cache_get(self, key: tuple[str, int]) -> tuple[Passage, ...] | None:
+        hits = self._cache.get(key)
+        if hits is not None:
+            self._cache.move_to_end(key)
+        return hits
+
+    def _cache_put(self, key: tuple[str, int], hits: tuple[Passage, ...]) -> None:
+        if self._cache_size <= 0:
+            return
+        self._cache[key] = hits
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def _query_tokens(self, queries: list[str]) -> list[list[str]]:
+        """Query tokens that occur in the index vocabulary (possibly none)."""
+        assert self._index is not None
+        tokens = bm25s.tokenize(
+            queries, stopwords=STOPWORDS, stemmer=self._stemmer, return_ids=False, show_progress=False
+        )
+        vocab = self._index.vocab_dict
+        return [[t for t in query if t and t in vocab] for query in tokens]
+
+    def _search_uncached(self, queries: list[str], k: int) -> list[tuple[Passage, ...]]:
+        if not queries or k == 0 or self._index is None:
+            return [() for _ in queries]
+        tokens = self._query_tokens(queries)
+        live = [i for i, t in enumerate(tokens) if t]
+        found: list[tuple[Passage, ...]] = [() for _ in queries]
+        if not live:
+            return found
+        k_eff = min(k, len(self.passages))
+        docs, scores = self._index.retrieve([tokens[i] for i in live], k=k_eff, show_progress=False)
+        for row, i in enumerate(live):
+            found[i] = self._ranked(np.asarray(docs[row]), np.asarray(scores[row]))
+        return found
+
+    def _ranked(self, docs: np.ndarray, scores: np.ndarray) -> tuple[Passage, ...]:
+        """Passages with a positive score, best first (ties by corpus order)."""
+        pairs = sorted((-float(s), int(d)) for d, s in zip(docs, scores) if s > 0)
+        return tuple(self.passages[d] for _, d in pairs)
+
+
+# --- on-disk indexes ----------------------------------------------------------------------------
+
+
+def read_meta(directory: PathLike) -> dict[str, Any] | None:
+    """The meta.json of a saved index, or None when it is absent or unreadable."""
+    try:
+        meta = json.loads((Path(directory) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _expected_meta(passages: Sequence[Passage], k1: float, b: float) -> dict[str, Any]:
+    return {"format": INDEX_FORMAT, **corpus_fingerprint(passages), **_tokenizer_config(_stemmer(), k1, b)}
+
+
+def _is_ours_or_empty(directory: Path) -> bool:
+    return not directory.exists() or (directory / META_FILE).exists() or not any(directory.iterdir())
+
+
+def _replace_dir(tmp: Path, target: Path) -> None:
+    """Move `tmp` to `target`, replacing an older index there."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old / "index")
+    try:
+        os.replace(tmp, target)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _save_atomically(retriever: BM25Retriever, index_dir: Path) -> None:
+    if not _is_ours_or_empty(index_dir):
+        raise InputError(f"{index_dir}: exists and is not a BM25 index; refusing to overwrite it")
+    index_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.", suffix=".tmp", dir=index_dir.parent))
+    try:
+        retriever.save(tmp)
+        _replace_dir(tmp, index_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_or_build_bm25(
+    passages: Sequence[Passage], index_dir: PathLike, *, k1: float = 1.5, b: float = 0.75
+) -> BM25Retriever:
+    """Load the index in `index_dir` if it was built from these passages with these settings;
+    otherwise build one and save it there (written to a temporary folder, then renamed)."""
+    index_dir = Path(index_dir)
+    meta = read_meta(index_dir)
+    if meta == _expected_meta(passages, k1, b):
+        try:
+            return BM25Retriever._from_meta(index_dir, passages, meta, DEFAULT_CACHE_SIZE)
+        except InputError as err:
+            log.warning("rebuilding the BM25 index: %s", err)
+    retriever = BM25Retriever.build(passages, k1=k1, b=b)
+    try:
+        _save_atomically(retriever, index_dir)
+    except OSError as err:
+        log.warning("could not save the BM25 index to %s (%s); using it in memory", index_dir, err)
+    return retriever
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("MHGPO_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "mhgpo"
+
+
+def index_dir_for(corpus_path: PathLike) -> Path:
+    """`<corpus_path>.bm25` next to the corpus when that folder is writable, else
+    `$MHGPO_CACHE/indexes/<sha>` (default `~/.cache/mhgpo/indexes/<sha>`), sha from the corpus path."""
+    path = Path(corpus_path).expanduser()
+    beside = path.with_name(path.name + ".bm25")
+    parent = path.parent
+    if os.access(parent, os.W_OK | os.X_OK) and (not beside.exists() or os.access(beside, os.W_OK | os.X_OK)):
+        return beside
+    digest = hashlib.sha256(str(path.resolve()).encode("utf-8")).hexdigest()[:16]
+    return _cache_root() / "indexes" / digest

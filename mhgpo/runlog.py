@@ -1,0 +1,95 @@
+"""The run directory's logs: `metrics.jsonl` (one line per step), TensorBoard events with the same scalars,
+and `rollouts/step_NNNNNN.jsonl` (one line per rollout node)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mhgpo.io import atomic_write_jsonl
+from mhgpo.rollout import RolloutBatch
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, resume_step: int = 0, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._truncate_after(resume_step)
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_step + 1)
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop the lines of steps after the checkpoint (they will be run again)."""
+        if not self.metrics_path.exists():
+            return
+        keep = []
+        for line in self.metrics_path.read_text().splitlines():
+            if line.strip() and json.loads(line).get("step", 0) <= step:
+                keep.append(line + "\n")
+        self.metrics_path.write_text("".join(keep))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and v is not None:
+                    self.writer.add_scalar(k, v, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
+    """One JSON-able record per node: ids, agent, group, rewards, advantage and the output text."""
+    rows = []
+    for n in batch.nodes:
+        ex = batch.examples[n.question_index]
+        row: dict[str, Any] = {
+            "question_id": ex.id,
+            "node_id": n.node_id,
+            "parent_id": n.parent_id,
+            "agent": n.agent,
+            "kind": n.kind,
+            "group_id": n.group_id,
+            "trained": n.trained,
+            "reward_shared": n.reward_shared,
+            "reward_specific": n.penalty,
+            "reward": n.reward,
+            "advantage": n.advantage,
+            "output": n.output if n.kind == "llm" else n.info,
+            "output_tokens": len(n.output_ids),
+        }
+        if n.final_answer is not None:
+            row.update(final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers),
+                       question=ex.question)
+        rows.append(row)
+    return rows
+
+
+def write_rollouts(run_dir: Path, step: int, batch: RolloutBatch) -> Path:
+    path = Path(run_dir) / "rollouts" / f"step_{step:06d}.jsonl"
+    atomic_write_jsonl(path, rollout_records(batch))
+    return path

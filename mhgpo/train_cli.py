@@ -1,0 +1,117 @@
+"""The training commands of the CLI: `mhgpo train` and `mhgpo demo`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+TRAIN_FLAGS = {
+    "sampler": "sampler",
+    "steps": "steps",
+    "questions_per_step": "questions_per_step",
+    "group_size": "group_size",
+    "model": "model",
+    "data": "data",
+    "seed": "seed",
+    "output_dir": "output_dir",
+    "corpus": "retrieval.corpus",
+    "system": "system",
+}
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    from mhgpo.cli import _flag_overrides
+
+    return _flag_overrides(args, TRAIN_FLAGS) + list(args.overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mhgpo.config import TrainConfig, load_config
+    from mhgpo.trainer import resume, train
+
+    if args.resume:
+        trainer = resume(Path(args.resume), _overrides(args))
+    else:
+        cfg = load_config(TrainConfig, args.config, _overrides(args))
+        trainer = train(cfg)
+    print(f"finished {trainer.step} steps; run directory: {trainer.run_dir}")
+    if trainer.val_history:
+        last = trainer.val_history[-1]
+        print(f"val F1 {last['val/f1']:.1f}  EM {last['val/em']:.1f}  Acc {last['val/acc']:.1f} (step {last['step']})")
+    return 0
+
+
+def demo_config_path() -> Path:
+    return Path(str(resources.files("mhgpo").joinpath("demo.yaml")))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Evaluate the untrained team on the dev set, train with MHGPO (RR), evaluate again, compare."""
+    from rich.console import Console
+
+    from mhgpo.config import TrainConfig, dump_config, load_config
+    from mhgpo.evaluate import evaluate_examples, metrics_table, write_eval
+    from mhgpo.trainer import Trainer, build_team
+
+    console = Console(highlight=False)
+    cfg = load_config(TrainConfig, args.config or demo_config_path(), _overrides(args))
+    run_dir = Path(cfg.output_dir)
+    started = time.perf_counter()
+    console.print(f"[bold]mhgpo demo[/]: MHGPO-{cfg.sampler.upper()} on {cfg.data}, model {cfg.model}, "
+                  f"{cfg.steps} steps × {cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}")
+    with console.status("loading the model, data and index ..."):
+        team = build_team(cfg)
+    trainer = Trainer(cfg, team, run_dir)
+    dump_config(cfg, run_dir / "config.yaml")
+    before = evaluate_examples(team.val, team.val_workflow, team.generator, team.encode, cfg.eval_batch_size,
+                               desc="eval before")
+    write_eval(before, run_dir / "eval_before", {"data": cfg.val_data, "model": cfg.model, "label": "untrained"})
+    console.print(metrics_table({"untrained team": before.metrics}))
+    trainer.run()
+    after = evaluate_examples(team.val, team.val_workflow, team.generator, team.encode, cfg.eval_batch_size,
+                              desc="eval after")
+    write_eval(after, run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
+    table = metrics_table(
+        {"untrained team": before.metrics, f"after MHGPO-{cfg.sampler.upper()} ({cfg.steps} steps)": after.metrics},
+        title=f"{cfg.val_data}, {len(team.val)} questions",
+    )
+    console.print(table)
+    _print_behaviour(console, before.metrics, after.metrics)
+    console.print(f"total {(time.perf_counter() - started) / 60:.1f} min; run directory {run_dir} "
+                  f"(metrics.jsonl, rollouts/, checkpoints/, eval_before/, eval_after/)")
+    return 0
+
+
+def _print_behaviour(console, before: dict, after: dict) -> None:
+    from rich.table import Table
+
+    keys = [k for k in before if "/" in k and k in after]
+    table = Table(title="agent behaviour (dev set)")
+    for col in ("", "before", "after"):
+        table.add_column(col, justify="right" if col else "left")
+    for k in keys:
+        table.add_row(k, f"{before[k]:.2f}", f"{after[k]:.2f}")
+    console.print(table)
+
+
+def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register the training sub-commands on the `mhgpo` parser."""
+    for name, func, help_text in (
+        ("train", cmd_train, "train the team with MHGPO"),
+        ("demo", cmd_demo, "evaluate, train with MHGPO (RR) on CPU, evaluate again (the embedded default)"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--sampler", choices=["is", "fof", "rr", "fof_os"], help="rollout sampler")
+        p.add_argument("--steps", type=int)
+        p.add_argument("--questions-per-step", type=int)
+        p.add_argument("--group-size", type=int)
+        p.add_argument("--data", help="synthetic:train (default) or hotpotqa:PATH")
+        p.add_argument("--seed", type=int)
+        p.add_argument("--output-dir", help="the run directory")
+        if name == "train":
+            p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+        common(p)
+        p.set_defaults(func=func)

@@ -1,0 +1,320 @@
+"""The MHGPO training loop (paper Algorithm 4).
+
+Each step: take `questions_per_step` questions; run the sampler's rollout trees breadth-first; score the leaves
+(F1), propagate rewards backward (Aggr), add the agent-specific penalties, normalise advantages within group ids;
+update the shared policy with the clipped objective and k3 KL; log, evaluate every `eval_every` steps, save
+checkpoints. Ctrl-C or SIGTERM saves a checkpoint of the last completed step before exiting, and
+`resume(run_dir)` continues from the last checkpoint with the same results as an uninterrupted run (on CPU).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from mhgpo.advantages import group_advantages, propagate_rewards, total_rewards
+from mhgpo.behaviour import agent_behaviour
+from mhgpo.checkpoint import list_checkpoints, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from mhgpo.config import TrainConfig, dump_config, load_config
+from mhgpo.evaluate import evaluate_examples
+from mhgpo.policy import Policy, Sample, peak_memory_mb
+from mhgpo.records import Example, InputError
+from mhgpo.rollout import RolloutBatch, RolloutSpec, run_rollouts
+from mhgpo.runlog import RunLog, write_rollouts
+from mhgpo.workflow import Workflow
+
+
+def assign_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator) -> dict[str, float]:
+    """Backward propagation (paper Eq. aggr), R = R_shared + R_specific, advantages per group id (Eq. adv)."""
+    nodes = batch.nodes
+    parents = np.array([n.parent_id for n in nodes], dtype=np.int64)  # (N,)
+    terminal = np.array([n.terminal for n in nodes], dtype=np.float64)  # (N,) NaN except at leaves
+    shared = propagate_rewards(parents, terminal, aggr, rng)  # (N,)
+    penalties = np.array([n.penalty if n.kind == "llm" else 0.0 for n in nodes])  # (N,)
+    rewards = total_rewards(shared, penalties, use_penalties)  # (N,)
+    group_ids = np.array([n.group_id for n in nodes], dtype=np.int64)  # (N,)
+    advantages, stats = group_advantages(rewards, group_ids)  # (N,)
+    for n, s, r, a in zip(nodes, shared, rewards, advantages):
+        n.reward_shared, n.reward, n.advantage = float(s), float(r), float(a)
+    return {k: float(v) for k, v in stats.items()}
+
+
+def apply_role_switches(batch: RolloutBatch, train_roles: list[str] | None, frozen_roles: list[str]) -> int:
+    """Untrain the samples of frozen roles (or of roles outside `train_roles`); they still acted. Returns count."""
+    count = 0
+    for n in batch.nodes:
+        if n.kind == "llm" and n.trained and ((train_roles is not None and n.agent not in train_roles)
+                                               or n.agent in frozen_roles):
+            n.group_id = -1
+            count += 1
+    return count
+
+
+def step_metrics(batch: RolloutBatch, agents: tuple[str, ...]) -> dict[str, float]:
+    llm = batch.llm_nodes()
+    leaves = batch.leaves()
+    out: dict[str, float] = {"reward/mean": float(np.mean([n.terminal for n in leaves])) if leaves else 0.0}
+    for agent in agents:
+        mine = [n for n in llm if n.agent == agent]
+        if not mine:
+            continue
+        trained = [n for n in mine if n.trained]
+        out[f"{agent}/reward"] = float(np.mean([n.reward for n in mine]))
+        out[f"{agent}/penalty"] = float(np.mean([n.penalty for n in mine]))
+        out[f"{agent}/advantage_abs"] = float(np.mean([abs(n.advantage) for n in trained])) if trained else 0.0
+        out[f"{agent}/samples"] = float(len(trained))
+    out.update(agent_behaviour(llm, agents))
+    return out
+
+
+@dataclass
+class Team:
+    """What training needs besides the config: data, the workflow and the model pieces."""
+
+    train: list[Example]
+    val: list[Example]
+    workflow: Workflow
+    val_workflow: Workflow
+    policy: Policy
+    generator: Any
+    encode: Callable[[list[dict[str, str]]], list[int]]
+
+
+class _StopGuard:
+    """SIGINT/SIGTERM raise KeyboardInterrupt, except inside `critical()` where they wait for its end."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopGuard":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.depth > 0 and not self.pending:
+            self.pending = True
+            print("\nmhgpo: stopping after this update (Ctrl-C again to abort without saving)", flush=True)
+            return
+        raise KeyboardInterrupt
+
+    def critical(self) -> "_Critical":
+        return _Critical(self)
+
+
+class _Critical:
+    def __init__(self, guard: _StopGuard) -> None:
+        self.guard = guard
+
+    def __enter__(self) -> None:
+        self.guard.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self.guard.depth -= 1
+        if self.guard.depth == 0 and self.guard.pending and exc[0] is None:
+            raise KeyboardInterrupt
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, team: Team, run_dir: Path, progress: bool = True):
+        self.cfg, self.team, self.run_dir, self.progress = cfg, team, Path(run_dir), progress
+        self.rng = np.random.default_rng(cfg.seed)
+        self.step = 0
+        self.position = 0  # questions consumed so far (defines the data order)
+        self.val_history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------------------------------------- data
+
+    def _next_questions(self) -> list[Example]:
+        n = len(self.team.train)
+        out = []
+        for _ in range(self.cfg.questions_per_step):
+            epoch, idx = divmod(self.position, n)
+            order = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
+            out.append(self.team.train[int(order[idx])])
+            self.position += 1
+        return out
+
+    def _spec(self) -> RolloutSpec:
+        return RolloutSpec(
+            sampler=self.cfg.sampler,
+            group_size=self.cfg.group_size,
+            rr_probs=tuple(self.cfg.rr_probs),
+            regroup_within_role=self.cfg.regroup_within_role,
+        )
+
+    # ------------------------------------------------------------------------------------------------- state
+
+    def save(self, rng: dict[str, Any] | None = None) -> Path:
+        p = self.team.policy
+        state = {"position": self.position, "val_history": self.val_history}
+        return save_checkpoint(self.run_dir, self.step, p.model, p.optimizer, p.scheduler,
+                               rng or rng_states(self.rng), state, self.cfg.keep_checkpoints)
+
+    def restore(self, path: Path) -> None:
+        p = self.team.policy
+        state, rng = load_checkpoint(path, p.model, p.optimizer, p.scheduler)
+        self.step, self.position = int(state["step"]), int(state["position"])
+        self.val_history = list(state.get("val_history", []))
+        restore_rng_states(rng, self.rng)
+
+    # -------------------------------------------------------------------------------------------------- loop
+
+    def validate(self) -> dict[str, float]:
+        t = self.team
+        res = evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
+                                progress=False)
+        return {"val/f1": res.metrics["f1"], "val/em": res.metrics["em"], "val/acc": res.metrics["acc"]}
+
+    def train_step(self) -> dict[str, float]:
+        cfg, team = self.cfg, self.team
+        t0 = time.perf_counter()
+        questions = self._next_questions()
+        team.policy.model.eval()
+        batch = run_rollouts(questions, team.workflow, team.generator, team.encode, self._spec(), self.rng,
+                             max_rounds=cfg.max_rounds)
+        adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
+        untrained = apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
+        samples = [
+            Sample(n.prompt_ids, n.output_ids, n.logprobs, n.advantage, n.agent,
+                   team.workflow.sampling(n.agent).temperature)
+            for n in batch.llm_nodes() if n.trained
+        ]
+        t1 = time.perf_counter()
+        update = team.policy.update(samples)
+        t2 = time.perf_counter()
+        metrics = step_metrics(batch, team.workflow.agents)
+        metrics.update(update)
+        metrics.update(
+            samples=float(len(samples)),
+            groups=adv_stats["n_groups"],
+            zero_variance_groups=adv_stats["n_zero_variance_groups"],
+            singletons_dropped=batch.stats["singletons_dropped"],
+            frozen_samples=float(untrained),
+            llm_calls=batch.stats["llm_calls"],
+            tokens_generated=batch.stats["tokens_generated"],
+            **{"seconds/rollout": t1 - t0, "seconds/train": t2 - t1},
+        )
+        self._last_batch = batch
+        return metrics
+
+    def run(self) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        dump_config(cfg, self.run_dir / "config.yaml")
+        log = RunLog(self.run_dir, resume_step=self.step)
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
+                   dynamic_ncols=True)
+        last_val = self.val_history[-1] if self.val_history else {}
+        completed_rng = rng_states(self.rng)
+        saved_step = self.step
+        try:
+            with _StopGuard() as guard:
+                while self.step < cfg.steps:
+                    completed_rng = rng_states(self.rng)
+                    start_position = self.position
+                    metrics = self.train_step()
+                    with guard.critical():
+                        step = self.step + 1
+                        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                            t = time.perf_counter()
+                            last_val = self.validate()
+                            self.val_history.append({"step": step, **last_val})
+                            metrics.update(last_val)
+                            metrics["seconds/eval"] = time.perf_counter() - t
+                        metrics["memory/peak_mb"] = peak_memory_mb()
+                        write_rollouts(self.run_dir, step, self._last_batch)
+                        log.log(step, metrics)
+                        self.step = step
+                        if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
+                            self.save()
+                            saved_step = step
+                    bar.update(1)
+                    post = {"reward": f"{metrics['reward/mean']:.3f}"}
+                    if last_val:
+                        post["val_f1"] = f"{last_val['val/f1']:.1f}"
+                    bar.set_postfix(post)
+                    del start_position
+        except KeyboardInterrupt:
+            bar.close()
+            if saved_step != self.step:
+                path = self.save(completed_rng if self.position != self._position_after(self.step) else None)
+                print(f"mhgpo: interrupted; saved {path} (resume with: mhgpo train --resume {self.run_dir})",
+                      flush=True)
+            log.close()
+            raise
+        bar.close()
+        log.close()
+        return {"steps": self.step, "val": self.val_history}
+
+    def _position_after(self, step: int) -> int:
+        return step * self.cfg.questions_per_step
+
+
+# ------------------------------------------------------------------------------------------------- builders
+
+
+def build_team(cfg: TrainConfig) -> Team:
+    from mhgpo.factory import build_workflow, load_examples
+    from mhgpo.generation import HFGenerator
+    from mhgpo.models import encode_chat, load_model
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    train = load_examples(cfg.data)
+    val = load_examples(cfg.val_data, cfg.val_limit) if cfg.eval_every else []
+    workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+    same_corpus = cfg.retrieval.corpus or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic"
+    val_workflow = workflow if same_corpus or not val else build_workflow(
+        cfg.system, cfg.val_data, cfg.retrieval, cfg.search)
+    roles = set(workflow.agents)
+    for key, names in (("train_roles", cfg.train_roles or []), ("frozen_roles", cfg.frozen_roles)):
+        bad = [r for r in names if r not in roles]
+        if bad:
+            raise InputError(f"{key}: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
+    loaded = load_model(cfg.model)
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, cfg.steps)
+    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size)
+    return Team(train, val, workflow, val_workflow, policy, generator,
+                lambda messages: encode_chat(loaded.tokenizer, messages))
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> Trainer:
+    run_dir = Path(cfg.output_dir)
+    if list_checkpoints(run_dir):
+        raise InputError(f"{run_dir} already holds checkpoints; resume with --resume {run_dir} or pick another "
+                         f"--output-dir")
+    trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
+    trainer.run()
+    return trainer
+
+
+def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> Trainer:
+    run_dir = Path(run_dir)
+    cfg = load_config(TrainConfig, run_dir / "config.yaml", list(overrides))
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        raise InputError(f"{run_dir}: no checkpoint to resume from (checkpoints/step_N/)")
+    cfg.output_dir = str(run_dir)
+    trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
+    trainer.restore(checkpoints[-1])
+    trainer.run()
+    return trainer

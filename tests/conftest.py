@@ -1,0 +1,131 @@
+"""Shared fixtures: a tiny Llama-architecture causal LM with a real ChatML tokenizer, built in-process.
+
+Nothing is downloaded. The tokenizer is a byte-level BPE trained on a small in-memory text; the model
+is randomly initialised with fixed seeds and then fitted for a few steps on ChatML dialogues, so that
+it loads in well under a second, produces (nonsense) text and emits ``<|im_end|>`` now and then.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+_QA = [
+    ("Who wrote the novel Dune?", "Frank Herbert"),
+    ("What is the capital of France?", "Paris"),
+    ("Which river flows through Cairo?", "the Nile"),
+    ("When did the Berlin Wall fall?", "1989"),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci"),
+    ("What is the largest planet?", "Jupiter"),
+    ("Which element has the symbol Fe?", "iron"),
+    ("Who discovered penicillin?", "Alexander Fleming"),
+    ("In which country is Kyoto?", "Japan"),
+    ("How many legs does a spider have?", "eight"),
+]
+_PROSE = (
+    "Search the passages for the answer. The first agent rewrites the question into a query. "
+    "The second agent selects the relevant passages. The third agent writes the final answer. "
+    "Each document has a title and a text; the retriever returns the top passages for a query. "
+)
+
+
+def tiny_corpus() -> list[str]:
+    """The ChatML dialogues and prose the tiny tokenizer and model are fitted on."""
+    dialogues = [
+        f"<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n"
+        f"<|im_start|>assistant\nThe answer is {a}.<|im_end|>\n"
+        for q, a in _QA
+    ]
+    return dialogues + [_PROSE * 2]
+
+
+def build_tiny_model(folder: Path, seed: int = 0, train_steps: int = 60) -> Path:
+    """Build, briefly fit and save (``save_pretrained``) the tiny model and tokenizer into ``folder``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from mhgpo.models import CHATML_TEMPLATE
+
+    texts = tiny_corpus()
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=TINY_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    plain = [t.replace("<|im_start|>", "").replace("<|im_end|>", "") for t in texts]
+    bpe.train_from_iterator(plain, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for step in range(train_steps):
+        seq = torch.tensor([ids[step % len(ids)]])  # (1, L)
+        loss = model(input_ids=seq, labels=seq).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: loads the real default model (about 20 s)")
+    # The tiny models gain nothing from intra-op threads, and OpenMP threads spinning against other busy
+    # processes slow them down by an order of magnitude. Subprocesses (CLI tests) inherit the variable.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the tiny model and tokenizer in the ``save_pretrained`` layout."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model_dir: Path):  # -> mhgpo.models.LoadedModel
+    """The tiny model loaded with :func:`mhgpo.models.load_model` (CPU, float32), shared by the session:
+    treat it as read-only; a test that trains or wraps a model loads its own copy from ``tiny_model_dir``."""
+    from mhgpo.models import load_model
+
+    return load_model(str(tiny_model_dir), device="cpu")

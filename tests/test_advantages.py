@@ -1,0 +1,252 @@
+"""Reward propagation, composite rewards, group advantages and singleton regrouping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mhgpo.advantages import (
+    AGGREGATORS,
+    group_advantages,
+    group_advantages_reference,
+    propagate_rewards,
+    propagate_rewards_reference,
+    regroup_singletons,
+    total_rewards,
+)
+
+NAN = float("nan")
+
+# --- hand-built trees --------------------------------------------------------------------------------------
+# FoF chain, G=4 forks at the Rewriter: Rewriter -> Retriever (tool) -> Reranker -> Answerer.
+# branch b: nodes 4b (Rewriter, root), 4b+1 (tool), 4b+2 (Reranker), 4b+3 (Answerer, leaf).
+CHAIN_PARENTS = np.array([-1, 0, 1, 2, -1, 4, 5, 6, -1, 8, 9, 10, -1, 12, 13, 14])
+CHAIN_TERMINAL = np.array([9, 9, 9, 0.8, 9, 9, 9, 0.0, 9, 9, 9, 1.0, 9, 9, 9, 0.5], dtype=float)
+CHAIN_EXPECTED = np.repeat([0.8, 0.0, 1.0, 0.5], 4)  # one child everywhere: every Aggr passes it through
+
+# FoF(os): two Rewriter roots (0, 1) -> tools (2, 3) -> Rerankers (4, 5) -> 4 Answerers each (6-9, 10-13).
+OS_PARENTS = np.array([-1, -1, 0, 1, 2, 3, 4, 4, 4, 4, 5, 5, 5, 5])
+OS_TERMINAL = np.array([NAN] * 6 + [1.0, 0.0, 0.5, 0.5, 0.2, 0.4, 0.4, 0.6])
+OS_EXPECTED = {
+    "mean": [0.5, 0.4, 0.5, 0.4, 0.5, 0.4],
+    "max": [1.0, 0.6, 1.0, 0.6, 1.0, 0.6],
+    "min": [0.0, 0.2, 0.0, 0.2, 0.0, 0.2],
+}
+
+# Loop: Rewriter 0 -> tool 1 -> Reranker forked G=2 (2, 3) -> Rewriter again (4, 5) -> tools (6, 7)
+# -> Answerer 8 under 6; Answerers 9, 10, 11 under 7 (over-sampled).
+LOOP_PARENTS = np.array([-1, 0, 1, 1, 2, 3, 4, 5, 6, 7, 7, 7])
+LOOP_TERMINAL = np.array([99.0] * 8 + [0.9, 0.0, 0.3, 0.6])  # 99 at non-leaves must be ignored
+LOOP_EXPECTED = {
+    # node 0..7; mean of means at node 1: (0.9 + 0.3) / 2 = 0.6 (not the leaf mean 0.45)
+    "mean": [0.6, 0.6, 0.9, 0.3, 0.9, 0.3, 0.9, 0.3],
+    "max": [0.9, 0.9, 0.9, 0.6, 0.9, 0.6, 0.9, 0.6],
+    "min": [0.0, 0.0, 0.9, 0.0, 0.9, 0.0, 0.9, 0.0],
+}
+
+
+@pytest.mark.parametrize("fn", [propagate_rewards, propagate_rewards_reference])
+@pytest.mark.parametrize("aggr", AGGREGATORS)
+def test_chain_passes_reward_through(fn, aggr):
+    out = fn(CHAIN_PARENTS, CHAIN_TERMINAL, aggr, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(out, CHAIN_EXPECTED)
+
+
+@pytest.mark.parametrize("fn", [propagate_rewards, propagate_rewards_reference])
+@pytest.mark.parametrize("aggr", ["mean", "max", "min"])
+def test_oversampled_tree(fn, aggr):
+    out = fn(OS_PARENTS, OS_TERMINAL, aggr)
+    np.testing.assert_allclose(out[:6], OS_EXPECTED[aggr], rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(out[6:], OS_TERMINAL[6:])
+
+
+@pytest.mark.parametrize("fn", [propagate_rewards, propagate_rewards_reference])
+@pytest.mark.parametrize("aggr", ["mean", "max", "min"])
+def test_loop_tree(fn, aggr):
+    out = fn(LOOP_PARENTS, LOOP_TERMINAL, aggr)
+    np.testing.assert_allclose(out[:8], LOOP_EXPECTED[aggr], rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(out[8:], LOOP_TERMINAL[8:])
+
+
+@pytest.mark.parametrize("fn", [propagate_rewards, propagate_rewards_reference])
+def test_rand_takes_one_child_value(fn):
+    for seed in range(20):
+        out = fn(LOOP_PARENTS, LOOP_TERMINAL, "rand", rng=np.random.default_rng(seed))
+        assert out[7] in (0.0, 0.3, 0.6)
+        assert out[5] == out[7] and out[3] == out[5]
+        assert out[2] == 0.9
+        assert out[1] in (out[2], out[3]) and out[0] == out[1]
+
+
+def test_rand_is_uniform_over_children():
+    rng = np.random.default_rng(123)
+    picks = [propagate_rewards(LOOP_PARENTS, LOOP_TERMINAL, "rand", rng=rng)[7] for _ in range(6000)]
+    freq = [np.mean(np.isclose(picks, v)) for v in (0.0, 0.3, 0.6)]
+    np.testing.assert_allclose(freq, [1 / 3] * 3, atol=0.03)
+
+
+def _random_forest(rng: np.random.Generator, n: int) -> np.ndarray:
+    parents = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        roll = rng.random()
+        if i == 0 or roll < 0.05:
+            parents[i] = -1
+        elif roll < 0.5:
+            parents[i] = i - 1  # long chains
+        else:
+            parents[i] = rng.integers(max(0, i - 6), i)  # bushy fan-out
+    return parents
+
+
+@pytest.mark.parametrize("aggr", AGGREGATORS)
+def test_vectorised_propagation_matches_reference(aggr):
+    rng = np.random.default_rng(2024)
+    for trial in range(300):
+        n = int(rng.integers(1, 80))
+        parents = _random_forest(rng, n)
+        terminal = rng.normal(size=n)
+        fast = propagate_rewards(parents, terminal, aggr, rng=np.random.default_rng(trial))
+        slow = propagate_rewards_reference(parents, terminal, aggr, rng=np.random.default_rng(trial))
+        np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-12)
+
+
+def test_rand_consumes_rng_identically():
+    parents, terminal = LOOP_PARENTS, LOOP_TERMINAL
+    rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
+    propagate_rewards(parents, terminal, "rand", rng=rng_a)
+    propagate_rewards_reference(parents, terminal, "rand", rng=rng_b)
+    assert rng_a.random() == rng_b.random()
+
+
+def test_propagation_rejects_bad_input():
+    with pytest.raises(ValueError, match="parents"):
+        propagate_rewards(np.array([-1, 2, 0]), np.zeros(3))
+    with pytest.raises(ValueError, match="aggr"):
+        propagate_rewards(np.array([-1, 0]), np.zeros(2), "median")
+    with pytest.raises(ValueError, match="rng"):
+        propagate_rewards(np.array([-1, 0]), np.zeros(2), "rand")
+    with pytest.raises(ValueError, match="leaf"):
+        propagate_rewards(np.array([-1, 0]), np.array([0.0, NAN]))
+    assert propagate_rewards(np.zeros(0, dtype=int), np.zeros(0)).shape == (0,)
+
+
+def test_penalties_added_after_propagation_only():
+    shared = propagate_rewards(LOOP_PARENTS, LOOP_TERMINAL, "mean")
+    penalties = np.zeros(12)
+    penalties[7] = -0.5  # a tool-level penalty must not reach nodes 5, 3, 1, 0
+    penalties[10] = -1.0  # an Answerer penalty must not reach node 7
+    r = total_rewards(shared, penalties)
+    np.testing.assert_allclose(r[[0, 1, 3, 5]], [0.6, 0.6, 0.3, 0.3], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(r[[7, 10]], [0.3 - 0.5, 0.3 - 1.0], rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(total_rewards(shared, penalties, use_penalties=False), shared)
+
+
+# --- group advantages --------------------------------------------------------------------------------------
+def test_advantages_by_hand():
+    rewards = np.array([1.0, 0.0, 0.5, 0.5, 99.0, 3.0, 1.0, 0.1, 0.1, 0.1])
+    groups = np.array([4, 4, 4, 4, -1, 7, 7, 2, 2, 2])
+    for fn in (group_advantages, group_advantages_reference):
+        adv, stats = fn(rewards, groups)
+        # group 4: mean 0.5, unbiased std sqrt(0.5 / 3); group 7: mean 2, std sqrt(2); group 2: constant
+        expected = [1.2247418713989375, -1.2247418713989375, 0, 0, 0, 0.7071062811869011, -0.7071062811869011, 0, 0, 0]
+        np.testing.assert_allclose(adv, expected, rtol=0, atol=1e-12)
+        assert stats == {"n_groups": 3, "n_zero_variance_groups": 1, "n_untrained": 1}
+        assert np.all(adv[7:] == 0.0)  # exactly zero although the float mean of 0.1s is not 0.1
+
+
+def test_advantages_unbiased_std_matches_torch():
+    torch = pytest.importorskip("torch")
+    r = np.array([0.3, 0.9, 0.1, 0.7, 0.2])
+    adv, _ = group_advantages(r, np.zeros(5, dtype=int), eps=0.0)
+    t = torch.tensor(r)
+    np.testing.assert_allclose(adv, ((t - t.mean()) / t.std()).numpy(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [group_advantages, group_advantages_reference])
+def test_advantages_reject_singleton_group(fn):
+    with pytest.raises(ValueError, match="size 1"):
+        fn(np.array([1.0, 0.0, 0.5]), np.array([0, 0, 3]))
+
+
+def test_advantages_all_untrained():
+    adv, stats = group_advantages(np.array([1.0, 2.0]), np.array([-1, -1]))
+    np.testing.assert_array_equal(adv, [0.0, 0.0])
+    assert stats == {"n_groups": 0, "n_zero_variance_groups": 0, "n_untrained": 2}
+
+
+def test_vectorised_advantages_match_reference():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n_groups = int(rng.integers(1, 12))
+        sizes = rng.integers(2, 7, size=n_groups)
+        groups = np.concatenate([np.full(s, g * 3 + 1) for g, s in enumerate(sizes)])
+        groups = np.concatenate([groups, np.full(int(rng.integers(0, 4)), -1)])
+        rng.shuffle(groups)
+        if rng.random() < 0.3:  # few distinct values: ties and zero-variance groups
+            rewards = rng.choice([0.0, 0.25, 1.0], size=groups.shape[0])
+        else:
+            rewards = rng.normal(size=groups.shape[0])
+        fast, fast_stats = group_advantages(rewards, groups)
+        slow, slow_stats = group_advantages_reference(rewards, groups)
+        np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-12)
+        assert fast_stats == slow_stats
+
+
+# --- regrouping (Round-Robin singletons) -------------------------------------------------------------------
+def _rr_batch():
+    # groups 0-2: FoF groups of 4 (kept); 10-20: singletons (prefix agents of questions forked later); -1 kept
+    groups = np.array([0] * 4 + [1] * 4 + [2] * 4 + list(range(10, 21)) + [-1])
+    roles = np.array(["answerer"] * 12 + ["rewriter"] * 6 + ["reranker"] * 5 + ["answerer"])
+    return groups, roles
+
+
+def test_regroup_within_role():
+    groups, roles = _rr_batch()
+    out, dropped = regroup_singletons(groups, roles, 4, np.random.default_rng(0))
+    np.testing.assert_array_equal(out[:12], groups[:12])
+    assert out[-1] == -1
+    new = out[12:23]
+    assert dropped == 2 + 1  # rewriter 6 = 4 + 2, reranker 5 = 4 + 1
+    assert np.sum(new == -1) == dropped
+    new_ids, sizes = np.unique(new[new >= 0], return_counts=True)
+    assert sizes.tolist() == [4, 4] and np.all(new_ids > 20)
+    for g in new_ids:
+        assert len(set(roles[out == g])) == 1
+
+
+def test_regroup_across_roles_can_mix():
+    groups, roles = _rr_batch()
+    mixed = False
+    for seed in range(10):
+        out, dropped = regroup_singletons(groups, roles, 4, np.random.default_rng(seed), within_role=False)
+        assert dropped == 11 - 8
+        new_ids, sizes = np.unique(out[12:23][out[12:23] >= 0], return_counts=True)
+        assert sizes.tolist() == [4, 4] and np.all(new_ids > 20)
+        mixed |= any(len(set(roles[out == g])) > 1 for g in new_ids)
+    assert mixed
+
+
+def test_regroup_is_deterministic_and_seed_dependent():
+    groups, roles = _rr_batch()
+    a, _ = regroup_singletons(groups, roles, 2, np.random.default_rng(3))
+    b, _ = regroup_singletons(groups, roles, 2, np.random.default_rng(3))
+    np.testing.assert_array_equal(a, b)
+    outs = {tuple(regroup_singletons(groups, roles, 2, np.random.default_rng(s))[0]) for s in range(10)}
+    assert len(outs) > 1
+
+
+def test_regroup_nothing_to_do_and_bad_size():
+    groups = np.array([0, 0, 5, 5, -1])
+    out, dropped = regroup_singletons(groups, ["a"] * 5, 4, np.random.default_rng(0))
+    np.testing.assert_array_equal(out, groups)
+    assert dropped == 0
+    with pytest.raises(ValueError, match="group_size"):
+        regroup_singletons(groups, ["a"] * 5, 1, np.random.default_rng(0))
+
+
+def test_regrouped_batch_feeds_advantages():
+    groups, roles = _rr_batch()
+    out, _ = regroup_singletons(groups, roles, 4, np.random.default_rng(1))
+    adv, stats = group_advantages(np.random.default_rng(1).normal(size=out.shape[0]), out)
+    assert stats["n_groups"] == 5 and stats["n_untrained"] == 4
+    assert np.all(adv[out == -1] == 0.0)

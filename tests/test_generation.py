@@ -1,0 +1,156 @@
+"""HFGenerator on the tiny model: batching, padding, EOS handling, log-probs, seeding."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from mhgpo.generation import Generation, HFGenerator, SamplingParams
+from mhgpo.logprobs import output_logprobs
+from mhgpo.models import encode_chat, stop_token_ids
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_lm) -> list[list[int]]:
+    """Prompts of very different lengths, in no particular order: chat prompts and random ids."""
+    tok = tiny_lm.tokenizer
+    chats = [
+        encode_chat(tok, [{"role": "user", "content": q}])
+        for q in ("Who wrote Dune?", "What is the capital of France, and which river flows through it?", "hi")
+    ]
+    rng = random.Random(7)
+    vocab = len(tok)
+    noise = [[rng.randrange(4, vocab) for _ in range(n)] for n in (1, 23, 5, 40, 2)]
+    return [chats[0], noise[0], noise[3], chats[1], noise[1], chats[2], noise[2], noise[4]]
+
+
+def _generate(lm, prompts: list[list[int]], params: SamplingParams, batch_size: int, seed: int = 0) -> list[Generation]:
+    torch.manual_seed(seed)
+    return HFGenerator(lm.model, lm.tokenizer, batch_size=batch_size).generate(prompts, params)
+
+
+def test_greedy_batched_equals_one_at_a_time(tiny_lm, prompts) -> None:
+    params = SamplingParams(max_new_tokens=24, temperature=0.0)
+    batched = _generate(tiny_lm, prompts, params, batch_size=16)
+    for size in (1, 3):
+        other = _generate(tiny_lm, prompts, params, batch_size=size)
+        for a, b in zip(batched, other, strict=True):
+            assert a.output_ids == b.output_ids
+            assert a.finished == b.finished and a.text == b.text
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5, rel=0)
+    assert [g.prompt_ids for g in batched] == prompts
+    assert len({tuple(g.output_ids) for g in batched}) >= 3  # the prompts do lead to different outputs
+
+
+def test_left_padding_does_not_change_a_short_prompt(tiny_lm, prompts) -> None:
+    short, long = prompts[1], prompts[2]
+    assert len(short) == 1 and len(long) == 40
+    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    [alone] = _generate(tiny_lm, [short], params, batch_size=1)
+    padded, _ = _generate(tiny_lm, [short, long], params, batch_size=2)
+    assert padded.output_ids == alone.output_ids
+    assert padded.logprobs == pytest.approx(alone.logprobs, abs=1e-5, rel=0)
+
+
+def test_outputs_stop_at_eos(tiny_lm, prompts) -> None:
+    eos = set(stop_token_ids(tiny_lm.tokenizer, tiny_lm.model))
+    params = SamplingParams(max_new_tokens=30, temperature=1.0, top_p=1.0)
+    generations = _generate(tiny_lm, prompts * 4, params, batch_size=8, seed=3)
+    finished = [g for g in generations if g.finished]
+    assert finished and len(finished) < len(generations)  # both cases happen
+    for g in generations:
+        assert len(g.output_ids) == len(g.logprobs) >= 1
+        assert not eos & set(g.output_ids[:-1])
+        if g.finished:
+            assert g.output_ids[-1] in eos
+        else:
+            assert len(g.output_ids) == params.max_new_tokens and g.output_ids[-1] not in eos
+        assert g.text == tiny_lm.tokenizer.decode(g.output_ids, skip_special_tokens=True).strip()
+        assert "<|im_end|>" not in g.text and "<|pad|>" not in g.text
+        assert all(lp <= 0.0 for lp in g.logprobs)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 0.9), (0.7, 0.8), (1.3, 1.0), (0.0, 0.9)])
+def test_generation_logprobs_match_output_logprobs(tiny_lm, prompts, temperature: float, top_p: float) -> None:
+    params = SamplingParams(max_new_tokens=20, temperature=temperature, top_p=top_p)
+    generations = _generate(tiny_lm, prompts, params, batch_size=4, seed=11)
+    with torch.no_grad():
+        logp, mask = output_logprobs(
+            tiny_lm.model,
+            [g.prompt_ids for g in generations],
+            [g.output_ids for g in generations],
+            temperature=params.logprob_temperature,
+            pad_id=tiny_lm.tokenizer.pad_token_id,
+        )
+    for row, g in enumerate(generations):
+        assert int(mask[row].sum()) == len(g.output_ids)
+        expected = logp[row, : len(g.output_ids)].tolist()
+        assert g.logprobs == pytest.approx(expected, abs=1e-4, rel=0)
+
+
+def test_same_seed_same_samples(tiny_lm, prompts) -> None:
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.95)
+    first = _generate(tiny_lm, prompts, params, batch_size=4, seed=5)
+    again = _generate(tiny_lm, prompts, params, batch_size=4, seed=5)
+    other = _generate(tiny_lm, prompts, params, batch_size=4, seed=6)
+    assert [g.output_ids for g in first] == [g.output_ids for g in again]
+    assert [g.logprobs for g in first] == [g.logprobs for g in again]
+    assert [g.output_ids for g in first] != [g.output_ids for g in other]
+
+
+def test_max_new_tokens_respected(tiny_lm, prompts) -> None:
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, top_p=1.0)
+    generations = _generate(tiny_lm, prompts * 2, params, batch_size=16, seed=2)
+    assert all(1 <= len(g.output_ids) <= 3 for g in generations)
+    assert any(len(g.output_ids) == 3 and not g.finished for g in generations)
+    one = _generate(tiny_lm, prompts[:2], SamplingParams(max_new_tokens=1, temperature=0.0), batch_size=2)
+    assert [len(g.output_ids) for g in one] == [1, 1]
+
+
+def test_training_mode_restored(tiny_lm, prompts) -> None:
+    model = tiny_lm.model
+    model.train()
+    try:
+        _generate(tiny_lm, prompts[:2], SamplingParams(max_new_tokens=2), batch_size=2)
+        assert model.training
+    finally:
+        model.eval()
+    _generate(tiny_lm, prompts[:2], SamplingParams(max_new_tokens=2), batch_size=2)
+    assert not model.training
+
+
+def test_bad_inputs_are_rejected(tiny_lm) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-0.1)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0.0)
+    generator = HFGenerator(tiny_lm.model, tiny_lm.tokenizer)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generator.generate([[5, 6], []], SamplingParams())
+    assert generator.generate([], SamplingParams()) == []
+
+
+def test_lora_wrapped_model_generates_with_matching_logprobs(tiny_model_dir, prompts) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from mhgpo.models import load_model
+
+    lm = load_model(str(tiny_model_dir), device="cpu")
+    torch.manual_seed(0)
+    config = LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    model = get_peft_model(lm.model, config)
+    model.train()  # dropout is active in training mode: generation must switch it off
+    torch.manual_seed(4)
+    generations = HFGenerator(model, lm.tokenizer, batch_size=3).generate(prompts, SamplingParams(max_new_tokens=12))
+    assert model.training
+    model.eval()
+    with torch.no_grad():
+        logp, _ = output_logprobs(model, [g.prompt_ids for g in generations], [g.output_ids for g in generations])
+    for row, g in enumerate(generations):
+        assert g.logprobs == pytest.approx(logp[row, : len(g.output_ids)].tolist(), abs=1e-4, rel=0)

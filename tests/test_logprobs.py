@@ -1,0 +1,132 @@
+"""output_logprobs against the slow reference: values, gradients, masks, temperature, LoRA."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from mhgpo.logprobs import output_logprobs, output_logprobs_reference
+from mhgpo.models import load_model
+
+
+@pytest.fixture()
+def model(tiny_model_dir: Path):
+    """A private copy of the tiny model (these tests accumulate gradients and wrap it)."""
+    return load_model(str(tiny_model_dir), device="cpu").model
+
+
+@pytest.fixture(scope="module")
+def batch() -> tuple[list[list[int]], list[list[int]]]:
+    """Ragged prompts and outputs, one output empty."""
+    rng = random.Random(1)
+    prompt_lengths = [7, 1, 19, 4, 12]
+    output_lengths = [5, 9, 1, 0, 13]
+    prompts = [[rng.randrange(4, 400) for _ in range(n)] for n in prompt_lengths]
+    outputs = [[rng.randrange(0, 400) for _ in range(n)] for n in output_lengths]
+    return prompts, outputs
+
+
+@pytest.mark.parametrize(("chunk_size", "pad_id"), [(512, 0), (1, 3), (5, 399)])
+def test_matches_reference(model, batch, chunk_size: int, pad_id: int) -> None:
+    prompts, outputs = batch
+    with torch.no_grad():
+        logp, mask = output_logprobs(model, prompts, outputs, chunk_size=chunk_size, pad_id=pad_id)
+        ref, ref_mask = output_logprobs_reference(model, prompts, outputs)
+    assert logp.shape == mask.shape == (5, 13)
+    assert logp.dtype == torch.float32 and mask.dtype == torch.bool
+    assert torch.equal(mask, ref_mask)
+    torch.testing.assert_close(logp, ref, atol=1e-5, rtol=0)
+    assert (logp[mask] < 0).all()
+
+
+def test_mask_for_ragged_outputs(model, batch) -> None:
+    prompts, outputs = batch
+    with torch.no_grad():
+        logp, mask = output_logprobs(model, prompts, outputs)
+    assert mask.sum(dim=1).tolist() == [len(o) for o in outputs]
+    for row, out in enumerate(outputs):
+        assert mask[row, : len(out)].all() and not mask[row, len(out) :].any()
+    assert (logp[~mask] == 0).all()
+    assert not mask[3].any()  # the empty output
+
+
+def test_gradients_match_reference(model, batch) -> None:
+    prompts, outputs = batch
+    weights = torch.linspace(0.5, 1.5, 13)  # (T_out,) a non-uniform loss
+    logp, mask = output_logprobs(model, prompts, outputs, chunk_size=4)
+    assert logp.requires_grad
+    (logp * weights * mask).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    ref, _ = output_logprobs_reference(model, prompts, outputs)
+    (ref * weights * mask).sum().backward()
+    for name, p in model.named_parameters():
+        assert grads[name].abs().sum() > 0, name
+        torch.testing.assert_close(grads[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_temperature_applied(model, batch) -> None:
+    prompts, outputs = batch
+    with torch.no_grad():
+        cold, mask = output_logprobs(model, prompts, outputs, temperature=0.5, chunk_size=3)
+        ref, _ = output_logprobs_reference(model, prompts, outputs, temperature=0.5)
+        warm, _ = output_logprobs(model, prompts, outputs, temperature=1.0)
+    torch.testing.assert_close(cold, ref, atol=1e-5, rtol=0)
+    assert (cold[mask] - warm[mask]).abs().min() > 1e-3
+    with torch.no_grad():  # by hand for one token: log_softmax(logits / T) at the target
+        ids = torch.tensor([prompts[0] + outputs[0][:1]])  # (1, L)
+        logits = model(input_ids=ids).logits[0, len(prompts[0]) - 1]  # (V,)
+        expected = torch.log_softmax(logits / 0.5, dim=-1)[outputs[0][0]]
+    assert cold[0, 0].item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_only_output_positions_reach_the_lm_head(model, batch) -> None:
+    prompts, outputs = batch
+    rows: list[int] = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda mod, args, out: rows.append(args[0].shape[0]))
+    try:
+        with torch.no_grad():
+            output_logprobs(model, prompts, outputs, chunk_size=8)
+    finally:
+        hook.remove()
+    assert sum(rows) == sum(len(o) for o in outputs) == 28
+    assert max(rows) == 8
+
+
+def test_lora_wrapped_model(model, batch) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    prompts, outputs = batch
+    with torch.no_grad():
+        base, _ = output_logprobs(model, prompts, outputs)
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"], init_lora_weights=False)
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        ref, mask = output_logprobs_reference(peft_model, prompts, outputs)
+    assert (ref[mask] - base[mask]).abs().max() > 1e-3  # the adapters change the model
+    logp, lora_mask = output_logprobs(peft_model, prompts, outputs, chunk_size=5)
+    assert torch.equal(mask, lora_mask)
+    torch.testing.assert_close(logp.detach(), ref, atol=1e-5, rtol=0)
+    logp.sum().backward()
+    trained = {n: p.grad for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n for n in trained)
+    assert all(g is not None and g.abs().sum() > 0 for g in trained.values())
+    assert any("lm_head" in n for n in trained)
+    with peft_model.disable_adapter(), torch.no_grad():
+        plain, _ = output_logprobs(peft_model, prompts, outputs)
+    torch.testing.assert_close(plain, base, atol=1e-5, rtol=0)
+
+
+def test_bad_inputs(model) -> None:
+    with pytest.raises(ValueError, match="2 prompts but 1 outputs"):
+        output_logprobs(model, [[1], [2]], [[3]])
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        output_logprobs(model, [[]], [[3]])
+    with pytest.raises(ValueError, match="temperature"):
+        output_logprobs(model, [[1]], [[3]], temperature=0.0)
+    logp, mask = output_logprobs(model, [[1, 2]], [[]])
+    assert logp.shape == mask.shape == (1, 0)

@@ -1,0 +1,192 @@
+"""The MHGPO policy loss: agreement with the paper's formula, micro-batch invariance, gradients, clipping, KL."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mhgpo.losses import k3_kl, mhgpo_policy_loss, mhgpo_policy_loss_reference, token_weights
+
+AGENTS = ["rewriter", "reranker", "answerer"]
+
+
+def _batch(seed: int, b: int = 13, t_max: int = 9, n_agents: int = 3):
+    """Random ragged step, right-padded to (B, T) with garbage in the padding."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t_max + 1, (b,), generator=g)
+    t = int(lengths.max())
+    mask = torch.arange(t)[None, :] < lengths[:, None]  # (B, T)
+    old = -torch.rand(b, t, generator=g, dtype=torch.float64) * 3  # (B, T)
+    logp = old + 0.4 * torch.randn(b, t, generator=g, dtype=torch.float64)  # ratios around 1, some clipped
+    ref = old + 0.3 * torch.randn(b, t, generator=g, dtype=torch.float64)
+    logp = torch.where(mask, logp, torch.full_like(logp, -1e4))  # padding must not matter
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    agents = [AGENTS[int(i)] for i in torch.randint(0, n_agents, (b,), generator=g)]
+    return logp, old, ref, adv, agents, lengths, mask
+
+
+def _rows(x: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    return [x[i, : int(n)] for i, n in enumerate(lengths)]
+
+
+def test_token_weights_by_hand():
+    w = token_weights(["a", "a", "b", "c"], [2, 4, 5, 1], trained=[True, True, True, False], dtype=torch.float64)
+    # 2 agents present (c untrained); a: 2 samples -> 1/(2*2*2), 1/(2*2*4); b: 1/(2*1*5)
+    torch.testing.assert_close(w, torch.tensor([0.125, 0.0625, 0.1, 0.0], dtype=torch.float64), rtol=0, atol=1e-15)
+    w_int = token_weights(np.array([0, 0, 1]), torch.tensor([2, 4, 5]), dtype=torch.float64)
+    torch.testing.assert_close(w_int, w[:3], rtol=0, atol=1e-15)
+
+
+def test_token_weights_sum_to_one_over_tokens():
+    _, _, _, _, agents, lengths, _ = _batch(3, b=40)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    assert abs(float((w * lengths).sum()) - 1.0) < 1e-12
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("beta", [0.0, 0.001, 0.5])
+def test_loss_matches_reference(seed, beta):
+    logp, old, ref, adv, agents, lengths, mask = _batch(seed)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    loss, _ = mhgpo_policy_loss(logp, old, ref, adv, w, mask, clip_eps=0.2, beta=beta)
+    expected = mhgpo_policy_loss_reference(
+        _rows(logp, lengths), _rows(old, lengths), _rows(ref, lengths), adv.tolist(), agents, 0.2, beta
+    )
+    assert abs(float(loss) - float(expected)) < 1e-6
+    assert abs(float(loss) - float(expected)) < 1e-12  # float64 all the way: far tighter in fact
+
+
+def test_untrained_samples_do_not_count():
+    logp, old, ref, adv, agents, lengths, mask = _batch(11, b=10)
+    trained = torch.tensor([True, False] * 5)
+    w = token_weights(agents, lengths, trained=trained, dtype=torch.float64)
+    loss, _ = mhgpo_policy_loss(logp, old, ref, adv, w, mask)
+    keep = [i for i in range(10) if trained[i]]
+    expected = mhgpo_policy_loss_reference(
+        [logp[i, : lengths[i]] for i in keep], [old[i, : lengths[i]] for i in keep],
+        [ref[i, : lengths[i]] for i in keep], [float(adv[i]) for i in keep], [agents[i] for i in keep],
+    )
+    assert abs(float(loss) - float(expected)) < 1e-12
+
+
+@pytest.mark.parametrize("cuts", [[13], [1] * 13, [5, 8], [2, 3, 7, 1], [12, 1]])
+def test_loss_invariant_to_micro_batching(cuts):
+    logp, old, ref, adv, agents, lengths, mask = _batch(21)
+    w = token_weights(agents, lengths, dtype=torch.float64)  # once, over the whole step
+    full, _ = mhgpo_policy_loss(logp, old, ref, adv, w, mask)
+    parts, start = [], 0
+    for size in cuts:
+        sl = slice(start, start + size)
+        t = int(lengths[sl].max())  # each micro-batch padded to its own length
+        part, _ = mhgpo_policy_loss(logp[sl, :t], old[sl, :t], ref[sl, :t], adv[sl], w[sl], mask[sl, :t])
+        parts.append(part)
+        start += size
+    assert start == 13
+    assert abs(float(sum(parts)) - float(full)) < 1e-6
+    assert abs(float(sum(parts)) - float(full)) < 1e-12
+
+
+def test_micro_batch_gradients_accumulate_to_full_gradient():
+    logp, old, ref, adv, agents, lengths, mask = _batch(22)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    x_full = logp.clone().requires_grad_(True)
+    mhgpo_policy_loss(x_full, old, ref, adv, w, mask)[0].backward()
+    x_parts = logp.clone().requires_grad_(True)
+    for sl in (slice(0, 4), slice(4, 13)):
+        mhgpo_policy_loss(x_parts[sl], old[sl], ref[sl], adv[sl], w[sl], mask[sl])[0].backward()
+    torch.testing.assert_close(x_parts.grad, x_full.grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gradient_matches_reference_autograd(seed):
+    logp, old, ref, adv, agents, lengths, mask = _batch(seed + 100)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    x = logp.clone().requires_grad_(True)
+    mhgpo_policy_loss(x, old, ref, adv, w, mask, beta=0.05)[0].backward()
+    y = logp.clone().requires_grad_(True)
+    mhgpo_policy_loss_reference(
+        _rows(y, lengths), _rows(old, lengths), _rows(ref, lengths), adv.tolist(), agents, 0.2, 0.05
+    ).backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=1e-12)
+    assert torch.all(x.grad[~mask] == 0)
+    assert torch.any(x.grad[mask] != 0)
+
+
+def _one_token(logp: float, old: float, adv: float, beta: float = 0.0, ref: float | None = None):
+    x = torch.tensor([[logp]], dtype=torch.float64, requires_grad=True)
+    ref_t = None if ref is None else torch.tensor([[ref]], dtype=torch.float64)
+    loss, stats = mhgpo_policy_loss(
+        x, torch.tensor([[old]], dtype=torch.float64), ref_t, torch.tensor([adv], dtype=torch.float64),
+        torch.ones(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool), clip_eps=0.2, beta=beta,
+    )
+    loss.backward()
+    return float(loss.detach()), float(x.grad), stats
+
+
+def test_clipping_zeroes_gradient():
+    r = 1.5  # > 1 + eps
+    loss, grad, stats = _one_token(np.log(r), 0.0, adv=2.0)
+    assert grad == 0.0 and loss == pytest.approx(-1.2 * 2.0, abs=1e-12) and stats["clip_fraction"] == 1.0
+    loss, grad, stats = _one_token(np.log(0.5), 0.0, adv=-1.0)  # A < 0 and r < 1 - eps
+    assert grad == 0.0 and loss == pytest.approx(0.8, abs=1e-12) and stats["clip_fraction"] == 1.0
+    # on the other side of the clip range the unclipped term is the minimum: gradient -A * r
+    loss, grad, stats = _one_token(np.log(1.5), 0.0, adv=-1.0)
+    assert grad == pytest.approx(1.5, abs=1e-12) and loss == pytest.approx(1.5, abs=1e-12)
+    assert stats["clip_fraction"] == 0.0
+    _, grad, _ = _one_token(np.log(1.1), 0.0, adv=2.0)  # inside the range
+    assert grad == pytest.approx(-2.2, abs=1e-12)
+
+
+def test_beta_zero_removes_kl():
+    logp, old, ref, adv, agents, lengths, mask = _batch(5)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    with_ref, stats = mhgpo_policy_loss(logp, old, ref, adv, w, mask, beta=0.0)
+    without_ref, stats_none = mhgpo_policy_loss(logp, old, None, adv, w, mask, beta=0.0)
+    assert float(with_ref) == float(without_ref)
+    assert stats["kl"] > 0 and "kl" not in stats_none
+    with_kl, _ = mhgpo_policy_loss(logp, old, ref, adv, w, mask, beta=0.1)
+    kl_term = float((torch.where(mask, k3_kl(logp, ref), 0.0) * w[:, None]).sum())  # padding gives inf
+    assert abs(float(with_kl) - float(with_ref) - 0.1 * kl_term) < 1e-12
+    with pytest.raises(ValueError, match="ref_logp"):
+        mhgpo_policy_loss(logp, old, None, adv, w, mask, beta=0.1)
+
+
+def test_k3_nonnegative_and_zero_at_equality():
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(1000, generator=g, dtype=torch.float64) * 3
+    ref = torch.randn(1000, generator=g, dtype=torch.float64) * 3
+    kl = k3_kl(logp, ref)
+    assert torch.all(kl >= 0)
+    d = ref - logp
+    torch.testing.assert_close(kl, torch.exp(d) - d - 1, rtol=1e-12, atol=1e-12)
+    assert torch.all(k3_kl(logp, logp) == 0)
+    # hand value: logp = 0, ref = log 2 -> 2 - log 2 - 1
+    assert float(k3_kl(torch.tensor(0.0, dtype=torch.float64), torch.tensor(np.log(2.0)))) == pytest.approx(
+        0.30685281944005466, abs=1e-15
+    )
+    small = k3_kl(torch.zeros(3, dtype=torch.float32), torch.tensor([1e-4, -1e-4, 1e-6]))
+    assert torch.all(small >= 0)
+
+
+def test_stats_are_token_means_over_the_mask():
+    logp = torch.log(torch.tensor([[1.5, 1.0, 9.0], [0.9, 1.1, 9.0]], dtype=torch.float64))
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    _, stats = mhgpo_policy_loss(logp, old, old, torch.tensor([1.0, 1.0], dtype=torch.float64),
+                                 torch.ones(2, dtype=torch.float64), mask)
+    assert stats["n_tokens"] == 4.0
+    assert stats["clip_fraction"] == pytest.approx(0.25, abs=1e-12)  # only r = 1.5 with A > 0 is clipped
+    assert stats["ratio"] == pytest.approx((1.5 + 1.0 + 0.9 + 1.1) / 4, abs=1e-12)
+    kl = [1 / 1.5 + np.log(1.5) - 1, 0.0, 1 / 0.9 + np.log(0.9) - 1, 1 / 1.1 + np.log(1.1) - 1]
+    assert stats["kl"] == pytest.approx(float(np.mean(kl)), abs=1e-12)
+
+
+def test_shape_errors():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="shape"):
+        mhgpo_policy_loss(x, torch.zeros(2, 4), None, torch.zeros(2), torch.zeros(2), torch.ones(2, 3), beta=0.0)
+    with pytest.raises(ValueError, match="advantages"):
+        mhgpo_policy_loss(x, x, None, torch.zeros(3), torch.zeros(2), torch.ones(2, 3), beta=0.0)
+    with pytest.raises(ValueError, match="shape"):
+        token_weights(["a", "b"], [1, 2, 3])

@@ -1,0 +1,186 @@
+"""Parsers of the three-agent search system (property-based on arbitrary strings) and its workflow."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mhgpo.config import SystemConfig
+from mhgpo.records import Example, Passage
+from mhgpo.search_system import (
+    ANSWERER,
+    RERANKER,
+    RETRIEVER,
+    REWRITER,
+    SearchSystem,
+    format_documents,
+    load_prompts,
+    merge_candidates,
+    parse_answer,
+    parse_reranker,
+    parse_rewriter,
+)
+
+Q = "Who directed Blue Harbor?"
+
+
+def test_rewriter_parses_block():
+    p = parse_rewriter("Sure! ### who directed Blue Harbor; where was he born ### done", Q)
+    assert p.queries == ("who directed Blue Harbor", "where was he born")
+    assert not p.penalised
+
+
+def test_rewriter_strips_angle_brackets_and_empties():
+    p = parse_rewriter("### <q1>; ; <q2> ###", Q)
+    assert p.queries == ("q1", "q2")
+    assert not p.penalised
+
+
+def test_rewriter_without_block_falls_back_to_question_and_is_penalised():
+    p = parse_rewriter("who directed Blue Harbor?", Q)
+    assert p.queries == (Q,)
+    assert p.penalised
+
+
+def test_rewriter_empty_block_falls_back():
+    assert parse_rewriter("###   ###", Q).queries == (Q,)
+    assert parse_rewriter("###   ###", Q).penalised
+
+
+def test_rewriter_too_many_queries_penalised_but_kept():
+    p = parse_rewriter("### a; b; c; d; e ###", Q, max_queries=4)
+    assert p.queries == ("a", "b", "c", "d", "e")
+    assert p.penalised
+    assert not parse_rewriter("### a; b; c; d ###", Q, max_queries=4).penalised
+
+
+def test_rewriter_too_long_penalised():
+    long = "x" * 301
+    assert parse_rewriter(f"### {long} ###", Q, max_chars=300).penalised
+    assert not parse_rewriter(f"### {'x' * 300} ###", Q, max_chars=300).penalised
+
+
+@given(st.text())
+@settings(max_examples=300)
+def test_rewriter_never_raises_and_always_has_a_query(text):
+    p = parse_rewriter(text, Q)
+    assert len(p.queries) >= 1
+    assert all(q.strip() for q in p.queries)
+    if "###" not in text:
+        assert p.penalised and p.queries == (Q,)
+
+
+def test_reranker_valid_ids():
+    p = parse_reranker("2, 0, 5", 10)
+    assert p.selected == (2, 0, 5) and p.invalid == 0 and not p.penalised
+
+
+def test_reranker_document_prefix_and_words_ignored():
+    p = parse_reranker("Document3 and Document1 are useful", 5)
+    assert p.selected == (3, 1) and not p.penalised
+
+
+def test_reranker_duplicate_and_out_of_range_dropped_and_penalised():
+    p = parse_reranker("1, 1, 12, 4", 10)
+    assert p.selected == (1, 4)
+    assert p.invalid == 2
+    assert p.penalised
+
+
+def test_reranker_nothing_parseable():
+    p = parse_reranker("none of them", 10)
+    assert p.selected == () and p.penalised
+
+
+@given(st.text(), st.integers(min_value=0, max_value=12))
+@settings(max_examples=300)
+def test_reranker_never_raises_and_selection_is_valid(text, n):
+    p = parse_reranker(text, n)
+    assert len(set(p.selected)) == len(p.selected)
+    assert all(0 <= i < n for i in p.selected)
+    assert p.penalised == (p.invalid > 0 or not any(c.isdigit() for c in text) or p.reason == "no document id")
+
+
+def test_answer_prefix_and_length():
+    assert parse_answer("Answer: Paris") == ("Paris", False)
+    assert parse_answer("The answer is: 1931") == ("1931", False)
+    words = " ".join(["w"] * 31)
+    assert parse_answer(words, max_words=30) == (words, True)
+    assert parse_answer(" ".join(["w"] * 30), max_words=30)[1] is False
+
+
+@given(st.text())
+@settings(max_examples=300)
+def test_answer_never_raises(text):
+    answer, long = parse_answer(text, 30)
+    assert isinstance(answer, str)
+    assert long == (len(answer.split()) > 30)
+
+
+def _p(i, title=None):
+    return Passage(f"p{i}", title or f"T{i}", f"text {i} " * 5)
+
+
+def test_merge_candidates_dedup_order_cap():
+    a, b, c, d = _p(1), _p(2), _p(3), _p(4)
+    assert merge_candidates([[a, b], [b, c], [d, a]], cap=10) == [a, b, c, d]
+    assert merge_candidates([[a, b], [b, c], [d, a]], cap=3) == [a, b, c]
+
+
+def test_format_documents_truncates_snippets():
+    p = Passage("x", "Title", "one two three four five")
+    text = format_documents([p], "Document{index}: title: {title}, snippet: {snippet}", 3)
+    assert text == "Document0: title: Title, snippet: one two three ..."
+
+
+def test_prompts_are_the_papers():
+    prompts = load_prompts()
+    assert "### <query1>; <query2>; <query3>; ... ###" in prompts["rewriter"]["system"]
+    assert prompts["rewriter"]["user"] == "Original question is {question}"
+    assert "Do not output anything else." in prompts["reranker"]["user"]
+
+
+class FakeRetriever:
+    def __init__(self, passages):
+        self.passages = passages
+        self.calls = []
+
+    def search_batch(self, queries, k):
+        self.calls.append(list(queries))
+        return [[p for p in self.passages if any(w in p.text for w in q.split())][:k] for q in queries]
+
+
+def test_search_system_runs_the_pipeline_by_hand():
+    passages = [Passage("a", "Alpha", "alpha fact"), Passage("b", "Beta", "beta fact"), Passage("c", "Gamma", "gamma")]
+    retriever = FakeRetriever(passages)
+    system = SearchSystem(retriever, SystemConfig(top_k=2))
+    ex = Example("q1", "alpha or beta?", ("alpha",))
+    s = system.init_state(ex)
+    assert system.next_agent(s) == REWRITER
+    r = system.apply(s, REWRITER, "### alpha; beta ###")
+    assert r.penalty == 0.0
+    s = r.state
+    assert system.next_agent(s) == RETRIEVER and system.is_tool(RETRIEVER)
+    [r] = system.call_tools(RETRIEVER, [s])
+    assert retriever.calls == [["alpha", "beta"]]
+    s = r.state
+    assert [p.id for p in s.get("candidates")] == ["a", "b"]
+    assert system.next_agent(s) == RERANKER
+    msgs = system.build_prompt(s, RERANKER)
+    assert "Document0: title: Alpha, snippet: alpha fact" in msgs[1]["content"]
+    assert "Document1: title: Beta" in msgs[1]["content"]
+    r = system.apply(s, RERANKER, "1, 1, 7")
+    assert r.penalty == -0.5 and r.state.get("selected") == (1,)
+    s = r.state
+    msgs = system.build_prompt(s, ANSWERER)
+    assert "Document 0: title: Beta" in msgs[1]["content"] and "Alpha" not in msgs[1]["content"]
+    r = system.apply(s, ANSWERER, "beta")
+    assert system.next_agent(r.state) is None
+    assert system.final_answer(r.state) == "beta"
+    trace = system.trace(r.state)
+    assert trace["selected_titles"] == ["Beta"] and trace["subqueries"] == ["alpha", "beta"]
+
+
+def test_penalty_values_come_from_config():
+    system = SearchSystem(FakeRetriever([]), SystemConfig(rewriter_penalty=-0.25, answerer_penalty=-2.0))
+    s = system.init_state(Example("q", "Q?", ("a",)))
+    assert system.apply(s, REWRITER, "no block").penalty == -0.25
+    assert system.apply(s, ANSWERER, " ".join(["w"] * 40)).penalty == -2.0
