@@ -204,7 +204,14 @@ def main(argv: list[str] | None = None) -> int:
 
     _quiet_libraries()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse fills the `key=value` positionals of `ask` together with its question, so trailing overrides
+    # after an option (`mhgpo ask "..." --model M top_k=5`) come back unparsed: they are overrides too.
+    if extra:
+        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = list(args.overrides) + extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except InputError as e:

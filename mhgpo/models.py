@@ -19,6 +19,8 @@ import importlib.util
 import os
 import re
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,8 +211,25 @@ def _from_pretrained(source: ModelSource, dtype: Any) -> tuple[Any, Any]:
     if source.kind == "hub" and source.cached:
         kwargs["local_files_only"] = True
     tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **kwargs)
+    with _quiet_tqdm():  # the GGUF de-quantisation bar says nothing the caller's own status line doesn't
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **kwargs)
     return model, tokenizer
+
+
+@contextmanager
+def _quiet_tqdm() -> Iterator[None]:
+    """Silence transformers' GGUF de-quantisation progress bar (it reads no setting, so patch its tqdm)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def load_model(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None, dtype: Any = None) -> LoadedModel:

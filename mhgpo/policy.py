@@ -120,7 +120,7 @@ class Policy:
                     weights[idx].to(logp.device), mask, self.cfg.clip_eps, self.cfg.kl_beta,
                 )
                 loss.backward()
-                loss_sum += float(loss)
+                loss_sum += float(loss.detach())
                 n = stats["n_tokens"]
                 tok += n
                 for k in acc:

@@ -176,8 +176,14 @@ def run_rollouts(
             live.extend(new)
             llm_calls += calls
             tokens += toks
-    else:
-        if live:
+    else:  # max_rounds steps taken: branches whose workflow is done still finish
+        unfinished = []
+        for b in live:
+            if workflow.next_agent(b.state) is None:
+                _finish(b, nodes, workflow, reward_fn)
+            else:
+                unfinished.append(b)
+        if unfinished:
             raise RuntimeError(f"workflow did not finish within {max_rounds} rounds")
 
     stats = _assign_groups(nodes, workflow, spec, G, rng)

@@ -81,6 +81,7 @@ def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
             "advantage": n.advantage,
             "output": n.output if n.kind == "llm" else n.info,
             "output_tokens": len(n.output_ids),
+            "prompt_tokens": len(n.prompt_ids),
         }
         if n.final_answer is not None:
             row.update(final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers),

@@ -63,7 +63,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"[bold]mhgpo demo[/]: MHGPO-{cfg.sampler.upper()} on {cfg.data}, model {cfg.model}, "
                   f"{cfg.steps} steps × {cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}")
     with console.status("loading the model, data and index ..."):
-        team = build_team(cfg)
+        team = build_team(cfg, with_val=True)
     trainer = Trainer(cfg, team, run_dir)
     dump_config(cfg, run_dir / "config.yaml")
     before = evaluate_examples(team.val, team.val_workflow, team.generator, team.encode, cfg.eval_batch_size,

@@ -93,6 +93,7 @@ class _StopGuard:
     def __init__(self) -> None:
         self.depth = 0
         self.pending = False
+        self.aborted = False  # a second signal inside a critical section: stop at once, save nothing
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> "_StopGuard":
@@ -112,6 +113,7 @@ class _StopGuard:
             self.pending = True
             print("\nmhgpo: stopping after this update (Ctrl-C again to abort without saving)", flush=True)
             return
+        self.aborted = self.depth > 0
         raise KeyboardInterrupt
 
     def critical(self) -> "_Critical":
@@ -182,7 +184,8 @@ class Trainer:
                                 progress=False)
         return {"val/f1": res.metrics["f1"], "val/em": res.metrics["em"], "val/acc": res.metrics["acc"]}
 
-    def train_step(self) -> dict[str, float]:
+    def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
+        """The step's first phase (no weight changes, safe to interrupt): rollouts, rewards, advantages."""
         cfg, team = self.cfg, self.team
         t0 = time.perf_counter()
         questions = self._next_questions()
@@ -196,11 +199,7 @@ class Trainer:
                    team.workflow.sampling(n.agent).temperature)
             for n in batch.llm_nodes() if n.trained
         ]
-        t1 = time.perf_counter()
-        update = team.policy.update(samples)
-        t2 = time.perf_counter()
         metrics = step_metrics(batch, team.workflow.agents)
-        metrics.update(update)
         metrics.update(
             samples=float(len(samples)),
             groups=adv_stats["n_groups"],
@@ -209,10 +208,22 @@ class Trainer:
             frozen_samples=float(untrained),
             llm_calls=batch.stats["llm_calls"],
             tokens_generated=batch.stats["tokens_generated"],
-            **{"seconds/rollout": t1 - t0, "seconds/train": t2 - t1},
+            **{"seconds/rollout": time.perf_counter() - t0},
         )
-        self._last_batch = batch
+        return batch, samples, metrics
+
+    def learn(self, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
+        """The step's second phase: the policy update (run it where a signal cannot cut it in half)."""
+        t = time.perf_counter()
+        metrics.update(self.team.policy.update(samples))
+        metrics["seconds/train"] = time.perf_counter() - t
         return metrics
+
+    def train_step(self) -> dict[str, float]:
+        """Both phases of one step, without logging (benchmarks, tests)."""
+        batch, samples, metrics = self.collect()
+        self._last_batch = batch
+        return self.learn(samples, metrics)
 
     def run(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
@@ -225,13 +236,16 @@ class Trainer:
         last_val = self.val_history[-1] if self.val_history else {}
         completed_rng = rng_states(self.rng)
         saved_step = self.step
+        guard: _StopGuard | None = None
         try:
             with _StopGuard() as guard:
                 while self.step < cfg.steps:
                     completed_rng = rng_states(self.rng)
-                    start_position = self.position
-                    metrics = self.train_step()
+                    batch, samples, metrics = self.collect()
+                    # From the first weight change on, the step is completed (logged, saved) before a signal
+                    # stops the run: an interrupted update would leave weights that belong to no step.
                     with guard.critical():
+                        metrics = self.learn(samples, metrics)
                         step = self.step + 1
                         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                             t = time.perf_counter()
@@ -240,7 +254,7 @@ class Trainer:
                             metrics.update(last_val)
                             metrics["seconds/eval"] = time.perf_counter() - t
                         metrics["memory/peak_mb"] = peak_memory_mb()
-                        write_rollouts(self.run_dir, step, self._last_batch)
+                        write_rollouts(self.run_dir, step, batch)
                         log.log(step, metrics)
                         self.step = step
                         if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
@@ -251,11 +265,16 @@ class Trainer:
                     if last_val:
                         post["val_f1"] = f"{last_val['val/f1']:.1f}"
                     bar.set_postfix(post)
-                    del start_position
         except KeyboardInterrupt:
             bar.close()
-            if saved_step != self.step:
-                path = self.save(completed_rng if self.position != self._position_after(self.step) else None)
+            if guard is not None and guard.aborted:
+                print("mhgpo: aborted; nothing saved", flush=True)
+            elif saved_step != self.step:
+                rng = None
+                if self.position != self._position_after(self.step):  # stopped inside a step: rewind it
+                    self.position = self._position_after(self.step)
+                    rng = completed_rng
+                path = self.save(rng)
                 print(f"mhgpo: interrupted; saved {path} (resume with: mhgpo train --resume {self.run_dir})",
                       flush=True)
             log.close()
@@ -271,7 +290,9 @@ class Trainer:
 # ------------------------------------------------------------------------------------------------- builders
 
 
-def build_team(cfg: TrainConfig) -> Team:
+def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
+    """The data, workflows and model pieces of `cfg`; the validation set is loaded when `cfg.eval_every` asks for
+    it or `with_val` (the demo evaluates before and after training whatever `eval_every` says)."""
     from mhgpo.factory import build_workflow, load_examples
     from mhgpo.generation import HFGenerator
     from mhgpo.models import encode_chat, load_model
@@ -280,7 +301,7 @@ def build_team(cfg: TrainConfig) -> Team:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     train = load_examples(cfg.data)
-    val = load_examples(cfg.val_data, cfg.val_limit) if cfg.eval_every else []
+    val = load_examples(cfg.val_data, cfg.val_limit) if cfg.eval_every or with_val else []
     workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
     same_corpus = cfg.retrieval.corpus or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic"
     val_workflow = workflow if same_corpus or not val else build_workflow(

@@ -111,6 +111,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # The tiny models gain nothing from intra-op threads, and OpenMP threads spinning against other busy
     # processes slow them down by an order of magnitude. Subprocesses (CLI tests) inherit the variable.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Tests never download, and never write to the user's cache (subprocesses inherit both).
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if "MHGPO_CACHE" not in os.environ:
+        import tempfile
+
+        os.environ["MHGPO_CACHE"] = tempfile.mkdtemp(prefix="mhgpo-test-cache-")
     import torch
 
     torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))

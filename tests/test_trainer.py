@@ -1,0 +1,468 @@
+"""The training side, in-process on the tiny model: one MHGPO update (LoRA and full fine-tuning), the reference
+policy, micro-batch invariance, the run directory, exact resume, interruption (Ctrl-C / SIGTERM), config errors.
+
+The training questions are synthetic-world questions whose gold answer is rewritten to "assistant": the tiny
+model mostly says "assistant" and "user", so the leaves' F1 differs within groups and advantages are non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mhgpo.checkpoint import list_checkpoints
+from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
+from mhgpo.logprobs import output_logprobs
+from mhgpo.policy import Policy, Sample, micro_batches
+from mhgpo.records import InputError
+from mhgpo.runlog import read_metrics
+from mhgpo.trainer import resume, train
+
+REPO = Path(__file__).resolve().parents[1]
+VOLATILE = ("seconds/", "memory/")  # wall-clock and memory: the only metrics that may differ between runs
+
+
+# ------------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    mp = pytest.MonkeyPatch()
+    folder = tmp_path_factory.mktemp("mhgpo-cache")
+    mp.setenv("MHGPO_CACHE", str(folder))
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    yield folder
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A 40/10-question synthetic world, plus `train_echo.jsonl`: its train questions answered "assistant"."""
+    from mhgpo.synth import write_world
+
+    folder = tmp_path_factory.mktemp("world")
+    paths = write_world(folder, seed=0, n_train=40, n_dev=10)
+    rows = [json.loads(line) for line in paths["train"].read_text(encoding="utf-8").splitlines()]
+    for row in rows:
+        row["answer"] = "assistant"
+    (folder / "train_echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return folder
+
+
+def train_overrides(model_dir: Path, world: Path, out: Path, **extra: object) -> list[str]:
+    settings: dict[str, object] = {
+        "model": model_dir,
+        "data": f"hotpotqa:{world / 'train_echo.jsonl'}",
+        "val_data": f"hotpotqa:{world / 'dev.jsonl'}",
+        "retrieval.corpus": world / "corpus.jsonl",
+        "output_dir": out,
+        "sampler": "rr",
+        "steps": 4,
+        "questions_per_step": 2,
+        "group_size": 2,
+        "eval_every": 2,
+        "val_limit": 2,
+        "save_every": 1,
+        "keep_checkpoints": 2,
+        "search.rewriter.max_new_tokens": 8,
+        "search.reranker.max_new_tokens": 4,
+        "search.answerer.max_new_tokens": 4,
+        "search.max_answer_words": 1,
+        "optim.lr": 0.01,
+        "lora.r": 4,
+    }
+    settings.update(extra)
+    return [f"{k}={v}" for k, v in settings.items()]
+
+
+def make_config(model_dir: Path, world: Path, out: Path, **extra: object) -> TrainConfig:
+    return load_config(TrainConfig, None, train_overrides(model_dir, world, out, **extra))
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, world: Path):
+    """An uninterrupted 4-step run (checkpoint every step, keep 2, validation every 2 steps)."""
+    out = tmp_path_factory.mktemp("runs") / "reference"
+    cfg = make_config(tiny_model_dir, world, out)
+    trainer = train(cfg, progress=False)
+    return cfg, out, trainer
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+# ------------------------------------------------------------------------------------ one update, by hand
+
+_DIALOGUES = [  # (agent, question, output, advantage, offset of the sampling log-probs)
+    ("rewriter", "Who wrote the novel Dune?", "### Dune novel author ###", 1.0, 0.0),
+    ("rewriter", "Who wrote the novel Dune?", "### Frank Herbert ###", -1.0, 0.3),
+    ("reranker", "Which river flows through Cairo?", "Document0 Document2", 0.5, -0.3),
+    ("answerer", "What is the capital of France?", "The answer is Paris.", 1.5, 0.0),
+    ("answerer", "What is the capital of France?", "Jupiter", -0.7, 0.3),
+    ("answerer", "What is the largest planet?", "The answer is Jupiter, the largest planet.", -1.2, 0.0),
+]
+
+
+def fresh_model(model_dir: Path):
+    from mhgpo.models import load_model
+
+    return load_model(str(model_dir), device="cpu")
+
+
+def hand_samples(loaded, offsets: bool = False) -> list[Sample]:
+    """Samples of several agents and lengths, with their sampling log-probs taken from the model itself
+    (plus a per-sample offset when `offsets`, so that some ratios leave the clip range)."""
+    from mhgpo.models import encode_chat
+
+    tok = loaded.tokenizer
+    prompts = [encode_chat(tok, [{"role": "user", "content": q}]) for _, q, _, _, _ in _DIALOGUES]
+    outputs = [tok(o, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for _, _, o, _, _ in _DIALOGUES]
+    with torch.no_grad():
+        logp, _ = output_logprobs(loaded.model, prompts, outputs, pad_id=tok.pad_token_id)  # (N, T)
+    return [
+        Sample(p, o, [float(x) + (off if offsets else 0.0) for x in logp[i, : len(o)]], adv, agent, 1.0)
+        for i, (p, o, (agent, _, _, adv, off)) in enumerate(zip(prompts, outputs, _DIALOGUES))
+    ]
+
+
+def base_logprobs(model_dir: Path, samples: list[Sample]) -> list[torch.Tensor]:
+    """Log-probs of the samples' outputs under a freshly loaded copy of the initial model."""
+    loaded = fresh_model(model_dir)
+    with torch.no_grad():
+        logp, mask = output_logprobs(loaded.model, [s.prompt_ids for s in samples], [s.output_ids for s in samples],
+                                     pad_id=loaded.tokenizer.pad_token_id)
+    return [logp[i, : int(mask[i].sum())] for i in range(len(samples))]
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_lora_update_changes_b_first_then_a_and_nothing_else(tiny_model_dir: Path) -> None:
+    loaded = fresh_model(tiny_model_dir)
+    samples = hand_samples(loaded)
+    torch.manual_seed(0)
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=1e-3), LoraConfig(r=4), 10)
+    before = snapshot(policy.model)
+    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    a_names = sorted(n for n in trainable if ".lora_A." in n)
+    b_names = sorted(n for n in trainable if ".lora_B." in n)
+    # 7 target projections x 2 layers, one A and one B each; nothing else trains
+    assert len(a_names) == len(b_names) == 14
+    assert trainable == set(a_names) | set(b_names)
+    assert all(torch.count_nonzero(before[n]) == 0 for n in b_names)  # LoRA B starts at zero
+
+    stats = policy.update(samples)
+    assert stats["grad_norm"] > 0
+    after1 = snapshot(policy.model)
+    # step 1: B moves everywhere; dL/dA = B^T (...) is exactly zero while B == 0, so Adam leaves A untouched
+    assert [n for n in b_names if torch.equal(after1[n], before[n])] == []
+    assert [n for n in a_names if not torch.equal(after1[n], before[n])] == []
+
+    policy.update(samples)
+    after2 = snapshot(policy.model)
+    assert [n for n in a_names if torch.equal(after2[n], after1[n])] == []
+    assert [n for n in b_names if torch.equal(after2[n], after1[n])] == []
+    frozen_changed = [n for n in before if n not in trainable and not torch.equal(after2[n], before[n])]
+    assert frozen_changed == []
+
+    # the reference is the base model (adapter disabled): identical to a fresh copy of the initial weights
+    ref = policy.reference_logprobs(samples)
+    base = base_logprobs(tiny_model_dir, samples)
+    assert all(torch.equal(r, b) for r, b in zip(ref, base))
+    with torch.no_grad():
+        current, mask = output_logprobs(policy.model, [s.prompt_ids for s in samples],
+                                        [s.output_ids for s in samples], pad_id=loaded.tokenizer.pad_token_id)
+    assert float((current[mask.bool()] - torch.cat(base)).abs().max()) > 1e-4  # the policy itself has moved
+
+
+def test_full_finetune_update_changes_every_parameter_and_keeps_a_frozen_reference(tiny_model_dir: Path) -> None:
+    loaded = fresh_model(tiny_model_dir)
+    samples = hand_samples(loaded)
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=1e-3), LoraConfig(enabled=False), 10)
+    before = snapshot(policy.model)
+    trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert trainable == list(before)  # full fine-tuning: every parameter trains
+    ref_before = snapshot(policy.ref_model)
+
+    policy.update(samples)
+    after = snapshot(policy.model)
+    assert [n for n in trainable if torch.equal(after[n], before[n])] == []
+
+    policy.update(samples)
+    assert all(not p.requires_grad for p in policy.ref_model.parameters())
+    ref_after = snapshot(policy.ref_model)
+    assert [n for n in ref_before if not torch.equal(ref_before[n], ref_after[n])] == []
+    assert [n for n in ref_before if not torch.equal(ref_before[n], before[n])] == []
+    ref, base = policy.reference_logprobs(samples), base_logprobs(tiny_model_dir, samples)
+    assert all(torch.equal(r, b) for r, b in zip(ref, base))
+
+
+def test_loss_and_gradient_do_not_depend_on_the_micro_batch_cut(tiny_model_dir: Path) -> None:
+    optim = dict(lr=1e-3, kl_beta=0.05, max_grad_norm=1e9, clip_eps=0.2)
+    results = []
+    for max_tokens in (1, 10**6):
+        loaded = fresh_model(tiny_model_dir)
+        samples = hand_samples(loaded, offsets=True)
+        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id,
+                        OptimConfig(micro_batch_tokens=max_tokens, **optim), LoraConfig(enabled=False), 10)
+        with torch.no_grad():  # move the reference away from the policy, so that the KL term counts too
+            for p in policy.ref_model.parameters():
+                p.mul_(1.05)
+        results.append((policy, samples, policy.update(samples)))
+    (p_many, samples, s_many), (p_one, _, s_one) = results
+    assert len(micro_batches(samples, 1)) == len(samples)
+    assert len(micro_batches(samples, 10**6)) == 1
+    assert s_many["clip_fraction"] > 0  # the offsets push some ratios out of [0.8, 1.2]
+    assert s_many["kl"] > 1e-4
+    assert s_one["loss"] != 0.0
+    assert abs(s_many["loss"] - s_one["loss"]) <= 1e-6
+    assert s_many["clip_fraction"] == pytest.approx(s_one["clip_fraction"], abs=1e-12)
+    assert s_many["kl"] == pytest.approx(s_one["kl"], abs=1e-6)
+    assert s_many["grad_norm"] == pytest.approx(s_one["grad_norm"], rel=1e-5)
+    grads_many = {n: p.grad for n, p in p_many.model.named_parameters()}
+    grads_one = {n: p.grad for n, p in p_one.model.named_parameters()}
+    assert all(g is not None for g in grads_one.values())
+    for name, g in grads_one.items():
+        torch.testing.assert_close(grads_many[name], g, rtol=1e-5, atol=1e-6, msg=name)  # float32 sums
+
+
+# ------------------------------------------------------------------------------------------ the run folder
+
+STEP_KEYS = ["step", "reward/mean", "kl", "clip_fraction", "loss", "grad_norm", "samples", "groups",
+             "singletons_dropped", "zero_variance_groups", "llm_calls", "tokens_generated", "seconds/rollout",
+             "seconds/train", "memory/peak_mb"]
+AGENT_KEYS = [f"{a}/{k}" for a in ("rewriter", "reranker", "answerer") for k in ("reward", "penalty", "advantage_abs")]
+VAL_KEYS = ["val/f1", "val/em", "val/acc"]
+ROLLOUT_KEYS = ["question_id", "node_id", "parent_id", "agent", "group_id", "trained", "reward_shared",
+                "reward_specific", "reward", "advantage", "output"]
+
+
+def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(reference_run) -> None:
+    cfg, out, trainer = reference_run
+    assert trainer.step == 4
+    assert load_config(TrainConfig, out / "config.yaml") == cfg
+
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        missing = [k for k in STEP_KEYS + AGENT_KEYS if k not in r]
+        assert missing == [], f"step {r['step']} lacks {missing}"
+        has_val = [k in r for k in VAL_KEYS]
+        assert has_val == [r["step"] % 2 == 0] * 3, f"step {r['step']}: val keys {has_val}"
+    assert [h["step"] for h in trainer.val_history] == [2, 4]
+    assert trainer.val_history[-1] == {"step": 4, **{k: rows[-1][k] for k in VAL_KEYS}}
+    assert any(r[f"{a}/advantage_abs"] > 0 for r in rows for a in ("rewriter", "reranker", "answerer"))
+    assert any(r["loss"] != 0 for r in rows)
+
+    for r in rows:
+        path = out / "rollouts" / f"step_{r['step']:06d}.jsonl"
+        nodes = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        for n in nodes:
+            missing = [k for k in ROLLOUT_KEYS if k not in n]
+            assert missing == [], f"{path.name} node {n.get('node_id')} lacks {missing}"
+            assert n["trained"] == (n["group_id"] >= 0)
+            assert n["reward"] == n["reward_shared"] + n["reward_specific"]
+        assert [n["node_id"] for n in nodes] == list(range(len(nodes)))
+        assert all(-1 <= n["parent_id"] < n["node_id"] for n in nodes)
+        llm = [n for n in nodes if n["agent"] != "retriever"]
+        assert len(llm) == r["llm_calls"]
+        assert sum(n["trained"] for n in llm) == r["samples"]
+        groups: dict[int, list[dict]] = {}
+        for n in llm:
+            if n["trained"]:
+                groups.setdefault(n["group_id"], []).append(n)
+        assert len(groups) == r["groups"]
+        assert sum(len({n["reward"] for n in g}) == 1 for g in groups.values()) == r["zero_variance_groups"]
+        assert all(abs(sum(n["advantage"] for n in g)) < 1e-9 for g in groups.values())  # A = (R - mean) / std
+        assert all(n["advantage"] == 0 for n in nodes if not n["trained"])
+        assert len({n["question_id"] for n in nodes}) == cfg.questions_per_step
+
+    events = list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and all(e.stat().st_size > 0 for e in events)
+
+    assert [p.name for p in list_checkpoints(out)] == ["step_3", "step_4"]  # keep_checkpoints=2
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4"]  # no temporaries
+    for ckpt in list_checkpoints(out):
+        assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "state.json", "trainer.pt"]
+        state = json.loads((ckpt / "state.json").read_text())
+        step = int(ckpt.name.split("_")[1])
+        assert state["step"] == step and state["position"] == step * cfg.questions_per_step
+
+
+def test_tensorboard_scalars_match_metrics(reference_run) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, out, _ = reference_run
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    rows = read_metrics(out)
+    for key in ("loss", "reward/mean", "val/f1"):
+        logged = [(e.step, e.value) for e in acc.Scalars(key)]
+        expected = [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-9)) for r in rows if key in r]
+        assert logged == expected
+
+
+# ------------------------------------------------------------------------------------------------- resume
+
+
+def assert_same_run(run: Path, reference: Path) -> None:
+    got, want = comparable(read_metrics(run)), comparable(read_metrics(reference))
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        diff = {k: (g.get(k), w.get(k)) for k in set(g) | set(w) if g.get(k) != w.get(k)}
+        assert diff == {}, f"step {w['step']} differs: {diff}"
+    for w in want:
+        name = f"step_{w['step']:06d}.jsonl"
+        assert (run / "rollouts" / name).read_bytes() == (reference / "rollouts" / name).read_bytes(), name
+    from safetensors.torch import load_file
+
+    final = f"checkpoints/step_{want[-1]['step']}/model.safetensors"
+    a, b = load_file(str(run / final)), load_file(str(reference / final))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(reference_run, tiny_model_dir, world, tmp_path) -> None:
+    _, reference, _ = reference_run
+    out = tmp_path / "resumed"
+    train(make_config(tiny_model_dir, world, out, steps=2), progress=False)
+    assert [p.name for p in list_checkpoints(out)] == ["step_1", "step_2"]
+    trainer = resume(out, ["steps=4"], progress=False)
+    assert trainer.step == 4
+    assert load_config(TrainConfig, out / "config.yaml").steps == 4
+    assert_same_run(out, reference)
+
+
+def test_interrupt_in_the_middle_of_a_step_saves_the_last_completed_step(
+    reference_run, tiny_model_dir, world, tmp_path, monkeypatch, capsys
+) -> None:
+    """Ctrl-C while step 2 is under way (its rollouts done, before its update): step 1 is saved (it was not
+    due for a checkpoint) as it was when step 1 ended, and resuming reproduces the uninterrupted run."""
+    _, reference, _ = reference_run
+    out = tmp_path / "interrupted"
+    real_update = Policy.update
+    calls = []
+
+    def update(self, samples):
+        calls.append(len(samples))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_update(self, samples)
+
+    monkeypatch.setattr(Policy, "update", update)
+    with pytest.raises(KeyboardInterrupt):
+        train(make_config(tiny_model_dir, world, out, save_every=3), progress=False)
+    assert "interrupted; saved" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(out)] == [1]
+    assert [p.name for p in list_checkpoints(out)] == ["step_1"]
+    state = json.loads((out / "checkpoints" / "step_1" / "state.json").read_text())
+    assert (state["step"], state["position"]) == (1, 2)
+
+    monkeypatch.setattr(Policy, "update", real_update)
+    assert resume(out, progress=False).step == 4
+    assert_same_run(out, reference)
+
+
+def test_signal_during_the_update_finishes_the_step_before_stopping(
+    reference_run, tiny_model_dir, world, tmp_path, monkeypatch, capsys
+) -> None:
+    """SIGINT that arrives once step 2's weights have changed: the step is completed, logged and saved."""
+    _, reference, _ = reference_run
+    out = tmp_path / "signalled"
+    real_update = Policy.update
+    calls = []
+
+    def update(self, samples):
+        result = real_update(self, samples)
+        calls.append(len(samples))
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(Policy, "update", update)
+    with pytest.raises(KeyboardInterrupt):
+        train(make_config(tiny_model_dir, world, out, save_every=3), progress=False)
+    assert "stopping after this update" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    assert [p.name for p in list_checkpoints(out)] == ["step_2"]
+
+    monkeypatch.setattr(Policy, "update", real_update)
+    assert resume(out, progress=False).step == 4
+    assert_same_run(out, reference)
+
+
+def test_sigterm_to_a_training_process_saves_a_checkpoint_and_exits_nonzero(
+    tiny_model_dir, world, tmp_path, cache_dir
+) -> None:
+    out = tmp_path / "sigterm"
+    args = ["train", *train_overrides(tiny_model_dir, world, out, steps=1000, save_every=1000, eval_every=0)]
+    env = {**os.environ, "MHGPO_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "mhgpo", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = out / "metrics.jsonl"
+
+        def logged() -> bool:  # a complete line (the file may be read while a line is being appended)
+            return metrics.exists() and "\n" in metrics.read_text(encoding="utf-8")
+
+        while not logged() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        assert logged(), "no step finished within 120 s"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    assert "Traceback" not in stderr
+    assert "interrupted; saved" in stdout
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 1000
+    checkpoints = list_checkpoints(out)
+    assert [p.name for p in checkpoints] == [f"step_{steps[-1]}"]
+    state = json.loads((checkpoints[0] / "state.json").read_text())
+    assert (state["step"], state["position"]) == (steps[-1], 2 * steps[-1])
+
+
+# ------------------------------------------------------------------------------------------------- errors
+
+
+def test_unknown_or_mistyped_config_keys_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"optim\.lrr"):
+        load_config(TrainConfig, None, ["optim.lrr=0.1"])
+    with pytest.raises(InputError, match=r"unknown config key group_sizes"):
+        load_config(TrainConfig, None, ["group_sizes=4"])
+    with pytest.raises(InputError, match=r"^steps: expected an integer"):
+        load_config(TrainConfig, None, ["steps=many"])
+    config = tmp_path / "bad.yaml"
+    config.write_text("steps: 2\nlora:\n  rank: 8\n")
+    with pytest.raises(InputError, match=r"bad\.yaml.*lora\.rank"):
+        load_config(TrainConfig, config)
+    with pytest.raises(InputError, match=r"sampler: expected is, fof, rr or fof_os"):
+        load_config(TrainConfig, None, ["sampler=best"])
+
+
+def test_train_refuses_a_directory_with_checkpoints_and_resume_needs_one(reference_run, tmp_path) -> None:
+    cfg, out, _ = reference_run
+    again = load_config(TrainConfig, out / "config.yaml")
+    with pytest.raises(InputError, match="already holds checkpoints; resume with --resume"):
+        train(again, progress=False)
+    assert [p.name for p in list_checkpoints(out)] == ["step_3", "step_4"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.yaml").write_text((out / "config.yaml").read_text())
+    with pytest.raises(InputError, match="no checkpoint to resume from"):
+        resume(empty, progress=False)
