@@ -1,0 +1,361 @@
+"""`mhgpo report`: read run directories and write `report.md`, `report.html` (images embedded) and PNG plots.
+
+What a reader looks for in an RL run of a team of agents: reward and validation F1 over steps, each agent's
+format penalty and behaviour over steps, how similar the outputs inside a group are (the paper's intra-group
+similarity), where the time and memory go, a results table in the layout of the paper's Table 1, and example
+traces from the first and the last step. Anything missing from a run directory is reported as missing.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import itertools
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from mhgpo.io import atomic_write_text
+from mhgpo.records import InputError
+from mhgpo.runlog import read_metrics
+
+BEHAVIOUR = (
+    ("rewriter/num_subqueries", "sub-queries per question"),
+    ("reranker/num_selected", "documents selected"),
+    ("answerer/answer_words", "answer length (words)"),
+    ("reranker/invalid_rate", "invalid selection rate"),
+)
+
+
+@dataclass
+class Run:
+    path: Path
+    label: str
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    rollout_files: list[Path]
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> metrics.json content
+    missing: list[str] = field(default_factory=list)
+
+
+def _label(path: Path, config: dict[str, Any]) -> str:
+    if not config:
+        return path.name
+    algo = str(config.get("algo", "mhgpo")).upper()
+    sampler = str(config.get("sampler", "")).upper().replace("_OS", "(os)")
+    system = config.get("system", "mas")
+    name = f"{algo}-{sampler}" if algo == "MHGPO" else algo
+    return f"{name}{'' if system == 'mas' else ' (' + system + ')'} [{path.name}]"
+
+
+def load_run(path: Path) -> Run:
+    """A training run directory, or an evaluation output directory (metrics.json alone)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: not a run directory")
+    cfg_path = path / "config.yaml"
+    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+    run = Run(path, _label(path, config or {}), config or {}, read_metrics(path),
+              sorted((path / "rollouts").glob("step_*.jsonl")))
+    if config or (path / "metrics.jsonl").exists():  # a training run: say what it lacks
+        if not run.metrics:
+            run.missing.append("training metrics (metrics.jsonl)")
+        if not run.rollout_files:
+            run.missing.append("rollout records (rollouts/)")
+    found = [c / "metrics.json" for c in [path, *(p for p in path.iterdir() if p.is_dir())]]
+    for m in sorted((f for f in found if f.exists()), key=lambda f: f.stat().st_mtime):  # in the order run
+        run.evals[m.parent.name if m.parent != path else "eval"] = json.loads(m.read_text())
+    if not run.evals:
+        run.missing.append("evaluation results (metrics.json)")
+    return run
+
+
+# --------------------------------------------------------------------------------------------- measures
+
+
+def token_f1(a: str, b: str) -> float:
+    """Token-overlap F1 of two texts (lower-cased whitespace tokens); 1.0 for two empty texts."""
+    ta, tb = a.lower().split(), b.lower().split()
+    if not ta and not tb:
+        return 1.0
+    common = sum((Counter(ta) & Counter(tb)).values())
+    if common == 0:
+        return 0.0
+    p, r = common / len(ta), common / len(tb)
+    return 2 * p * r / (p + r)
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def intra_group_similarity(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per agent: the mean over trained groups of the mean pairwise token F1 between the group's outputs."""
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("trained") and r.get("kind", "llm") == "llm":
+            groups[r["group_id"]].append(r)
+    per_agent: dict[str, list[float]] = defaultdict(list)
+    for members in groups.values():
+        pairs = [token_f1(a["output"], b["output"]) for a, b in itertools.combinations(members, 2)]
+        if pairs:
+            per_agent[members[0]["agent"]].append(float(np.mean(pairs)))
+    return {agent: float(np.mean(v)) for agent, v in per_agent.items()}
+
+
+def traces(rows: list[dict[str, Any]], limit: int = 2) -> list[dict[str, Any]]:
+    """Up to `limit` root-to-leaf paths (one per question): each agent's output, the answer and the gold."""
+    by_key = {(r["question_id"], r["node_id"]): r for r in rows}
+    out, seen = [], set()
+    for r in rows:
+        if "final_answer" not in r or r["question_id"] in seen:
+            continue
+        seen.add(r["question_id"])
+        chain, node = [], r
+        while node is not None:
+            chain.append(node)
+            node = by_key.get((node["question_id"], node["parent_id"]))
+        steps = [(n["agent"], n["output"] if isinstance(n["output"], str) else json.dumps(n["output"]))
+                 for n in reversed(chain)]
+        out.append({"question": r.get("question", ""), "steps": steps, "answer": r["final_answer"],
+                    "gold": r.get("answers", []), "reward": r.get("terminal_reward")})
+        if len(out) >= limit:
+            break
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def _series(run: Run, key: str) -> tuple[list[int], list[float]]:
+    pts = [(m["step"], m[key]) for m in run.metrics if m.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _figure(ncols: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 3.6), squeeze=False)
+    return fig, axes[0]
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
+    """Every plot the data allows; returns {name: png path}."""
+    plots: dict[str, Path] = {}
+    trained = [r for r in runs if r.metrics]
+    if not trained:
+        return plots
+    agents = sorted({k.split("/")[0] for r in trained for m in r.metrics for k in m
+                     if k.endswith("/penalty") and "/" in k})
+
+    fig, (ax1, ax2) = _figure(2)
+    for r in trained:
+        ax1.plot(*_series(r, "reward/mean"), marker=".", label=r.label)
+        xs, ys = _series(r, "val/f1")
+        untrained = [m["f1"] for m in r.evals.values() if m.get("label") == "untrained"]
+        if xs and untrained:  # the untrained team's evaluation is step 0
+            xs, ys = [0, *xs], [untrained[0], *ys]
+        if xs:
+            ax2.plot(xs, ys, marker="o", label=r.label)
+    ax1.set(title="training reward (final-answer F1)", xlabel="step", ylabel="reward")
+    ax2.set(title="validation F1", xlabel="step", ylabel="F1 (%)")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+    plots["reward_and_val_f1"] = _save(fig, out / "reward_and_val_f1.png")
+
+    if agents:
+        fig, axes = _figure(len(agents))
+        for ax, agent in zip(axes, agents):
+            for r in trained:
+                ax.plot(*_series(r, f"{agent}/penalty"), marker=".", label=r.label)
+            ax.set(title=f"{agent}: format penalty", xlabel="step", ylabel="mean penalty")
+            ax.legend(fontsize=7)
+        plots["penalties"] = _save(fig, out / "penalties.png")
+
+    present = [(k, t) for k, t in BEHAVIOUR if any(_series(r, k)[0] for r in trained)]
+    if present:
+        fig, axes = _figure(len(present))
+        for ax, (key, title) in zip(axes, present):
+            for r in trained:
+                ax.plot(*_series(r, key), marker=".", label=r.label)
+            ax.set(title=title, xlabel="step")
+            ax.legend(fontsize=7)
+        plots["behaviour"] = _save(fig, out / "behaviour.png")
+
+    sims = {r.label: [(int(p.stem.split("_")[1]), intra_group_similarity(_rows(p))) for p in r.rollout_files]
+            for r in trained if r.rollout_files}
+    sim_agents = sorted({a for v in sims.values() for _, s in v for a in s})
+    if sim_agents:
+        fig, axes = _figure(len(sim_agents))
+        for ax, agent in zip(axes, sim_agents):
+            for label, points in sims.items():
+                pts = [(step, s[agent]) for step, s in points if agent in s]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=label)
+            ax.set(title=f"{agent}: intra-group similarity", xlabel="step", ylabel="mean pairwise token F1",
+                   ylim=(0, 1.05))
+            ax.legend(fontsize=7)
+        plots["intra_group_similarity"] = _save(fig, out / "intra_group_similarity.png")
+
+    fig, (ax1, ax2) = _figure(2)
+    labels = [r.label for r in trained]
+    roll = [float(np.mean(_series(r, "seconds/rollout")[1] or [0])) for r in trained]
+    upd = [float(np.mean(_series(r, "seconds/train")[1] or [0])) for r in trained]
+    x = np.arange(len(trained))
+    ax1.bar(x, roll, label="rollout")
+    ax1.bar(x, upd, bottom=roll, label="update")
+    ax1.set_xticks(x, labels, rotation=15, fontsize=7)
+    ax1.set(title="seconds per step", ylabel="s")
+    ax1.legend(fontsize=7)
+    for r in trained:
+        ax2.plot(*_series(r, "memory/peak_mb"), marker=".", label=r.label)
+    ax2.set(title="peak memory", xlabel="step", ylabel="MB")
+    ax2.legend(fontsize=7)
+    plots["cost"] = _save(fig, out / "cost.png")
+    return plots
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+def results_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """Paper Table 1 layout: one row per (run, evaluation), Acc/EM/F1 per dataset, then the averages."""
+    datasets: list[str] = []
+    rows: list[tuple[str, dict[str, dict[str, float]]]] = []
+    for r in runs:
+        for name, m in r.evals.items():
+            ds = str(m.get("data", "data"))
+            if ds not in datasets:
+                datasets.append(ds)
+            label = f"{r.label} / {m.get('label', name)}"
+            rows.append((label, {ds: m}))
+    header = ["run"] + [f"{ds} {k}" for ds in datasets for k in ("Acc", "EM", "F1")] + ["avg Acc", "avg EM", "avg F1"]
+    body = []
+    for label, per_ds in rows:
+        cells, acc = [label], defaultdict(list)
+        for ds in datasets:
+            m = per_ds.get(ds)
+            for k in ("acc", "em", "f1"):
+                if m is None:
+                    cells.append("–")
+                else:
+                    cells.append(f"{m[k]:.1f}")
+                    acc[k].append(m[k])
+        cells += [f"{np.mean(acc[k]):.1f}" if acc[k] else "–" for k in ("acc", "em", "f1")]
+        body.append(cells)
+    return header, body
+
+
+def _md_table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ writer
+
+
+def build_report(run_dirs: list[Path], out: Path) -> Path:
+    """Write report.md, report.html and the plots for these run (or evaluation) directories into `out`."""
+    runs = [load_run(Path(p)) for p in run_dirs]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = plot_runs(runs, out)
+    header, body = results_table(runs)
+    md = ["# mhgpo report", "", "Runs: " + ", ".join(f"`{r.path}` ({r.label})" for r in runs), ""]
+    for r in runs:
+        if r.missing:
+            md.append(f"- `{r.path.name}` has no " + "; no ".join(r.missing) + ".")
+    md += ["", "## Results", ""]
+    md.append(_md_table(header, body) if body else "No evaluation results were found.")
+    for r in runs:
+        if r.metrics:
+            first, last = r.metrics[0], r.metrics[-1]
+            md += ["", f"Training of {r.label}: {len(r.metrics)} steps; reward {first.get('reward/mean', 0):.3f} "
+                   f"(step {first['step']}) → {last.get('reward/mean', 0):.3f} (step {last['step']})."]
+    titles = {"reward_and_val_f1": "Training reward and validation F1", "penalties": "Format penalty per agent",
+              "behaviour": "Agent behaviour", "intra_group_similarity": "Intra-group similarity",
+              "cost": "Time and memory"}
+    for name, png in plots.items():
+        md += ["", f"## {titles[name]}", "", f"![{titles[name]}]({png.name})"]
+    if not plots:
+        md += ["", "No training metrics were found, so there are no training plots."]
+    for r in runs:
+        if not r.rollout_files:
+            continue
+        for which, path in (("first", r.rollout_files[0]), ("last", r.rollout_files[-1])):
+            md += ["", f"## Example traces: {r.label}, {which} step ({path.stem})", ""]
+            for t in traces(_rows(path)):
+                md.append(f"**Q:** {t['question']}  ")
+                for agent, text in t["steps"]:
+                    md.append(f"- *{agent}*: `{' '.join(str(text).split())[:300]}`")
+                md.append(f"- **answer:** {t['answer']} — **gold:** {', '.join(t['gold'])} — F1 {t['reward']:.2f}")
+                md.append("")
+    text = "\n".join(md) + "\n"
+    atomic_write_text(out / "report.md", text)
+    atomic_write_text(out / "report.html", to_html(text, out))
+    return out / "report.md"
+
+
+def to_html(markdown: str, folder: Path) -> str:
+    """A self-contained page: the markdown's headings, lists, tables and paragraphs, images inlined."""
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>mhgpo report</title><style>"
+             "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+             "td:first-child{text-align:left}img{max-width:100%}code{background:#f4f4f4}</style></head><body>"]
+    table: list[list[str]] = []
+
+    def flush() -> None:
+        if table:
+            head, *rest = table
+            parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rest)
+                         + "</table>")
+            table.clear()
+
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            if not all(set(c) <= {"-"} for c in cells):
+                table.append(cells)
+            continue
+        flush()
+        if line.startswith("!["):
+            name = line[line.index("(") + 1 : line.rindex(")")]
+            data = base64.b64encode((folder / name).read_bytes()).decode()
+            parts.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{data}'>")
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            parts.append(f"<h{level}>{html.escape(line[level:].strip())}</h{level}>")
+        elif line.startswith("- "):
+            parts.append(f"<div>• {_inline(line[2:])}</div>")
+        elif line.strip():
+            parts.append(f"<p>{_inline(line)}</p>")
+    flush()
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _inline(text: str) -> str:
+    import re
+
+    text = html.escape(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    text = re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+    return re.sub(r"\*(.+?)\*", r"<i>\1</i>", text)

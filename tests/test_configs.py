@@ -1,0 +1,25 @@
+"""The shipped config files load into the typed config, and say what they claim."""
+
+from pathlib import Path
+
+from mhgpo.config import TrainConfig, load_config
+from mhgpo.train_cli import demo_config_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_config_is_the_packaged_one():
+    assert (ROOT / "configs" / "demo.yaml").read_text() == demo_config_path().read_text()
+    cfg = load_config(TrainConfig, demo_config_path())
+    assert cfg.model == "smollm2-135m" and cfg.sampler == "rr" and cfg.lora.enabled
+    assert cfg.rr_probs == [0.7, 0.1, 0.2] and cfg.group_size == 4
+
+
+def test_paper_config_is_the_papers_setting():
+    cfg = load_config(TrainConfig, ROOT / "configs" / "paper_hotpotqa.yaml")
+    assert cfg.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert cfg.optim.lr == 5e-7 and cfg.group_size == 4 and cfg.questions_per_step == 512
+    assert cfg.optim.clip_eps == 0.2 and cfg.optim.kl_beta == 0.001
+    assert cfg.search.rewriter.top_p == 0.9 and cfg.search.rewriter.temperature == 1.0
+    assert cfg.rr_probs == [0.7, 0.1, 0.2] and cfg.sampler == "rr" and not cfg.lora.enabled
+    assert cfg.steps * cfg.questions_per_step >= 90447  # one epoch over HotpotQA train
