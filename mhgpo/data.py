@@ -1,20 +1,33 @@
-"""Reading question sets and passage corpora from JSON Lines or JSON array files.
+"""Reading question sets and passage corpora from local files in the benchmarks' official layouts.
 
 A file whose first non-space character is `[` is read as one JSON array of objects; any other file
 as JSON Lines (one object a line, blank lines skipped). Every error is an `InputError` that names
 where it happened: `path:LINE` for JSON Lines, `path[INDEX]` for an array element.
 
-Question sets use the HotpotQA layout (`_id`/`id`, `question`, `answer`, `type`,
-`supporting_facts`, `context`); `load_data` resolves a data SPEC (`synthetic`, `synthetic:train`,
-`synthetic:dev`, `hotpotqa:PATH`) to a list of `Example`s.
+Question sets (`load_data` resolves a data SPEC to a list of `Example`s):
+
+| SPEC | layout |
+|---|---|
+| `synthetic`, `synthetic:train`, `synthetic:dev` | the embedded mini-wiki world (HotpotQA layout) |
+| `hotpotqa:PATH` | HotpotQA: `_id, question, answer, type, supporting_facts, context [title, sentences]` |
+| `2wiki:PATH` | 2WikiMultihopQA: the HotpotQA layout plus `evidences` (and `entity_ids, evidences_id, answer_id`) |
+| `musique:PATH` | MuSiQue: `id, question, answer, answer_aliases, answerable, paragraphs` (`title, paragraph_text, is_supporting`) |
+| `jsonl:PATH` | generic: `id, question, answers` (optional `type`, `context`, `supporting_titles`) |
+| `hotpotqa`, `2wiki`, `musique` | the validation split from the Hugging Face hub (`mhgpo.hub`; needs the network) |
+
+Corpora: JSON Lines `{id, title, text}`, DPR `psgs_w100.tsv` (`id<TAB>text<TAB>title` with a header), or the
+"context corpus": the paragraphs of a question set itself, de-duplicated by (title, text).
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import logging
 import os
+import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 from mhgpo.records import Example, InputError, Passage
 
@@ -22,16 +35,43 @@ __all__ = [
     "read_jsonl",
     "read_json_array",
     "read_records",
+    "hotpot_example",
+    "musique_example",
+    "generic_example",
     "load_hotpotqa",
+    "load_2wiki",
+    "load_musique",
+    "read_musique",
+    "load_generic",
     "load_data",
+    "spec_path",
+    "read_corpus",
     "load_corpus_jsonl",
+    "load_corpus_tsv",
+    "corpus_file",
     "context_corpus",
     "DATA_SPECS",
+    "HUB_NAMES",
 ]
+
+log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-DATA_SPECS = ("synthetic", "synthetic:train", "synthetic:dev", "hotpotqa:PATH")
+DATA_SPECS = (
+    "synthetic",
+    "synthetic:train",
+    "synthetic:dev",
+    "hotpotqa:PATH",
+    "2wiki:PATH",
+    "musique:PATH",
+    "jsonl:PATH",
+    "hotpotqa",
+    "2wiki",
+    "musique",
+)
+HUB_NAMES = ("hotpotqa", "2wiki", "musique")
+_UNDECODABLE = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, kept by errors="surrogateescape"
 
 
 # --- generic readers ----------------------------------------------------------------------------
@@ -113,7 +153,7 @@ def read_records(path: PathLike) -> Iterator[tuple[str, dict]]:
             yield f"{path}:{line_no}", record
 
 
-# --- HotpotQA question sets ---------------------------------------------------------------------
+# --- shared field parsers -----------------------------------------------------------------------
 
 
 def _require(record: dict, key: str, where: str) -> Any:
@@ -128,13 +168,26 @@ def _text(value: Any, key: str, where: str) -> str:
     return value
 
 
-def _answers(record: dict, where: str) -> tuple[str, ...]:
-    value = _require(record, "answer", where)
+def _answer_list(value: Any, key: str, where: str) -> tuple[str, ...]:
     aliases = value if isinstance(value, list) else [value]
-    answers = tuple(_text(a, "answer", where).strip() for a in aliases)
+    answers = tuple(_text(a, key, where).strip() for a in aliases)
     if not answers or not all(answers):
-        raise InputError(f"{where}: 'answer' is empty")
-    return answers
+        raise InputError(f"{where}: '{key}' is empty")
+    return tuple(dict.fromkeys(answers))
+
+
+def _question(record: dict, where: str) -> str:
+    question = _text(_require(record, "question", where), "question", where).strip()
+    if not question:
+        raise InputError(f"{where}: 'question' is empty")
+    return question
+
+
+def _record_id(record: dict, ordinal: int, *keys: str) -> str:
+    for key in keys:
+        if record.get(key) is not None:
+            return str(record[key])
+    return f"q{ordinal}"
 
 
 def _join_sentences(sentences: Iterable[str]) -> str:
@@ -148,6 +201,8 @@ def _join_sentences(sentences: Iterable[str]) -> str:
 
 
 def _paragraph(item: Any, where: str) -> tuple[str, str]:
+    if isinstance(item, dict) and isinstance(item.get("title"), str):  # generic layout: {"title", "text"}
+        item = [item["title"], item.get("text", item.get("sentences"))]
     if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)):
         raise InputError(f"{where}: 'context' must be a list of [title, sentences] pairs")
     title, body = item
@@ -160,15 +215,15 @@ def _paragraph(item: Any, where: str) -> tuple[str, str]:
 
 def _context(record: dict, where: str) -> tuple[tuple[str, str], ...]:
     value = record.get("context") or []
-    if isinstance(value, dict):  # column layout: {"title": [...], "sentences": [[...], ...]}
-        value = list(zip(value.get("title", []), value.get("sentences", [])))
+    if isinstance(value, dict):  # column layout: {"title": [...], "sentences" (or "content"): [[...], ...]}
+        value = list(zip(value.get("title", []), value.get("sentences", value.get("content", []))))
     if not isinstance(value, list):
         raise InputError(f"{where}: 'context' must be a list of [title, sentences] pairs")
     return tuple(_paragraph(item, where) for item in value)
 
 
-def _supporting_titles(record: dict, where: str) -> tuple[str, ...]:
-    value = record.get("supporting_facts") or []
+def _supporting_titles(record: dict, where: str, key: str = "supporting_facts") -> tuple[str, ...]:
+    value = record.get(key) or []
     if isinstance(value, dict):  # column layout: {"title": [...], "sent_id": [...]}
         titles = list(value.get("title", []))
     elif isinstance(value, list):
@@ -176,24 +231,59 @@ def _supporting_titles(record: dict, where: str) -> tuple[str, ...]:
     else:
         titles = [None]
     if not all(isinstance(t, str) for t in titles):
-        raise InputError(f"{where}: 'supporting_facts' must be a list of [title, sentence_id] pairs")
+        if key == "supporting_facts":
+            raise InputError(f"{where}: 'supporting_facts' must be a list of [title, sentence_id] pairs")
+        raise InputError(f"{where}: '{key}' must be a list of titles")
     return tuple(dict.fromkeys(titles))
 
 
-def _example(record: dict, where: str, ordinal: int) -> Example:
-    question = _text(_require(record, "question", where), "question", where).strip()
-    if not question:
-        raise InputError(f"{where}: 'question' is empty")
-    answers = _answers(record, where)
-    raw_id = record.get("_id", record.get("id"))
-    example_id = str(raw_id) if raw_id is not None else f"q{ordinal}"
+def _by_title(titles: Sequence[str], context: Sequence[tuple[str, str]]) -> tuple[tuple[int, ...], ...]:
+    """For each title, the indices of the context paragraphs that carry it (none when it is absent)."""
+    if not context:
+        return ()
+    return tuple(tuple(j for j, (t, _) in enumerate(context) if t == title) for title in titles)
+
+
+def _load(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> list[Example]:
+    """Parse every record of `path` (None: skipped) and reject duplicate ids and empty files."""
+    examples: list[Example] = []
+    seen: dict[str, str] = {}
+    records = 0
+    for ordinal, (where, record) in enumerate(read_records(path)):
+        records += 1
+        example = parse(record, where, ordinal)
+        if example is None:
+            continue
+        if example.id in seen:
+            raise InputError(f"{where}: duplicate id '{example.id}' (first at {seen[example.id]})")
+        seen[example.id] = where
+        examples.append(example)
+    if not examples:
+        raise InputError(f"{path}: no questions in file" if not records else f"{path}: no answerable questions in file")
+    return examples
+
+
+# --- HotpotQA and 2WikiMultihopQA ---------------------------------------------------------------
+
+
+def hotpot_example(record: dict, where: str, ordinal: int) -> Example:
+    """One HotpotQA-layout record (HotpotQA, 2WikiMultihopQA) as an `Example`; InputError names `where`.
+
+    Supporting facts are read for their titles only, so a sentence index past a paragraph's end (as in a few
+    2WikiMultihopQA records) is harmless; a title repeated in `context` makes every copy count as gold.
+    """
+    question = _question(record, where)
+    answers = _answer_list(_require(record, "answer", where), "answer", where)
+    context = _context(record, where)
+    titles = _supporting_titles(record, where)
     return Example(
-        id=example_id,
+        id=_record_id(record, ordinal, "_id", "id"),
         question=question,
         answers=answers,
         type=str(record.get("type") or ""),
-        supporting_titles=_supporting_titles(record, where),
-        context=_context(record, where),
+        supporting_titles=titles,
+        context=context,
+        supporting_context=_by_title(titles, context),
     )
 
 
@@ -203,20 +293,118 @@ def load_hotpotqa(path: PathLike) -> list[Example]:
     Required keys: `question`, `answer` (a string, or a list of aliases). Optional: `_id` or `id`
     (default `q<N>`, N counting records from 0), `type`, `supporting_facts`, `context`.
     """
-    examples: list[Example] = []
-    seen: dict[str, str] = {}
-    for ordinal, (where, record) in enumerate(read_records(path)):
-        example = _example(record, where, ordinal)
-        if example.id in seen:
-            raise InputError(f"{where}: duplicate id '{example.id}' (first at {seen[example.id]})")
-        seen[example.id] = where
-        examples.append(example)
-    if not examples:
-        raise InputError(f"{path}: no questions in file")
+    return _load(path, hotpot_example)
+
+
+def load_2wiki(path: PathLike) -> list[Example]:
+    """Read 2WikiMultihopQA (JSON array as released, or JSON Lines): the HotpotQA layout plus `evidences`
+    (and, in the later release, `entity_ids`, `evidences_id`, `answer_id`), which are not needed and ignored."""
+    return _load(path, hotpot_example)
+
+
+# --- MuSiQue ------------------------------------------------------------------------------------
+
+
+def _musique_paragraphs(record: dict, where: str) -> list[tuple[str, str, bool]]:
+    value = _require(record, "paragraphs", where)
+    if not isinstance(value, list):
+        raise InputError(f"{where}: 'paragraphs' must be a list of objects")
+    out = []
+    for i, item in enumerate(value):
+        at = f"{where}: paragraphs[{i}]"
+        if not isinstance(item, dict):
+            raise InputError(f"{at}: expected an object, got {type(item).__name__}")
+        for key in ("title", "paragraph_text"):
+            if item.get(key) is None:
+                raise InputError(f"{at}: missing key '{key}'")
+            _text(item[key], key, at)
+        out.append((item["title"], item["paragraph_text"].strip(), item.get("is_supporting") is True))
+    return out
+
+
+def musique_example(record: dict, where: str, ordinal: int) -> Example | None:
+    """One MuSiQue record as an `Example`, or None when it is marked `answerable: false`.
+
+    Gold answers are `answer` and the `answer_aliases`; gold paragraphs are those with `is_supporting: true`, each
+    its own gold unit even when another paragraph shares its title. The type is the id's prefix (`2hop`, ...).
+    """
+    if record.get("answerable") is False:
+        return None
+    question = _question(record, where)
+    answers = _answer_list(_require(record, "answer", where), "answer", where)
+    aliases = record.get("answer_aliases") or []
+    if not isinstance(aliases, list):
+        raise InputError(f"{where}: 'answer_aliases' must be a list of strings")
+    answers = tuple(dict.fromkeys(answers + tuple(_text(a, "answer_aliases", where).strip() for a in aliases if a)))
+    paragraphs = _musique_paragraphs(record, where)
+    gold = [j for j, (_, _, supporting) in enumerate(paragraphs) if supporting]
+    example_id = _record_id(record, ordinal, "id", "_id")
+    return Example(
+        id=example_id,
+        question=question,
+        answers=answers,
+        type=example_id.split("__")[0] if "__" in example_id else "",
+        supporting_titles=tuple(paragraphs[j][0] for j in gold),
+        context=tuple((title, text) for title, text, _ in paragraphs),
+        supporting_context=tuple((j,) for j in gold),
+    )
+
+
+def read_musique(path: PathLike) -> tuple[list[Example], int]:
+    """The answerable questions of a MuSiQue file (JSON Lines) and how many unanswerable ones were skipped."""
+    skipped = 0
+
+    def parse(record: dict, where: str, ordinal: int) -> Example | None:
+        nonlocal skipped
+        example = musique_example(record, where, ordinal)
+        skipped += example is None
+        return example
+
+    return _load(path, parse), skipped
+
+
+def load_musique(path: PathLike) -> list[Example]:
+    """`read_musique`, logging the number of skipped unanswerable records."""
+    examples, skipped = read_musique(path)
+    if skipped:
+        log.warning("%s: skipped %d unanswerable record(s)", path, skipped)
     return examples
 
 
+# --- generic JSONL ------------------------------------------------------------------------------
+
+
+def generic_example(record: dict, where: str, ordinal: int) -> Example:
+    """`{id, question, answers}`; `answers` is a list of strings (or one string). Optional: `type`, `context`
+    (a list of `{title, text}` objects or `[title, text]` pairs) and `supporting_titles`."""
+    question = _question(record, where)
+    answers = _answer_list(_require(record, "answers", where), "answers", where)
+    context = _context(record, where)
+    titles = _supporting_titles(record, where, "supporting_titles")
+    return Example(
+        id=_record_id(record, ordinal, "id", "_id"),
+        question=question,
+        answers=answers,
+        type=str(record.get("type") or ""),
+        supporting_titles=titles,
+        context=context,
+        supporting_context=_by_title(titles, context),
+    )
+
+
+def load_generic(path: PathLike) -> list[Example]:
+    """Read a generic question set: one `{id, question, answers}` object a line (or a JSON array of them)."""
+    return _load(path, generic_example)
+
+
 # --- data specs ---------------------------------------------------------------------------------
+
+LOADERS: dict[str, Callable[[PathLike], list[Example]]] = {
+    "hotpotqa": load_hotpotqa,
+    "2wiki": load_2wiki,
+    "musique": load_musique,
+    "jsonl": load_generic,
+}
 
 
 def _spec_error(spec: str) -> InputError:
@@ -231,19 +419,33 @@ def _synthetic(split: str) -> list[Example]:
     return load_hotpotqa(folder / f"{split}.jsonl")
 
 
+def spec_path(spec: str) -> Path | None:
+    """The local file a data SPEC names (`hotpotqa:PATH` → PATH), or None (`synthetic`, hub names)."""
+    prefix, sep, rest = spec.strip().partition(":")
+    return Path(os.path.expanduser(rest)) if sep and rest and prefix in LOADERS else None
+
+
 def load_data(spec: str = "synthetic") -> list[Example]:
-    """Resolve a data SPEC: `synthetic` (the default world's dev set), `synthetic:train`,
-    `synthetic:dev`, or `hotpotqa:PATH` (a HotpotQA-layout file)."""
+    """Resolve a data SPEC to its questions.
+
+    `synthetic` (the default world's dev set), `synthetic:train`, `synthetic:dev`; `hotpotqa:PATH`,
+    `2wiki:PATH`, `musique:PATH`, `jsonl:PATH` (local files in the official layouts, or the generic one);
+    `hotpotqa`, `2wiki`, `musique` alone: the validation split from the Hugging Face hub (needs the network).
+    """
     spec = spec.strip()
     if spec == "synthetic":
         return _synthetic("dev")
     prefix, sep, rest = spec.partition(":")
     if sep and prefix == "synthetic" and rest in ("train", "dev"):
         return _synthetic(rest)
-    if sep and prefix == "hotpotqa":
+    if not sep and prefix in HUB_NAMES:
+        from mhgpo.hub import load_from_hub
+
+        return load_from_hub(prefix)
+    if sep and prefix in LOADERS:
         if not rest:
-            raise InputError(f"data spec '{spec}': missing PATH after 'hotpotqa:'")
-        return load_hotpotqa(os.path.expanduser(rest))
+            raise InputError(f"data spec '{spec}': missing PATH after '{prefix}:'")
+        return LOADERS[prefix](os.path.expanduser(rest))
     raise _spec_error(spec)
 
 
@@ -259,12 +461,10 @@ def _passage(record: dict, where: str) -> Passage:
     return Passage(id=str(raw_id), title=title, text=text)
 
 
-def load_corpus_jsonl(path: PathLike) -> list[Passage]:
-    """Read a passage corpus: one object a line with keys `id`, `title`, `text` (ids unique)."""
+def _unique_passages(rows: Iterable[tuple[str, Passage]], path: PathLike) -> list[Passage]:
     passages: list[Passage] = []
     seen: dict[str, str] = {}
-    for where, record in read_records(path):
-        passage = _passage(record, where)
+    for where, passage in rows:
         if passage.id in seen:
             raise InputError(f"{where}: duplicate id '{passage.id}' (first at {seen[passage.id]})")
         seen[passage.id] = where
@@ -272,6 +472,70 @@ def load_corpus_jsonl(path: PathLike) -> list[Passage]:
     if not passages:
         raise InputError(f"{path}: no passages in file")
     return passages
+
+
+def load_corpus_jsonl(path: PathLike) -> list[Passage]:
+    """Read a passage corpus: one object a line with keys `id`, `title`, `text` (ids unique)."""
+    return _unique_passages(((where, _passage(record, where)) for where, record in read_records(path)), path)
+
+
+def _tsv_rows(path: PathLike) -> Iterator[tuple[str, Passage]]:
+    try:
+        handle = open(path, encoding="utf-8-sig", errors="surrogateescape", newline="")
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
+    with handle:
+        reader = csv.reader(handle, delimiter="\t")
+        line = 0
+        try:
+            header = next(reader, None)
+            columns = {name.strip(): i for i, name in enumerate(header or [])}
+            missing = [key for key in ("id", "text", "title") if key not in columns]
+            if missing:
+                raise InputError(
+                    f"{path}:1: the header must name the columns id, text and title (missing {', '.join(missing)})"
+                )
+            at = [columns["id"], columns["title"], columns["text"]]
+            line = reader.line_num
+            for row in reader:
+                where, line = f"{path}:{line + 1}", reader.line_num
+                if not row:
+                    continue
+                if len(row) != len(columns):
+                    raise InputError(f"{where}: expected {len(columns)} tab-separated fields, got {len(row)}")
+                if _UNDECODABLE.search("\t".join(row)):
+                    raise InputError(f"{where}: not valid UTF-8")
+                pid, title, body = (row[i] for i in at)
+                if not pid.strip():
+                    raise InputError(f"{where}: empty 'id'")
+                yield where, Passage(id=pid.strip(), title=title, text=body)
+        except csv.Error as err:
+            raise InputError(f"{path}:{line + 1}: malformed TSV ({err})") from None
+
+
+def load_corpus_tsv(path: PathLike) -> list[Passage]:
+    """Read a DPR-style corpus (`psgs_w100.tsv`): a header `id<TAB>text<TAB>title` (any column order), then one
+    passage a line (fields may be quoted, `""` inside quotes being one `"`); errors name the line."""
+    return _unique_passages(_tsv_rows(path), path)
+
+
+def corpus_file(spec: str) -> tuple[Path, Callable[[PathLike], list[Passage]]]:
+    """The file and reader of a corpus SPEC: `jsonl:PATH`, `tsv:PATH`, or a PATH (`.tsv` read as DPR TSV,
+    anything else as JSON Lines)."""
+    prefix, sep, rest = spec.partition(":")
+    if sep and prefix in ("jsonl", "tsv") and rest:
+        path = Path(os.path.expanduser(rest))
+        return path, load_corpus_tsv if prefix == "tsv" else load_corpus_jsonl
+    path = Path(os.path.expanduser(spec))
+    return path, load_corpus_tsv if path.suffix.lower() == ".tsv" else load_corpus_jsonl
+
+
+def read_corpus(spec: str) -> list[Passage]:
+    """Read the corpus a SPEC names (see `corpus_file`)."""
+    path, reader = corpus_file(spec)
+    return reader(path)
 
 
 def context_corpus(examples: Sequence[Example]) -> list[Passage]:

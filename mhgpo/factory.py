@@ -12,52 +12,89 @@ from mhgpo.records import Example, InputError, Passage
 from mhgpo.workflow import Workflow
 
 SYSTEMS = ("mas", "llm")
+RETRIEVERS = ("bm25", "dense")
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("MHGPO_CACHE") or Path.home() / ".cache" / "mhgpo")
 
 
-def _spec_path(spec: str) -> Path | None:
-    kind, _, path = spec.partition(":")
-    return Path(path) if path and kind != "synthetic" else None
+def _index_suffix(retrieval: RetrievalConfig) -> str:
+    """How the index folder of a corpus is named for this retriever: `bm25`, or `dense-<encoder>[-hnsw]`."""
+    if retrieval.retriever != "dense":
+        return "bm25"
+    from mhgpo.dense import encoder_slug
+
+    kind = "" if retrieval.index_type == "flat" else f"-{retrieval.index_type}"
+    return f"dense-{encoder_slug(retrieval.model)}{kind}"
 
 
 def load_corpus(data_spec: str, retrieval: RetrievalConfig) -> tuple[list[Passage], Path]:
-    """The passages to search and the folder where their index lives.
+    """The passages to search and the folder where their index lives (`retrieval.index` when set).
 
-    `retrieval.corpus` (a JSONL file) wins; else the synthetic world's corpus; else the paragraphs of the
-    data file itself (the offline stand-in for Wikipedia).
+    `retrieval.corpus` names a file (JSONL, or DPR TSV) or `context`; when it is unset, the synthetic world brings
+    its own corpus and other data its own paragraphs (the "context corpus", the offline stand-in for Wikipedia).
     """
+    from mhgpo.data import corpus_file, spec_path
+
+    suffix = _index_suffix(retrieval)
+    chosen = Path(retrieval.index).expanduser() if retrieval.index else None
     if retrieval.corpus and retrieval.corpus != "context":
-        path = Path(retrieval.corpus)
-        passages = load_corpus_jsonl(path)
-        return passages, Path(retrieval.index) if retrieval.index else _index_dir(path)
+        path, reader = corpus_file(retrieval.corpus)
+        return reader(path), chosen or _index_dir(path, suffix)
     if data_spec.split(":")[0] == "synthetic" and retrieval.corpus != "context":
         from mhgpo.synth import ensure_default_world
 
         path = ensure_default_world() / "corpus.jsonl"
-        return load_corpus_jsonl(path), Path(retrieval.index) if retrieval.index else _index_dir(path)
-    source = _spec_path(data_spec)
+        return load_corpus_jsonl(path), chosen or _index_dir(path, suffix)
+    source = spec_path(data_spec)
     passages = context_corpus(load_data(data_spec))
     if not passages:
         raise InputError(f"{data_spec}: the records have no context paragraphs to retrieve from; pass --corpus FILE")
     key = hashlib.sha256(str(Path(source).resolve() if source else data_spec).encode()).hexdigest()[:16]
-    return passages, Path(retrieval.index) if retrieval.index else cache_dir() / "indexes" / f"context-{key}"
+    name = f"context-{key}" if suffix == "bm25" else f"context-{key}.{suffix}"
+    return passages, chosen or cache_dir() / "indexes" / name
 
 
-def _index_dir(corpus_path: Path) -> Path:
+def _index_dir(corpus_path: Path, suffix: str = "bm25") -> Path:
     from mhgpo.retrieval import index_dir_for
 
-    return index_dir_for(corpus_path)
+    return index_dir_for(corpus_path, suffix)
+
+
+def _open_built_index(data_spec: str, retrieval: RetrievalConfig):
+    """The index in `retrieval.index`, loaded as it is, after checking it fits the retriever and corpus asked for."""
+    from mhgpo.retrieval import corpus_fingerprint, open_index
+
+    retriever = open_index(Path(retrieval.index).expanduser())
+    if retriever.kind != retrieval.retriever:
+        raise InputError(f"retrieval.index: {retrieval.index} holds a {retriever.kind} index, but "
+                         f"retrieval.retriever is {retrieval.retriever!r}; pass --retriever {retriever.kind}")
+    if retrieval.corpus:
+        passages, _ = load_corpus(data_spec, retrieval)
+        if corpus_fingerprint(passages) != retriever.fingerprint:
+            raise InputError(f"retrieval.index: {retrieval.index} was built from another corpus than "
+                             f"{retrieval.corpus!r} ({retriever.fingerprint['count']} passages, not {len(passages)}); "
+                             f"rebuild it with `mhgpo index build` or leave out --index")
+    return retriever
 
 
 def build_retriever(data_spec: str, retrieval: RetrievalConfig):
-    from mhgpo.retrieval import load_or_build_bm25
+    """The retriever `retrieval` asks for over the corpus of `data_spec`: a built index in `retrieval.index` is
+    loaded as it is; otherwise the corpus's saved index is reused when it matches, or built and saved."""
+    from mhgpo.retrieval import load_or_build_bm25, read_meta
 
-    if retrieval.retriever != "bm25":
-        raise InputError(f"retrieval.retriever: unknown retriever {retrieval.retriever!r} (available: bm25)")
+    if retrieval.retriever not in RETRIEVERS:
+        raise InputError(f"retrieval.retriever: unknown retriever {retrieval.retriever!r} "
+                         f"(available: {', '.join(RETRIEVERS)})")
+    if retrieval.index and read_meta(Path(retrieval.index).expanduser()) is not None:
+        return _open_built_index(data_spec, retrieval)
     passages, index_dir = load_corpus(data_spec, retrieval)
+    if retrieval.retriever == "dense":
+        from mhgpo.dense import load_or_build_dense
+
+        return load_or_build_dense(passages, index_dir, retrieval.model, index_type=retrieval.index_type,
+                                   batch_size=retrieval.batch_size)
     return load_or_build_bm25(passages, index_dir)
 
 

@@ -17,9 +17,14 @@ class Example:
     question: str
     answers: tuple[str, ...]
     type: str = ""
+    # Titles of the gold (supporting) paragraphs: one per gold paragraph, in the data set's order.
     supporting_titles: tuple[str, ...] = ()
     # Paragraphs that come with the record (HotpotQA `context`), as (title, text) pairs.
     context: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Aligned with `supporting_titles` (or empty when the record has no context): for each gold paragraph, the
+    # indices in `context` of the paragraphs that count as it. A title repeated in `context` (2WikiMultihopQA)
+    # gives several; a MuSiQue gold paragraph gives exactly its own; a title absent from `context` gives none.
+    supporting_context: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,19 @@
-"""BM25 retrieval over a passage corpus, built on the `bm25s` library.
+"""Retrieval over a passage corpus: the shared result cache, BM25 (`bm25s`), and saved indexes.
 
-Each passage is indexed as `title + " " + text`, lowercased, split into word tokens, with English
-stop words removed; tokens are stemmed with PyStemmer's English stemmer when that package is
-installed (it is optional). Only passages that share at least one token with the query are
-returned (a query of stop words alone finds nothing), best score first.
+`CachedRetriever` is the base of every retriever (BM25 here, dense in `mhgpo.dense`): `search` and
+`search_batch` go through one LRU cache keyed by (query, k), so repeated sub-queries are searched once; each
+retriever owns its cache, so a cached result is keyed by (retriever, query, k). Subclasses implement only
+`_search_uncached(queries, k)` for distinct queries that are not cached.
 
-A `BM25Retriever` keeps an LRU cache keyed by (query, k), so repeated searches cost nothing.
-`load_or_build_bm25` reuses an index saved on disk when its corpus fingerprint matches and rebuilds
-it otherwise; `index_dir_for` says where the index of a corpus file lives.
+BM25: each passage is indexed as `title + " " + text`, lowercased, split into word tokens, with English stop
+words removed; tokens are stemmed with PyStemmer's English stemmer when that package is installed (it is
+optional). Only passages that share at least one token with the query are returned (a query of stop words alone
+finds nothing), best score first.
+
+Saved indexes are folders with `meta.json` (written last: kind, corpus fingerprint, settings), `passages.jsonl`
+and the index files. `load_or_build_bm25` reuses a folder whose meta matches and rebuilds it otherwise (written to
+a temporary folder, then renamed); `open_index` loads any saved index as it is; `index_dir_for` says where the
+index of a corpus file lives.
 """
 
 from __future__ import annotations
@@ -32,9 +38,13 @@ from mhgpo.records import InputError, Passage
 __all__ = [
     "BM25Retriever",
     "CacheInfo",
+    "CachedRetriever",
     "corpus_fingerprint",
     "index_dir_for",
     "load_or_build_bm25",
+    "open_index",
+    "read_meta",
+    "save_index",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,6 +67,122 @@ class CacheInfo(NamedTuple):
     maxsize: int
 
 
+def corpus_fingerprint(passages: Sequence[Passage]) -> dict[str, Any]:
+    """`{"count": N, "sha256": HEX}` over the ids, titles and texts of `passages`, in order."""
+    digest = hashlib.sha256()
+    for p in passages:
+        digest.update(json.dumps([p.id, p.title, p.text], ensure_ascii=False).encode("utf-8"))
+        digest.update(b"\n")
+    return {"count": len(passages), "sha256": digest.hexdigest()}
+
+
+def write_passages(passages: Sequence[Passage], path: Path) -> None:
+    """`passages.jsonl` of a saved index: one `{id, title, text}` a line."""
+    with open(path, "w", encoding="utf-8") as f:
+        for p in passages:
+            f.write(json.dumps({"id": p.id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n")
+
+
+def read_index_passages(directory: Path, meta: dict[str, Any]) -> list[Passage]:
+    """The passages of a saved index, checked against the fingerprint in its meta."""
+    passages = load_corpus_jsonl(directory / PASSAGES_FILE) if meta.get("count") else []
+    if corpus_fingerprint(passages) != {"count": meta.get("count"), "sha256": meta.get("sha256")}:
+        raise InputError(f"{directory}: {PASSAGES_FILE} does not match {META_FILE}; delete the folder to rebuild")
+    return passages
+
+
+# --- the shared result cache --------------------------------------------------------------------
+
+
+class CachedRetriever:
+    """Base class of the retrievers: `search`/`search_batch` through an LRU cache keyed by (query, k).
+
+    Subclasses set `passages` and `kind`, and implement `_search_uncached(queries, k)`, which gets each distinct
+    uncached query of a batch once and returns its passages, best first.
+    """
+
+    kind = ""
+    passages: tuple[Passage, ...]
+    fingerprint: dict[str, Any]
+
+    def __init__(self, passages: Sequence[Passage], cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        self.passages = tuple(passages)
+        self.fingerprint = corpus_fingerprint(self.passages)
+        self._cache: OrderedDict[tuple[str, int], tuple[Passage, ...]] = OrderedDict()
+        self._cache_size = cache_size
+        self._hits = 0
+        self._misses = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        """The top `k` passages for `query`."""
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        """`search` for each query; the queries not in the cache are searched together, each once."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        results: list[tuple[Passage, ...] | None] = [None] * len(queries)
+        todo: dict[str, list[int]] = {}
+        with self._lock:
+            for i, query in enumerate(queries):
+                if query in todo:  # repeated within this batch: searched once
+                    self._hits += 1
+                    todo[query].append(i)
+                    continue
+                cached = self._cache_get((query, k))
+                if cached is not None:
+                    self._hits += 1
+                    results[i] = cached
+                else:
+                    self._misses += 1
+                    todo[query] = [i]
+        found = self._search_uncached(list(todo), k) if todo else []
+        with self._lock:
+            for (query, positions), hits in zip(todo.items(), found):
+                self._cache_put((query, k), hits)
+                for i in positions:
+                    results[i] = hits
+        return [list(r or ()) for r in results]
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses and size of the (query, k) result cache."""
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, len(self._cache), self._cache_size)
+
+    def cache_clear(self) -> None:
+        """Empty the result cache and reset its counters."""
+        with self._lock:
+            self._cache.clear()
+            self._hits = self._misses = 0
+
+    def _cache_get(self, key: tuple[str, int]) -> tuple[Passage, ...] | None:
+        hits = self._cache.get(key)
+        if hits is not None:
+            self._cache.move_to_end(key)
+        return hits
+
+    def _cache_put(self, key: tuple[str, int], hits: tuple[Passage, ...]) -> None:
+        if self._cache_size <= 0:
+            return
+        self._cache[key] = hits
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def _search_uncached(self, queries: list[str], k: int) -> list[tuple[Passage, ...]]:
+        raise NotImplementedError
+
+    def save(self, directory: PathLike) -> None:
+        raise NotImplementedError
+
+
+# --- BM25 ---------------------------------------------------------------------------------------
+
+
 def _stemmer() -> Any | None:
     """PyStemmer's English stemmer when installed, else None."""
     try:
@@ -70,21 +196,14 @@ def _tokenizer_config(stemmer: Any | None, k1: float, b: float) -> dict[str, Any
     return {"stopwords": STOPWORDS, "stemmer": "english" if stemmer is not None else None, "k1": k1, "b": b}
 
 
-def corpus_fingerprint(passages: Sequence[Passage]) -> dict[str, Any]:
-    """`{"count": N, "sha256": HEX}` over the ids, titles and texts of `passages`, in order."""
-    digest = hashlib.sha256()
-    for p in passages:
-        digest.update(json.dumps([p.id, p.title, p.text], ensure_ascii=False).encode("utf-8"))
-        digest.update(b"\n")
-    return {"count": len(passages), "sha256": digest.hexdigest()}
-
-
 def _doc_text(passage: Passage) -> str:
     return f"{passage.title} {passage.text}"
 
 
-class BM25Retriever:
-    """BM25 search over a fixed list of passages, with a (query, k) result cache."""
+class BM25Retriever(CachedRetriever):
+    """BM25 search over a fixed list of passages, with the shared (query, k) result cache."""
+
+    kind = "bm25"
 
     def __init__(
         self,
@@ -97,16 +216,10 @@ class BM25Retriever:
         cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         """Wrap an already built `bm25s` index (None for an empty corpus); use `build` or `load`."""
-        self.passages: tuple[Passage, ...] = tuple(passages)
+        super().__init__(passages, cache_size)
         self._index = index
         self._stemmer = stemmer
         self.k1, self.b = k1, b
-        self.fingerprint = corpus_fingerprint(self.passages)
-        self._cache: OrderedDict[tuple[str, int], tuple[Passage, ...]] = OrderedDict()
-        self._cache_size = cache_size
-        self._hits = 0
-        self._misses = 0
-        self._lock = threading.Lock()
 
     # --- construction ---------------------------------------------------------------------------
 
@@ -140,9 +253,7 @@ class BM25Retriever:
         directory.mkdir(parents=True, exist_ok=True)
         if self._index is not None:
             self._index.save(str(directory), show_progress=False)
-        with open(directory / PASSAGES_FILE, "w", encoding="utf-8") as f:
-            for p in self.passages:
-                f.write(json.dumps({"id": p.id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n")
+        write_passages(self.passages, directory / PASSAGES_FILE)
         (directory / META_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
@@ -152,10 +263,7 @@ class BM25Retriever:
         meta = read_meta(directory)
         if meta is None:
             raise InputError(f"{directory}: not a BM25 index (no readable {META_FILE})")
-        passages = load_corpus_jsonl(directory / PASSAGES_FILE) if meta.get("count") else []
-        if corpus_fingerprint(passages) != {"count": meta.get("count"), "sha256": meta.get("sha256")}:
-            raise InputError(f"{directory}: {PASSAGES_FILE} does not match {META_FILE}; delete the folder to rebuild")
-        return cls._from_meta(directory, passages, meta, cache_size)
+        return cls._from_meta(directory, read_index_passages(directory, meta), meta, cache_size)
 
     @classmethod
     def _from_meta(
@@ -177,64 +285,9 @@ class BM25Retriever:
 
     # --- search ---------------------------------------------------------------------------------
 
-    def __len__(self) -> int:
-        return len(self.passages)
-
     def search(self, query: str, k: int) -> list[Passage]:
         """The top `k` passages for `query` (fewer when fewer share a token with it)."""
         return self.search_batch([query], k)[0]
-
-    def search_batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
-        """`search` for each query; queries not in the cache are scored in one bm25s call."""
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
-        results: list[tuple[Passage, ...] | None] = [None] * len(queries)
-        todo: dict[str, list[int]] = {}
-        with self._lock:
-            for i, query in enumerate(queries):
-                if query in todo:  # repeated within this batch: searched once
-                    self._hits += 1
-                    todo[query].append(i)
-                    continue
-                cached = self._cache_get((query, k))
-                if cached is not None:
-                    self._hits += 1
-                    results[i] = cached
-                else:
-                    self._misses += 1
-                    todo[query] = [i]
-        found = self._search_uncached(list(todo), k)
-        with self._lock:
-            for (query, positions), hits in zip(todo.items(), found):
-                self._cache_put((query, k), hits)
-                for i in positions:
-                    results[i] = hits
-        return [list(r or ()) for r in results]
-
-    def cache_info(self) -> CacheInfo:
-        """Hits, misses and size of the (query, k) result cache."""
-        with self._lock:
-            return CacheInfo(self._hits, self._misses, len(self._cache), self._cache_size)
-
-    def cache_clear(self) -> None:
-        """Empty the result cache and reset its counters."""
-        with self._lock:
-            self._cache.clear()
-            self._hits = self._misses = 0
-
-    def _cache_get(self, key: tuple[str, int]) -> tuple[Passage, ...] | None:
-        hits = self._cache.get(key)
-        if hits is not None:
-            self._cache.move_to_end(key)
-        return hits
-
-    def _cache_put(self, key: tuple[str, int], hits: tuple[Passage, ...]) -> None:
-        if self._cache_size <= 0:
-            return
-        self._cache[key] = hits
-        self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
 
     def _query_tokens(self, queries: list[str]) -> list[list[str]]:
         """Query tokens that occur in the index vocabulary (possibly none)."""
@@ -246,6 +299,7 @@ class BM25Retriever:
         return [[t for t in query if t and t in vocab] for query in tokens]
 
     def _search_uncached(self, queries: list[str], k: int) -> list[tuple[Passage, ...]]:
+        """All queries scored in one bm25s call."""
         if not queries or k == 0 or self._index is None:
             return [() for _ in queries]
         tokens = self._query_tokens(queries)
@@ -277,6 +331,11 @@ def read_meta(directory: PathLike) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+def index_kind(meta: dict[str, Any]) -> str:
+    """The retriever a saved index is for (indexes written before kinds were recorded are BM25)."""
+    return str(meta.get("kind", "bm25"))
+
+
 def _expected_meta(passages: Sequence[Passage], k1: float, b: float) -> dict[str, Any]:
     return {"format": INDEX_FORMAT, **corpus_fingerprint(passages), **_tokenizer_config(_stemmer(), k1, b)}
 
@@ -298,9 +357,13 @@ def _replace_dir(tmp: Path, target: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _save_atomically(retriever: BM25Retriever, index_dir: Path) -> None:
+def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "") -> None:
+    """Save `retriever` into `index_dir` atomically (a temporary folder beside it, then a rename), replacing an
+    older index there; a folder that holds anything else is left alone (InputError)."""
+    index_dir = Path(index_dir)
     if not _is_ours_or_empty(index_dir):
-        raise InputError(f"{index_dir}: exists and is not a BM25 index; refusing to overwrite it")
+        kind = label or retriever.kind
+        raise InputError(f"{index_dir}: exists and is not a {kind} index; refusing to overwrite it")
     index_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.", suffix=".tmp", dir=index_dir.parent))
     try:
@@ -308,6 +371,14 @@ def _save_atomically(retriever: BM25Retriever, index_dir: Path) -> None:
         _replace_dir(tmp, index_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_or_warn(retriever: CachedRetriever, index_dir: Path, label: str) -> None:
+    """`save_index`, with a warning instead of an error when the disk refuses (the index still works in memory)."""
+    try:
+        save_index(retriever, index_dir, label)
+    except OSError as err:
+        log.warning("could not save the %s index to %s (%s); using it in memory", label, index_dir, err)
 
 
 def load_or_build_bm25(
@@ -323,11 +394,24 @@ def load_or_build_bm25(
         except InputError as err:
             log.warning("rebuilding the BM25 index: %s", err)
     retriever = BM25Retriever.build(passages, k1=k1, b=b)
-    try:
-        _save_atomically(retriever, index_dir)
-    except OSError as err:
-        log.warning("could not save the BM25 index to %s (%s); using it in memory", index_dir, err)
+    save_or_warn(retriever, index_dir, "BM25")
     return retriever
+
+
+def open_index(directory: PathLike) -> CachedRetriever:
+    """Load the saved index in `directory` as it is (BM25 or dense, as its meta.json says)."""
+    directory = Path(directory)
+    meta = read_meta(directory)
+    if meta is None:
+        raise InputError(f"{directory}: not an index (no readable {META_FILE}); build one with `mhgpo index build`")
+    kind = index_kind(meta)
+    if kind == "bm25":
+        return BM25Retriever.load(directory)
+    if kind == "dense":
+        from mhgpo.dense import DenseRetriever
+
+        return DenseRetriever.load(directory)
+    raise InputError(f"{directory}: unknown index kind {kind!r} in {META_FILE}")
 
 
 def _cache_root() -> Path:
@@ -335,13 +419,15 @@ def _cache_root() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "mhgpo"
 
 
-def index_dir_for(corpus_path: PathLike) -> Path:
-    """`<corpus_path>.bm25` next to the corpus when that folder is writable, else
-    `$MHGPO_CACHE/indexes/<sha>` (default `~/.cache/mhgpo/indexes/<sha>`), sha from the corpus path."""
+def index_dir_for(corpus_path: PathLike, suffix: str = "bm25") -> Path:
+    """`<corpus_path>.<suffix>` next to the corpus when that folder is writable, else
+    `$MHGPO_CACHE/indexes/<sha>` (default `~/.cache/mhgpo/indexes/<sha>`), sha from the corpus path (and the
+    suffix, when it is not the default `bm25`)."""
     path = Path(corpus_path).expanduser()
-    beside = path.with_name(path.name + ".bm25")
+    beside = path.with_name(f"{path.name}.{suffix}")
     parent = path.parent
     if os.access(parent, os.W_OK | os.X_OK) and (not beside.exists() or os.access(beside, os.W_OK | os.X_OK)):
         return beside
-    digest = hashlib.sha256(str(path.resolve()).encode("utf-8")).hexdigest()[:16]
+    key = str(path.resolve()) if suffix == "bm25" else f"{path.resolve()}.{suffix}"
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     return _cache_root() / "indexes" / digest

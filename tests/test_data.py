@@ -135,6 +135,7 @@ def test_load_hotpotqa_jsonl(tmp_path: Path) -> None:
             ("Stone Museum", "The Stone Museum is in Lisbon. It opened in 1901."),
             ("Ada Stone", "Ada Stone was born in 1850."),
         ),
+        supporting_context=((0, 2), (1,)),
     )
 
 
@@ -274,7 +275,7 @@ def test_load_data_hotpotqa_spec_missing_file(tmp_path: Path) -> None:
     assert str(err.value) == f"{path}: file not found"
 
 
-@pytest.mark.parametrize("spec", ["squad:x.json", "synthetic:test", "hotpotqa", "", "dev.jsonl"])
+@pytest.mark.parametrize("spec", ["squad:x.json", "synthetic:test", "", "dev.jsonl"])
 def test_load_data_unknown_spec_lists_forms(spec: str) -> None:
     with pytest.raises(InputError) as err:
         load_data(spec)
