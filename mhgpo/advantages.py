@@ -1,5 +1,5 @@
 """Rewards and advantages of MHGPO: backward reward propagation, composite rewards, group-relative
-advantages and the regrouping of singleton samples.
+advantages and the regrouping of singleton samples; and, for the MAPPO / PPO baselines, GAE within an output.
 
 All functions are pure: NumPy arrays in, NumPy arrays out, no state. Rollouts are trees stored as a parent
 array: node ``i`` has parent ``parents[i]`` (``-1`` for a root) and nodes are numbered so that
@@ -297,3 +297,98 @@ def regroup_singletons(
         dropped += int(shuffled.shape[0] - full.shape[0])
         next_id += n_full
     return out, dropped
+
+
+# ------------------------------------------------------------------------------------- MAPPO / PPO: GAE
+
+
+def _check_token_arrays(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray) -> None:
+    if rewards.ndim != 2 or values.shape != rewards.shape or mask.shape != rewards.shape:
+        raise ValueError(f"rewards, values and mask must have shape (B, T), got {rewards.shape}, {values.shape}, "
+                         f"{mask.shape}")
+    lengths = mask.sum(axis=1)  # (B,)
+    if np.any(mask != (np.arange(mask.shape[1])[None, :] < lengths[:, None])):
+        raise ValueError("mask must be right-padded: True on each row's first |o_i| positions only")
+
+
+def terminal_token_rewards(rewards: np.ndarray, lengths: np.ndarray, width: int | None = None) -> np.ndarray:
+    """Per-token rewards of MAPPO / PPO: each sample's reward ``R_i`` at its last output token, 0 elsewhere.
+
+    ``rewards`` (B,) are the agents' composite rewards (propagated shared reward + penalty, paper Eq. aggr);
+    ``lengths`` (B,) the output lengths. Returns (B, T), ``T = width or max(lengths)``. A sample with no token
+    has nowhere to put its reward (its row is all 0).
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    t = int(width if width is not None else (lengths.max() if lengths.size else 0))
+    out = np.zeros((rewards.shape[0], t))  # (B, T)
+    rows = np.flatnonzero(lengths > 0)  # (B',)
+    out[rows, lengths[rows] - 1] = rewards[rows]  # (B',)
+    return out
+
+
+def gae(
+    rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimation within each output (paper §2, Eq. of ``hat A_t``).
+
+    ``delta_l = R_l + gamma V_{l+1} - V_l``, ``A_t = sum_{l>=0} (gamma lam)^l delta_{t+l}``, and the value
+    targets ``returns = A + V``. Each row is one output (one agent's episode); the state after its last token is
+    terminal (``V_{|o|} = 0``), so nothing is bootstrapped across agents: an agent's reward ``R`` already holds
+    what its successors earned (backward propagation). Vectorised over the batch, one backward pass over T.
+
+    Args:
+        rewards: (B, T) per-token rewards (:func:`terminal_token_rewards`).
+        values: (B, T) the critic's values ``V_t`` at the output positions (the state before token t).
+        mask: (B, T) bool, right-padded: True on each row's output tokens.
+
+    Returns ``(advantages (B, T), returns (B, T))``, 0 on padding. Padding in ``rewards``/``values`` is ignored.
+
+    Departures from the paper: none in the formula; the per-output episode and the terminal value 0 are this
+    implementation's reading of "GAE within each output" for a multi-agent rollout.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    mask = np.asarray(mask, dtype=bool)
+    _check_token_arrays(rewards, values, mask)
+    r = np.where(mask, rewards, 0.0)  # (B, T)
+    v = np.where(mask, values, 0.0)  # (B, T)
+    v_next = np.concatenate([v[:, 1:], np.zeros((v.shape[0], 1))], axis=1)  # (B, T) 0 after the last token
+    delta = np.where(mask, r + gamma * v_next - v, 0.0)  # (B, T)
+    adv = np.zeros_like(delta)  # (B, T)
+    running = np.zeros(delta.shape[0])  # (B,) A_{t+1}; 0 on padding, so each row starts at its last token
+    for t in range(delta.shape[1] - 1, -1, -1):
+        running = delta[:, t] + gamma * lam * running  # (B,)
+        adv[:, t] = running
+    return adv, np.where(mask, adv + v, 0.0)
+
+
+def gae_reference(
+    rewards: list[list[float]], values: list[list[float]], gamma: float = 1.0, lam: float = 0.95
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Loop version of :func:`gae` over ragged per-output lists, straight from the sum's definition, for the tests."""
+    advantages, returns = [], []
+    for r, v in zip(rewards, values):
+        n = len(r)
+        delta = [r[t] + gamma * (v[t + 1] if t + 1 < n else 0.0) - v[t] for t in range(n)]
+        a = [sum((gamma * lam) ** k * delta[t + k] for k in range(n - t)) for t in range(n)]
+        advantages.append(a)
+        returns.append([a[t] + v[t] for t in range(n)])
+    return advantages, returns
+
+
+def whiten(x: np.ndarray, mask: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    """``(x - mean) / (std + eps)`` over the masked entries of the whole step (population std); 0 elsewhere.
+
+    Used on MAPPO / PPO advantages (``critic.whiten``), as PPO implementations for LLMs do; computed once over the
+    step so that the update does not depend on the micro-batch cut. A step with no masked entry returns zeros.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    mask = np.asarray(mask, dtype=bool)
+    if x.shape != mask.shape:
+        raise ValueError(f"x and mask must have the same shape, got {x.shape} and {mask.shape}")
+    if not mask.any():
+        return np.zeros_like(x)
+    mean = x[mask].mean()
+    std = x[mask].std()
+    return np.where(mask, (x - mean) / (std + eps), 0.0)

@@ -1,5 +1,6 @@
-"""Checkpoints: `checkpoints/step_N/` holds the model (or LoRA adapter) as safetensors, the optimizer and
-scheduler, every RNG state and the data position. Written under a temporary name and renamed; the last K kept."""
+"""Checkpoints: `checkpoints/step_N/` holds the model (or LoRA adapter) as safetensors (and, for MAPPO / PPO,
+the critic as `critic.safetensors`), the optimizers and scheduler, every RNG state and the data position.
+Written under a temporary name and renamed; the last K kept."""
 
 from __future__ import annotations
 
@@ -49,7 +50,10 @@ def save_checkpoint(
     rng: dict[str, Any],
     trainer_state: dict[str, Any],
     keep: int,
+    extras: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
 ) -> Path:
+    """Write `checkpoints/step_N/`. `extras` are further trained modules with their optimisers (the MAPPO / PPO
+    critic): `NAME.safetensors` each, their optimiser states in `trainer.pt`."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{STEP_PREFIX}{step}"
@@ -59,8 +63,13 @@ def save_checkpoint(
     tensors = trainable_state(model)
     # tied weights share storage; safetensors wants distinct tensors
     save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
+    extra_optimizers = {}
+    for name, (module, opt) in (extras or {}).items():
+        save_file({k: v.clone() for k, v in trainable_state(module).items()}, str(tmp / f"{name}.safetensors"))
+        extra_optimizers[name] = opt.state_dict()
     torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None, "rng": rng},
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None, "rng": rng,
+         "extras": extra_optimizers},
         tmp / "trainer.pt",
     )
     (tmp / "state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=2))
@@ -80,20 +89,36 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
 
-def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Restore the model's trainable tensors, optimizer and scheduler; return (trainer state, rng states)."""
-    tensors = load_file(str(Path(path) / "model.safetensors"))
+def _load_tensors(file: Path, model: torch.nn.Module) -> None:
+    if not file.is_file():
+        raise ValueError(f"{file}: missing from the checkpoint")
+    tensors = load_file(str(file))
     params = dict(model.named_parameters())
     missing = [k for k in tensors if k not in params]
     if missing:
-        raise ValueError(f"{path}: checkpoint tensors not in the model: {missing[:3]}")
+        raise ValueError(f"{file.parent}: checkpoint tensors not in the model: {missing[:3]}")
     with torch.no_grad():
         for k, v in tensors.items():
             params[k].copy_(v.to(params[k].device, params[k].dtype))
+
+
+def load_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    extras: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Restore the model's trainable tensors, optimizer and scheduler (and the `extras`, as saved); return
+    (trainer state, rng states)."""
+    _load_tensors(Path(path) / "model.safetensors", model)
     blob = torch.load(Path(path) / "trainer.pt", weights_only=False)
     optimizer.load_state_dict(blob["optimizer"])
+    for name, (module, opt) in (extras or {}).items():
+        if name not in blob.get("extras", {}):
+            raise ValueError(f"{path}: the checkpoint holds no {name} (was the run trained with another algo?)")
+        _load_tensors(Path(path) / f"{name}.safetensors", module)
+        opt.load_state_dict(blob["extras"][name])
     if scheduler is not None and blob["scheduler"] is not None:
         scheduler.load_state_dict(blob["scheduler"])
     state = json.loads((Path(path) / "state.json").read_text())

@@ -68,6 +68,35 @@ def _token_logprobs(
     return picked - torch.logsumexp(logits, dim=-1)  # (N,)
 
 
+def output_hidden_states(
+    backbone: Any, prompts: list[list[int]], outputs: list[list[int]], pad_id: int, device: torch.device
+) -> torch.Tensor:
+    """The decoder's final hidden state at every position that predicts an output token: (N, H), N the total
+    number of output tokens, in row-major order (sample 0's tokens first). Position ``len(prompt) - 1 + t``
+    predicts output token t, i.e. it is the state *before* token t (the log-probs and the critic's values both
+    read it). One forward over right-padded ``prompt + output`` rows."""
+    batch = len(prompts)
+    lengths = [len(p) + len(o) for p, o in zip(prompts, outputs)]
+    width = max(lengths)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (B, L)
+    rows: list[int] = []  # per output token: its row ...
+    cols: list[int] = []  # ... and the position whose hidden state predicts it
+    for row, (prompt, out) in enumerate(zip(prompts, outputs)):
+        input_ids[row, : lengths[row]] = torch.tensor(list(prompt) + list(out), dtype=torch.long)
+        attention_mask[row, : lengths[row]] = 1
+        rows.extend([row] * len(out))
+        cols.extend(range(len(prompt) - 1, len(prompt) - 1 + len(out)))
+    # Trim padding columns that predict nothing: the last real position of each row predicts no token.
+    input_ids = input_ids[:, : width - 1].to(device)  # (B, L-1)
+    attention_mask = attention_mask[:, : width - 1].to(device)  # (B, L-1)
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = out.last_hidden_state  # (B, L-1, H)
+    row_idx = torch.tensor(rows, dtype=torch.long, device=device)  # (N,)
+    col_idx = torch.tensor(cols, dtype=torch.long, device=device)  # (N,)
+    return hidden[row_idx, col_idx]  # (N, H)
+
+
 def output_logprobs(
     model: Any,
     prompts: list[list[int]],
@@ -96,25 +125,7 @@ def output_logprobs(
 
     backbone, head = _backbone_and_head(model)
     cap = _soft_cap(_causal_lm(model))
-    lengths = [len(p) + len(o) for p, o in zip(prompts, outputs)]
-    width = max(lengths)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (B, L)
-    rows: list[int] = []  # per output token: its row ...
-    cols: list[int] = []  # ... and the position whose hidden state predicts it
-    for row, (prompt, out) in enumerate(zip(prompts, outputs)):
-        input_ids[row, : lengths[row]] = torch.tensor(list(prompt) + list(out), dtype=torch.long)
-        attention_mask[row, : lengths[row]] = 1
-        rows.extend([row] * len(out))
-        cols.extend(range(len(prompt) - 1, len(prompt) - 1 + len(out)))
-    # Trim padding columns that predict nothing: the last real position of each row predicts no token.
-    input_ids = input_ids[:, : width - 1].to(device)  # (B, L-1)
-    attention_mask = attention_mask[:, : width - 1].to(device)  # (B, L-1)
-    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = out.last_hidden_state  # (B, L-1, H)
-    row_idx = torch.tensor(rows, dtype=torch.long, device=device)  # (N,)
-    col_idx = torch.tensor(cols, dtype=torch.long, device=device)  # (N,)
-    picked_hidden = hidden[row_idx, col_idx]  # (N, H)
+    picked_hidden = output_hidden_states(backbone, prompts, outputs, pad_id, device)  # (N, H)
     targets = torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device)  # (N,)
 
     needs_grad = torch.is_grad_enabled() and picked_hidden.requires_grad

@@ -23,14 +23,18 @@ from mhgpo.losses import mhgpo_policy_loss, token_weights
 
 @dataclass
 class Sample:
-    """One trained LLM call."""
+    """One trained LLM call. ``advantage`` is one float (MHGPO, GRPO) or one per output token (MAPPO / PPO,
+    filled by :meth:`mhgpo.critic.Critic.estimate` with ``old_values`` and ``returns``, the critic's targets)."""
 
     prompt_ids: list[int]
     output_ids: list[int]
     old_logprobs: list[float]
-    advantage: float
+    advantage: float | list[float]
     agent: str
     temperature: float = 1.0
+    reward: float = 0.0  # the agent's composite reward R (the critic's terminal reward)
+    old_values: list[float] | None = None
+    returns: list[float] | None = None
 
 
 class Policy:
@@ -114,7 +118,7 @@ class Policy:
                 logp, mask = self._logprobs(self.model, batch)  # (b, T) (b, T)
                 old = _pad([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
                 ref_b = _pad([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
-                adv = torch.tensor([s.advantage for s in batch], dtype=logp.dtype)  # (b,)
+                adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
                 loss, stats = mhgpo_policy_loss(
                     logp, old.to(logp.device), None if ref_b is None else ref_b.to(logp.device), adv.to(logp.device),
                     weights[idx].to(logp.device), mask, self.cfg.clip_eps, self.cfg.kl_beta,
@@ -139,6 +143,17 @@ def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : len(r)] = r[:width]
     return out
+
+
+def _advantages(batch: list[Sample], width: int, dtype: torch.dtype) -> torch.Tensor:
+    """(b,) when every sample has one advantage, else (b, T) with per-sample ones broadcast to their tokens."""
+    if all(isinstance(s.advantage, (int, float)) for s in batch):
+        return torch.tensor([float(s.advantage) for s in batch], dtype=dtype)  # (b,)
+    rows = []
+    for s in batch:
+        per_token = s.advantage if isinstance(s.advantage, (list, tuple)) else [s.advantage] * len(s.output_ids)
+        rows.append(torch.tensor(per_token, dtype=dtype))  # (|o|,)
+    return _pad(rows, width)  # (b, T)
 
 
 def micro_batches(samples: list[Sample], max_tokens: int) -> list[list[int]]:

@@ -10,11 +10,13 @@ round for all branches waiting on it. Samplers:
 - `fof`:    fork_on at the first agent; all samples train.
 - `rr`:     per question, fork agent ~ Categorical(p); prefix singletons regrouped across the batch (Algorithm 3).
 - `fof_os`: FoF, and the terminal agent samples G outputs per branch (its own homogeneous group).
+- `chains`: G independent chains per question, no fork and no groups (MAPPO / PPO: the critic is the baseline).
 - `none`:   one chain per question (evaluation).
 
 Group ids come from the sampler: samples of one agent (at its k-th visit) under one question and one fork form
 one group (homogeneous at the fork agent, heterogeneous downstream); FoF(os)'s terminal samples of one input
 form one group. Groups of size 1 never train: RR regroups them within a role, other samplers drop and count them.
+`chains` gives every LLM call an id of its own: it marks the sample as trained, it is not a group.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from mhgpo.metrics import score
 from mhgpo.records import Example
 from mhgpo.workflow import State, Workflow
 
-SAMPLERS = ("is", "fof", "rr", "fof_os", "none")
+SAMPLERS = ("is", "fof", "rr", "fof_os", "chains", "none")
 
 
 @dataclass
@@ -116,6 +118,8 @@ def initial_branches(
     for q in range(n_questions):
         if spec.sampler == "none":
             forks: list[str | None] = [None]
+        elif spec.sampler == "chains":
+            forks = [None] * spec.group_size  # no fork_agent: each start runs one chain
         elif spec.sampler == "is":
             forks = list(agents)
         elif spec.sampler in ("fof", "fof_os"):
@@ -277,6 +281,10 @@ def _assign_groups(
     llm = [n for n in nodes if n.kind == "llm"]
     if spec.sampler == "none" or not llm:
         return {"groups": 0.0, "singletons_dropped": 0.0, "samples": 0.0}
+    if spec.sampler == "chains":  # every call trains on its own (the critic, not a group, gives its baseline)
+        for i, n in enumerate(llm):
+            n.group_id = i
+        return {"groups": 0.0, "singletons_dropped": 0.0, "samples": float(len(llm))}
     keep = [n for n in llm if n.fork_sample] if spec.sampler == "is" else llm
     sizes = Counter(n.group_key for n in keep)
     ids: dict[tuple, int] = {}

@@ -7,6 +7,10 @@ import pytest
 
 from mhgpo.advantages import (
     AGGREGATORS,
+    gae,
+    gae_reference,
+    terminal_token_rewards,
+    whiten,
     group_advantages,
     group_advantages_reference,
     propagate_rewards,
@@ -250,3 +254,90 @@ def test_regrouped_batch_feeds_advantages():
     adv, stats = group_advantages(np.random.default_rng(1).normal(size=out.shape[0]), out)
     assert stats["n_groups"] == 5 and stats["n_untrained"] == 4
     assert np.all(adv[out == -1] == 0.0)
+
+
+# --- MAPPO / PPO: GAE within an output ----------------------------------------------------------------------
+# Two outputs, right-padded to T=3: values V (padding holds garbage), reward R at each output's last token.
+GAE_VALUES = np.array([[0.5, 0.2, -0.1], [0.3, 7.0, 7.0]])
+GAE_MASK = np.array([[True, True, True], [True, False, False]])
+GAE_R = np.array([1.0, -0.5])
+
+
+def test_terminal_token_rewards_by_hand():
+    r = terminal_token_rewards(np.array([1.0, -0.5, 2.0]), np.array([3, 1, 0]), width=4)
+    np.testing.assert_array_equal(r, [[0, 0, 1.0, 0], [-0.5, 0, 0, 0], [0, 0, 0, 0]])
+    assert terminal_token_rewards(np.array([1.0]), np.array([2])).shape == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("gamma", "lam", "adv0", "ret0"),
+    [
+        # gamma=1, lam=0.95: delta = [0.2-0.5, -0.1-0.2, 1-(-0.1)] = [-0.3, -0.3, 1.1];
+        # A2 = 1.1, A1 = -0.3 + 0.95*1.1 = 0.745, A0 = -0.3 + 0.95*0.745 = 0.40775; returns = A + V
+        (1.0, 0.95, [0.40775, 0.745, 1.1], [0.90775, 0.945, 1.0]),
+        # gamma=0.9, lam=0.5: delta = [0.18-0.5, -0.09-0.2, 1.1] = [-0.32, -0.29, 1.1];
+        # A1 = -0.29 + 0.45*1.1 = 0.205, A0 = -0.32 + 0.45*0.205 = -0.22775
+        (0.9, 0.5, [-0.22775, 0.205, 1.1], [0.27225, 0.405, 1.0]),
+    ],
+)
+def test_gae_by_hand(gamma, lam, adv0, ret0):
+    rewards = terminal_token_rewards(GAE_R, GAE_MASK.sum(axis=1), width=3)
+    adv, ret = gae(rewards, GAE_VALUES, GAE_MASK, gamma, lam)
+    np.testing.assert_allclose(adv[0], adv0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ret[0], ret0, rtol=0, atol=1e-12)
+    # a one-token output: delta = R - V = -0.5 - 0.3; its padding stays 0 whatever the values there
+    np.testing.assert_allclose(adv[1], [-0.8, 0.0, 0.0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ret[1], [-0.5, 0.0, 0.0], rtol=0, atol=1e-12)
+
+
+def _ragged(seed: int, b: int = 9, t_max: int = 7):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, t_max + 1, size=b)
+    mask = np.arange(lengths.max())[None, :] < lengths[:, None]  # (B, T)
+    values = np.where(mask, rng.normal(size=mask.shape), 99.0)  # padding must not matter
+    rewards = np.where(mask, rng.normal(size=mask.shape), -99.0)  # dense rewards: the general formula
+    return rewards, values, mask, lengths
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 0.95), (0.9, 0.7), (1.0, 0.0), (0.5, 1.0)])
+def test_gae_matches_reference_loop(seed, gamma, lam):
+    rewards, values, mask, lengths = _ragged(seed)
+    adv, ret = gae(rewards, values, mask, gamma, lam)
+    rows = lambda x: [list(x[i, :n]) for i, n in enumerate(lengths)]  # noqa: E731
+    ref_adv, ref_ret = gae_reference(rows(rewards), rows(values), gamma, lam)
+    for i, n in enumerate(lengths):
+        np.testing.assert_allclose(adv[i, :n], ref_adv[i], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(ret[i, :n], ref_ret[i], rtol=0, atol=1e-12)
+        assert np.all(adv[i, n:] == 0) and np.all(ret[i, n:] == 0)
+
+
+def test_gae_limits():
+    rewards, values, mask, _ = _ragged(7)
+    # lambda = 1, gamma = 1: A_t = (sum of the rewards from t on) - V_t (Monte Carlo), returns = reward-to-go
+    adv, ret = gae(rewards, values, mask, 1.0, 1.0)
+    to_go = np.flip(np.cumsum(np.flip(np.where(mask, rewards, 0), axis=1), axis=1), axis=1)
+    np.testing.assert_allclose(ret, np.where(mask, to_go, 0), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(adv, np.where(mask, to_go - values, 0), rtol=0, atol=1e-12)
+    # lambda = 0: A_t = delta_t (one-step TD error)
+    adv0, _ = gae(rewards, values, mask, 0.9, 0.0)
+    v = np.where(mask, values, 0)
+    v_next = np.concatenate([v[:, 1:], np.zeros((v.shape[0], 1))], axis=1)
+    np.testing.assert_allclose(adv0, np.where(mask, rewards + 0.9 * v_next - v, 0), rtol=0, atol=1e-12)
+
+
+def test_gae_rejects_bad_masks():
+    with pytest.raises(ValueError, match="right-padded"):
+        gae(np.zeros((1, 3)), np.zeros((1, 3)), np.array([[True, False, True]]))
+    with pytest.raises(ValueError, match="shape"):
+        gae(np.zeros((1, 3)), np.zeros((1, 2)), np.ones((1, 3), dtype=bool))
+
+
+def test_whiten_over_the_masked_entries():
+    x = np.array([[1.0, 2.0, 50.0], [3.0, 60.0, 70.0]])
+    mask = np.array([[True, True, False], [True, False, False]])
+    w = whiten(x, mask)
+    # masked entries 1, 2, 3: mean 2, population std sqrt(2/3)
+    np.testing.assert_allclose(w[mask], np.array([-1.0, 0.0, 1.0]) / (np.sqrt(2 / 3) + 1e-8), rtol=0, atol=1e-12)
+    assert np.all(w[~mask] == 0)
+    assert np.all(whiten(x, np.zeros_like(mask)) == 0)

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from mhgpo.losses import k3_kl, mhgpo_policy_loss, mhgpo_policy_loss_reference, token_weights
+from mhgpo.losses import (
+    k3_kl,
+    mhgpo_policy_loss,
+    mhgpo_policy_loss_reference,
+    token_weights,
+    value_loss,
+    value_loss_reference,
+)
 
 AGENTS = ["rewriter", "reranker", "answerer"]
 
@@ -190,3 +197,106 @@ def test_shape_errors():
         mhgpo_policy_loss(x, x, None, torch.zeros(3), torch.zeros(2), torch.ones(2, 3), beta=0.0)
     with pytest.raises(ValueError, match="shape"):
         token_weights(["a", "b"], [1, 2, 3])
+
+
+# ------------------------------------------------------------------- per-token advantages (MAPPO / PPO actor)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_per_token_advantages_match_reference_and_gradient(seed):
+    logp, old, ref, _, agents, lengths, mask = _batch(seed + 200)
+    g = torch.Generator().manual_seed(seed)
+    adv = torch.randn(logp.shape, generator=g, dtype=torch.float64)  # (B, T)
+    adv = torch.where(mask, adv, torch.full_like(adv, float("nan")))  # padding must not matter
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    x = logp.clone().requires_grad_(True)
+    loss, _ = mhgpo_policy_loss(x, old, ref, adv, w, mask, beta=0.05)
+    loss.backward()
+    y = logp.clone().requires_grad_(True)
+    expected = mhgpo_policy_loss_reference(_rows(y, lengths), _rows(old, lengths), _rows(ref, lengths),
+                                           _rows(adv, lengths), agents, 0.2, 0.05)
+    expected.backward()
+    assert abs(float(loss.detach()) - float(expected.detach())) < 1e-12
+    torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=1e-12)
+
+
+def test_per_sample_advantages_equal_their_per_token_broadcast():
+    logp, old, ref, adv, agents, lengths, mask = _batch(31)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    per_sample, _ = mhgpo_policy_loss(logp, old, ref, adv, w, mask)
+    per_token, _ = mhgpo_policy_loss(logp, old, ref, adv[:, None].expand(logp.shape).clone(), w, mask)
+    assert float(per_sample) == float(per_token)
+    with pytest.raises(ValueError, match=r"advantages must have shape \(13,\) or \(13, "):
+        mhgpo_policy_loss(logp, old, ref, adv[:, None], w, mask)
+
+
+# --------------------------------------------------------------------------------- the critic's value loss
+
+
+def _values_batch(seed: int, b: int = 11, t_max: int = 6):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t_max + 1, (b,), generator=g)
+    t = int(lengths.max())
+    mask = torch.arange(t)[None, :] < lengths[:, None]  # (B, T)
+    old = torch.randn(b, t, generator=g, dtype=torch.float64)
+    values = old + 0.3 * torch.randn(b, t, generator=g, dtype=torch.float64)  # some moves beyond the clip range
+    returns = old + torch.randn(b, t, generator=g, dtype=torch.float64)
+    values = torch.where(mask, values, torch.full_like(values, 1e4))  # padding must not matter
+    agents = [AGENTS[int(i)] for i in torch.randint(0, 3, (b,), generator=g)]
+    return values, old, returns, agents, lengths, mask
+
+
+def _one_value(v: float, v_old: float, g: float):
+    x = torch.tensor([[v]], dtype=torch.float64, requires_grad=True)
+    loss, stats = value_loss(x, torch.tensor([[v_old]], dtype=torch.float64), torch.tensor([[g]], dtype=torch.float64),
+                             torch.ones(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool), clip_eps=0.2)
+    loss.backward()
+    return float(loss.detach()), float(x.grad), stats["value_clip_fraction"]
+
+
+def test_value_loss_clipping_by_hand():
+    # V moved 0.5 towards G=1 from V_old=0: V_clip = 0.2, (0.2-1)^2 = 0.64 > (0.5-1)^2 = 0.25 -> clipped, no gradient
+    assert _one_value(0.5, 0.0, 1.0) == (pytest.approx(0.32, abs=1e-12), 0.0, 1.0)
+    # overshooting G: (1.5-1)^2 = 0.25 < (0.2-1)^2 = 0.64 -> clipped too
+    assert _one_value(1.5, 0.0, 1.0) == (pytest.approx(0.32, abs=1e-12), 0.0, 1.0)
+    # inside the range: V_clip = V, loss 0.5 (V-G)^2, gradient V - G
+    loss, grad, frac = _one_value(0.1, 0.0, 1.0)
+    assert (loss, grad, frac) == (pytest.approx(0.405, abs=1e-12), pytest.approx(-0.9, abs=1e-12), 0.0)
+    # moved 0.5 away from G: the unclipped term is the larger and keeps its gradient
+    loss, grad, frac = _one_value(-0.5, 0.0, 1.0)
+    assert (loss, grad, frac) == (pytest.approx(1.125, abs=1e-12), pytest.approx(-1.5, abs=1e-12), 0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_value_loss_matches_reference_and_gradient(seed):
+    values, old, returns, agents, lengths, mask = _values_batch(seed)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    x = values.clone().requires_grad_(True)
+    loss, stats = value_loss(x, old, returns, w, mask, clip_eps=0.2)
+    loss.backward()
+    y = values.clone().requires_grad_(True)
+    expected = value_loss_reference(_rows(y, lengths), _rows(old, lengths), _rows(returns, lengths), agents, 0.2)
+    expected.backward()
+    assert abs(float(loss.detach()) - float(expected.detach())) < 1e-12
+    torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=1e-12)
+    assert torch.all(x.grad[~mask] == 0)
+    assert 0.0 < stats["value_clip_fraction"] < 1.0 and stats["n_tokens"] == float(lengths.sum())
+
+
+def test_value_loss_invariant_to_micro_batching():
+    values, old, returns, agents, lengths, mask = _values_batch(9)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    full, _ = value_loss(values, old, returns, w, mask)
+    parts = 0.0
+    for sl in (slice(0, 3), slice(3, 4), slice(4, 11)):
+        t = int(lengths[sl].max())
+        parts += float(value_loss(values[sl, :t], old[sl, :t], returns[sl, :t], w[sl], mask[sl, :t])[0])
+    assert abs(parts - float(full)) < 1e-12
+
+
+def test_value_loss_shape_errors():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="shape"):
+        value_loss(x, torch.zeros(2, 4), x, torch.ones(2), torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="weights"):
+        value_loss(x, x, x, torch.ones(3), torch.ones(2, 3, dtype=torch.bool))

@@ -17,7 +17,7 @@ from mhgpo.generation import Generation, SamplingParams
 from mhgpo.records import Example, Passage
 from mhgpo.rollout import RolloutBatch, RolloutSpec, run_rollouts
 from mhgpo.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchSystem
-from mhgpo.trainer import apply_role_switches, assign_rewards, step_metrics
+from mhgpo.trainer import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
 from mhgpo.workflow import State, StepResult, Workflow
 
 G = 4
@@ -804,3 +804,63 @@ def test_rr_regrouping_is_seeded():
     assert regrouped(a) == [(RERANKER, [0, 1, 2, 5]), (REWRITER, [0, 1, 3, 4])]
     c, _, _ = rollout("rr", n_questions=6, rr_probs=RR_THIRD, seed=2)
     assert regrouped(c) == [(RERANKER, [0, 2, 3, 5]), (REWRITER, [0, 1, 4, 5])]
+
+
+# ------------------------------------------------------------------------------------------ 8. baselines
+
+
+def test_chains_sampler_runs_g_independent_chains_with_every_call_trained_on_its_own():
+    """MAPPO / PPO rollouts: G chains per question, nothing forked, each LLM call trained (an id of its own)."""
+    batch, system, gen = rollout("chains", n_questions=3)
+    llm = batch.llm_nodes()
+    assert [c.agents for c in gen.calls] == [[REWRITER] * 12, [RERANKER] * 12, [ANSWERER] * 12]
+    assert system.tool_calls == [(RETRIEVER, 12)]
+    assert Counter(n.question_index for n in llm) == {0: 12, 1: 12, 2: 12}
+    assert sorted(n.group_id for n in llm) == list(range(36)) and all(n.trained for n in llm)
+    assert not any(n.fork_sample for n in llm)
+    assert all(len(k) == 1 for k in children(batch).values())  # chains: no node has two children
+    assert sum(n.parent_id == -1 for n in batch.nodes) == 12 and len(batch.leaves()) == 12
+    assert batch.fork_agents == [[None] * G] * 3
+    assert batch.stats == {"groups": 0.0, "singletons_dropped": 0.0, "samples": 36.0, "llm_calls": 36.0,
+                           "tokens_generated": float(sum(len(n.output_ids) for n in llm))}
+    rewards = assign_shared_rewards(batch, "mean", True, np.random.default_rng(0))
+    assert [n.reward for n in batch.nodes] == list(rewards)
+    for n in llm:  # a chain passes its leaf's score back unchanged; the penalty is the agent's own
+        leaf = n
+        while children(batch).get(leaf.node_id):
+            leaf = children(batch)[leaf.node_id][0]
+        assert n.reward == leaf.terminal + n.penalty
+
+
+def test_role_switches_on_chains_untrain_exactly_that_role():
+    batch, _, _ = rollout("chains", n_questions=2)
+    assert apply_role_switches(batch, None, [RERANKER]) == 8
+    assert {n.agent for n in batch.llm_nodes() if n.trained} == {REWRITER, ANSWERER}
+    assert all(n.advantage == 0.0 for n in batch.llm_nodes() if not n.trained)
+
+
+def llm_only_agent_of(text: str) -> str:
+    assert "Answer the question as accurately and briefly as possible." in text, text[:80]
+    return "llm"
+
+
+def test_single_agent_grpo_groups_are_g_answers_to_one_prompt():
+    """`system=llm algo=grpo` (sampler fof on the one-agent workflow): each group is G samples of one prompt."""
+    from mhgpo.search_system import LLMOnly
+
+    answers = ["Paris", "Berlin", "Rome", "Madrid", "Tokyo"]
+    gen = FakeGenerator(llm_only_agent_of, lambda agent, k, text: answers[k % len(answers)])
+    batch = run_rollouts(EXAMPLES[:3], LLMOnly(SystemConfig()), gen, encode, RolloutSpec(sampler="fof", group_size=G),
+                         np.random.default_rng(0))
+    assert [c.agents for c in gen.calls] == [["llm"] * 12]
+    gs = groups(batch)
+    assert len(gs) == 3
+    for q, members in enumerate(gs.values()):
+        assert len(members) == G and {m.question_index for m in members} == {q}
+        assert len({tuple(m.prompt_ids) for m in members}) == 1  # homogeneous: one prompt
+        assert all(m.parent_id == -1 and m.final_answer is not None for m in members)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    for members in gs.values():  # plain GRPO: (R - mean) / (std + eps) of the G answers to the question
+        r = np.array([m.terminal for m in members])
+        want = (r - r.mean()) / (r.std(ddof=1) + 1e-6) if np.ptp(r) else np.zeros(G)
+        np.testing.assert_allclose([m.advantage for m in members], want, rtol=0, atol=1e-12)

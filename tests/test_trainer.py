@@ -466,3 +466,64 @@ def test_train_refuses_a_directory_with_checkpoints_and_resume_needs_one(referen
     (empty / "config.yaml").write_text((out / "config.yaml").read_text())
     with pytest.raises(InputError, match="no checkpoint to resume from"):
         resume(empty, progress=False)
+
+
+# ------------------------------------------------------------------------------------------ ablations, GRPO
+
+
+@pytest.mark.parametrize(
+    ("switch", "trained_roles"),
+    [({"frozen_roles": "[reranker]"}, ["answerer", "rewriter"]), ({"train_roles": "[rewriter]"}, ["rewriter"])],
+)
+def test_role_ablations_train_exactly_the_chosen_roles(
+    tiny_model_dir, world, tmp_path, monkeypatch, switch, trained_roles
+) -> None:
+    """Every role acts; only the chosen roles' samples reach the update; the loss averages over those roles."""
+    from collections import Counter
+
+    from mhgpo.losses import token_weights
+
+    seen: list[list[Sample]] = []
+    real_update = Policy.update
+
+    def update(self, samples):
+        seen.append(list(samples))
+        return real_update(self, samples)
+
+    monkeypatch.setattr(Policy, "update", update)
+    out = tmp_path / "run"
+    train(make_config(tiny_model_dir, world, out, sampler="fof", steps=1, eval_every=0, save_every=0, **switch),
+          progress=False)
+    rows = [json.loads(line) for line in (out / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    llm = [r for r in rows if r["kind"] == "llm"]
+    assert Counter(r["agent"] for r in llm) == {"rewriter": 4, "reranker": 4, "answerer": 4}  # all acted
+    for r in llm:
+        trained = r["agent"] in trained_roles
+        assert (r["trained"], r["group_id"] >= 0) == (trained, trained), r
+        if not trained:
+            assert r["advantage"] == 0.0
+    assert sorted({s.agent for s in seen[0]}) == trained_roles and len(seen[0]) == 4 * len(trained_roles)
+    assert read_metrics(out)[0]["frozen_samples"] == 4.0 * (3 - len(trained_roles))
+    weights = token_weights([s.agent for s in seen[0]], [len(s.output_ids) for s in seen[0]], dtype=torch.float64)
+    for agent in trained_roles:  # n = the trained roles: each gets 1/n of the objective
+        share = sum(float(w) * len(s.output_ids) for w, s in zip(weights, seen[0]) if s.agent == agent)
+        assert share == pytest.approx(1 / len(trained_roles), abs=1e-12)
+
+
+def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tmp_path) -> None:
+    from mhgpo.trainer import Trainer, build_team
+
+    cfg = make_config(tiny_model_dir, world, tmp_path / "grpo", system="llm", algo="grpo", sampler="null",
+                      steps=1, eval_every=0)
+    assert cfg.sampler == "fof"
+    trainer = Trainer(cfg, build_team(cfg), tmp_path / "grpo", progress=False)
+    metrics = trainer.train_step()
+    batch = trainer._last_batch
+    assert {n.agent for n in batch.nodes} == {"llm"} and metrics["samples"] == 4.0 and metrics["groups"] == 2.0
+    by_group: dict[int, list] = {}
+    for n in batch.nodes:
+        by_group.setdefault(n.group_id, []).append(n)
+    for members in by_group.values():
+        assert len(members) == 2 and len({tuple(m.prompt_ids) for m in members}) == 1
+        assert len({m.question_index for m in members}) == 1
+    assert metrics["grad_norm"] > 0 or metrics["zero_variance_groups"] == 2.0

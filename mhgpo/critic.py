@@ -1,0 +1,194 @@
+"""The critic of the MAPPO and PPO baselines (DESIGN §5; paper §2 "PPO" and the appendix "Implementation Details").
+
+MAPPO here is the paper's baseline: the team's shared actor (the same model, the same clipped policy loss and k3 KL
+as MHGPO) with per-token GAE advantages from one critic shared by all agents (parameter sharing, like the actor).
+PPO is the same thing on the single-agent system (`system=llm`). What this module settles:
+
+- Architecture: the actor's decoder with a scalar value head, ``V = w^T h + b`` on the final hidden state h.
+  Under LoRA (the default) the critic's decoder *shares the actor's frozen base weights* (the same tensors, no
+  second copy of the model) and has its own LoRA adapter (the actor's rank and target modules) and the value
+  head: the extra memory is two adapters' worth plus activations. Under full fine-tuning it is a full copy of
+  the decoder, as in the paper ("the same backbone LLM architecture as the actor"): one more model and its
+  optimiser state. Both start from the initial actor weights; LoRA B starts at 0, the value head's weights
+  ~ N(0, 1/(H+1)) and its bias 0.
+- Values at output positions: ``V_t`` is read at position ``len(prompt) - 1 + t``, the state before output token
+  t (the position whose hidden state predicts it, as for the log-probs); the state after the last token is
+  terminal (``V = 0``).
+- Rewards: each output is its own episode: the agent's composite reward R (propagated shared reward + its
+  penalty, exactly MHGPO's R) at the output's last token, 0 elsewhere; GAE (``critic.gamma``, ``critic.lam``)
+  within the output; value targets ``returns = A + V_old``; the step's advantages whitened over its tokens
+  (``critic.whiten``) before the policy loss.
+- Update: ``optim.ppo_epochs`` passes over the step's samples, each one optimiser step (AdamW, ``critic.lr``,
+  gradient norm clipped at ``optim.max_grad_norm``) of the clipped value loss (:func:`mhgpo.losses.value_loss`)
+  accumulated over micro-batches, with the actor's token weights (token mean within an output, sample mean per
+  agent, mean over agents), so the critic, like the actor, gives each agent the same weight.
+- Warm-up: during the first ``critic.warmup_steps`` steps only the critic learns (the trainer skips the actor).
+
+Departures from the paper: it gives the critic's architecture and learning rate only; the rest above is this
+implementation's choice, documented here and in DESIGN §5.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+
+from mhgpo.advantages import gae, terminal_token_rewards, whiten
+from mhgpo.config import CriticConfig, LoraConfig, OptimConfig
+from mhgpo.logprobs import _backbone_and_head, _check, _device, output_hidden_states
+from mhgpo.losses import token_weights, value_loss
+from mhgpo.policy import Sample, _pad, micro_batches
+
+CRITIC_ADAPTER = "critic"
+
+
+class ValueModel(torch.nn.Module):
+    """A decoder and a scalar value head: ``values(prompts, outputs)`` gives V at every output position."""
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        device = next(backbone.parameters()).device
+        self.value_head = torch.nn.Linear(hidden_size, 1, device=device, dtype=torch.float32)
+        torch.nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def values(
+        self, prompts: list[list[int]], outputs: list[list[int]], pad_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, mask)``, both (B, T_out): float32 values (0 on padding) and the bool mask of output tokens."""
+        _check(prompts, outputs, 1.0)
+        device = _device(self.backbone)
+        batch, t_out = len(prompts), max((len(o) for o in outputs), default=0)
+        mask = torch.zeros((batch, t_out), dtype=torch.bool, device=device)  # (B, T)
+        for row, out in enumerate(outputs):
+            mask[row, : len(out)] = True
+        values = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T)
+        if batch == 0 or t_out == 0:
+            return values, mask
+        hidden = output_hidden_states(self.backbone, prompts, outputs, pad_id, device)  # (N, H)
+        flat = self.value_head(hidden.float()).squeeze(-1)  # (N,)
+        return values.masked_scatter(mask, flat), mask  # (B, T), row-major order as `hidden`
+
+
+def build_value_model(model: torch.nn.Module, lora: LoraConfig) -> ValueModel:
+    """The critic for the actor ``model`` (call it before the actor is wrapped with its own LoRA adapter)."""
+    if hasattr(model, "peft_config"):
+        raise ValueError("build the critic from the plain model, before the policy adds its LoRA adapter")
+    backbone, _ = _backbone_and_head(model)
+    hidden_size = int(model.config.hidden_size)
+    if lora.enabled:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import inject_adapter_in_model
+
+        shared = {id(p): p for p in backbone.parameters()}  # deepcopy keeps these: the base weights are shared
+        critic_backbone = copy.deepcopy(backbone, memo=shared)
+        present = {name.split(".")[-1] for name, _ in critic_backbone.named_modules()}
+        targets = [t for t in lora.target_modules if t in present]
+        if not targets:
+            raise ValueError(f"lora.target_modules {lora.target_modules} match no module of the model")
+        peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                  target_modules=targets, bias="none")
+        inject_adapter_in_model(peft_cfg, critic_backbone, adapter_name=CRITIC_ADAPTER)  # base frozen, adapter trains
+    else:
+        critic_backbone = copy.deepcopy(backbone)
+        for p in critic_backbone.parameters():
+            p.requires_grad_(True)
+    return ValueModel(critic_backbone, hidden_size)
+
+
+class Critic:
+    """The value model, its optimiser, and the two things a step asks of it: :meth:`estimate` (rollout-time
+    values → GAE advantages and returns on the samples) and :meth:`update` (the value loss)."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: CriticConfig, optim: OptimConfig, lora: LoraConfig):
+        self.cfg, self.optim, self.pad_id = cfg, optim, pad_id
+        self.model = build_value_model(model, lora)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=optim.weight_decay)
+
+    def _values(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.values([s.prompt_ids for s in batch], [s.output_ids for s in batch], self.pad_id)
+
+    @torch.no_grad()
+    def values(self, samples: list[Sample]) -> list[np.ndarray]:
+        """V at every output token of every sample (1-D float64 arrays), without gradients."""
+        out: list[np.ndarray | None] = [None] * len(samples)
+        was_training = self.model.training
+        self.model.eval()
+        for idx in micro_batches(samples, self.optim.micro_batch_tokens):
+            v, mask = self._values([samples[i] for i in idx])  # (b, T) (b, T)
+            for row, i in enumerate(idx):
+                out[i] = v[row, : int(mask[row].sum())].double().cpu().numpy()
+        self.model.train(was_training)
+        return out  # type: ignore[return-value]
+
+    def estimate(self, samples: list[Sample]) -> dict[str, float]:
+        """Fill each sample's ``old_values``, ``returns`` and per-token ``advantage`` (GAE, whitened over the step
+        when ``critic.whiten``) from its ``reward``; return the step's critic statistics."""
+        if not samples:
+            return {}
+        old = self.values(samples)
+        lengths = np.array([len(s.output_ids) for s in samples])  # (B,)
+        width = int(lengths.max())
+        mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T)
+        values = np.zeros(mask.shape)  # (B, T)
+        for i, v in enumerate(old):
+            values[i, : len(v)] = v
+        rewards = terminal_token_rewards(np.array([s.reward for s in samples]), lengths, width)  # (B, T)
+        adv, returns = gae(rewards, values, mask, self.cfg.gamma, self.cfg.lam)  # (B, T) (B, T)
+        raw_mean = float(adv[mask].mean()) if mask.any() else 0.0
+        if self.cfg.whiten:
+            adv = whiten(adv, mask)  # (B, T)
+        for i, s in enumerate(samples):
+            n = int(lengths[i])
+            s.old_values = values[i, :n].tolist()
+            s.returns = returns[i, :n].tolist()
+            s.advantage = adv[i, :n].tolist()
+        v_tok, g_tok = values[mask], returns[mask]
+        var_g = float(g_tok.var()) if g_tok.size else 0.0
+        explained = 1.0 - float((g_tok - v_tok).var()) / var_g if var_g > 0 else 0.0
+        return {"critic/value_mean": float(v_tok.mean()) if v_tok.size else 0.0,
+                "critic/return_mean": float(g_tok.mean()) if g_tok.size else 0.0,
+                "critic/advantage_mean": raw_mean,
+                "critic/explained_variance": explained}
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """``optim.ppo_epochs`` optimiser steps of the clipped value loss on samples that went through
+        :meth:`estimate`; returns ``critic/loss``, ``critic/value_clip_fraction``, ``critic/grad_norm``."""
+        samples = [s for s in samples if s.output_ids]
+        if not samples:
+            return {"critic/loss": 0.0, "critic/value_clip_fraction": 0.0, "critic/grad_norm": 0.0}
+        if any(s.returns is None or s.old_values is None for s in samples):
+            raise ValueError("Critic.update needs samples with returns and old_values (run Critic.estimate first)")
+        weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
+        batches = micro_batches(samples, self.optim.micro_batch_tokens)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.model.train()
+        out: dict[str, float] = {}
+        for _epoch in range(self.optim.ppo_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_sum, clipped, tokens = 0.0, 0.0, 0.0
+            for idx in batches:
+                batch = [samples[i] for i in idx]
+                v, mask = self._values(batch)  # (b, T) (b, T)
+                width = v.shape[1]
+                old = _pad([torch.tensor(s.old_values, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
+                ret = _pad([torch.tensor(s.returns, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
+                loss, stats = value_loss(v, old, ret, weights[idx].to(v.device), mask, self.cfg.value_clip)
+                loss.backward()
+                loss_sum += float(loss.detach())
+                clipped += stats["value_clip_fraction"] * stats["n_tokens"]
+                tokens += stats["n_tokens"]
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.optim.max_grad_norm)
+            self.optimizer.step()
+            out = {"critic/loss": loss_sum, "critic/value_clip_fraction": clipped / max(tokens, 1.0),
+                   "critic/grad_norm": float(grad_norm)}
+        return out
+
+    def state(self) -> tuple[torch.nn.Module, Any]:
+        """What a checkpoint holds of the critic: its module (trainable tensors) and its optimiser."""
+        return self.model, self.optimizer

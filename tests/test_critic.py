@@ -1,0 +1,200 @@
+"""The MAPPO / PPO critic on the tiny model: where it reads values, what it shares with the actor, GAE on real
+samples, its update, the warm-up (critic learns, actor does not), and checkpoint / resume with the critic."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mhgpo.advantages import gae, terminal_token_rewards, whiten
+from mhgpo.checkpoint import list_checkpoints
+from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, TrainConfig, load_config
+from mhgpo.critic import Critic, build_value_model
+from mhgpo.models import load_model
+from mhgpo.policy import Sample
+from mhgpo.runlog import read_metrics
+from mhgpo.trainer import Trainer, build_team, resume, train
+
+VOLATILE = ("seconds/", "memory/")
+
+
+@pytest.fixture()
+def model(tiny_model_dir: Path):
+    return load_model(str(tiny_model_dir), device="cpu").model
+
+
+def ragged(seed: int = 0):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(4, 400) for _ in range(n)] for n in (7, 1, 12, 4)]
+    outputs = [[rng.randrange(0, 400) for _ in range(n)] for n in (5, 9, 1, 3)]
+    return prompts, outputs
+
+
+def samples_of(prompts, outputs, rewards=(1.0, -0.5, 0.25, 0.0), agents=("a", "a", "b", "c")) -> list[Sample]:
+    rows = zip(prompts, outputs, rewards, agents)
+    return [Sample(p, o, [0.0] * len(o), 0.0, agent, reward=r) for p, o, r, agent in rows]
+
+
+def test_values_are_read_at_the_state_before_each_output_token(model) -> None:
+    critic = build_value_model(model, LoraConfig(r=4))
+    prompts, outputs = ragged()
+    with torch.no_grad():
+        values, mask = critic.values(prompts, outputs, pad_id=0)
+    assert values.shape == mask.shape == (4, 9)
+    assert mask.sum(dim=1).tolist() == [5, 9, 1, 3] and (values[~mask] == 0).all()
+    for row, (p, o) in enumerate(zip(prompts, outputs)):  # one sample at a time, no padding
+        with torch.no_grad():
+            hidden = model.model(input_ids=torch.tensor([p + o])).last_hidden_state[0]  # (L, H); LoRA B = 0
+            want = critic.value_head(hidden[len(p) - 1 : len(p) - 1 + len(o)]).squeeze(-1)  # (|o|,)
+        torch.testing.assert_close(values[row, : len(o)], want, rtol=0, atol=1e-5)
+
+
+def test_lora_critic_shares_the_base_weights_and_trains_only_its_adapter_and_head(model) -> None:
+    critic = build_value_model(model, LoraConfig(r=4))
+    base = dict(model.named_parameters())
+    q_critic = critic.backbone.layers[0].self_attn.q_proj
+    assert q_critic.base_layer.weight is base["model.layers.0.self_attn.q_proj.weight"]  # same tensor: no copy
+    assert critic.backbone.embed_tokens.weight is base["model.embed_tokens.weight"]
+    trainable = {n for n, p in critic.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in critic.named_parameters() if ".lora_" in n or n.startswith("value_head.")}
+    assert len(trainable) == 2 * 7 * 2 + 2  # A and B of 7 projections x 2 layers, and the head's weight and bias
+    assert not any(p.requires_grad for n, p in model.named_parameters() if n.startswith("model."))  # frozen base
+    shared_bytes = sum(p.numel() for n, p in critic.named_parameters() if n not in trainable)
+    assert shared_bytes == sum(p.numel() for n, p in model.named_parameters() if n.startswith("model."))
+
+
+def test_full_critic_is_an_independent_copy(model) -> None:
+    critic = build_value_model(model, LoraConfig(enabled=False))
+    assert all(p.requires_grad for p in critic.parameters())
+    ours = {p.data_ptr() for p in critic.parameters()}
+    assert not ours & {p.data_ptr() for p in model.parameters()}
+    with pytest.raises(ValueError, match="before the policy"):
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+
+        build_value_model(get_peft_model(model, PeftLoraConfig(r=2, target_modules=["q_proj"])), LoraConfig())
+
+
+def test_estimate_fills_gae_from_the_rollout_time_values_and_update_moves_only_the_critic(model) -> None:
+    torch.manual_seed(0)
+    cfg = CriticConfig(lr=1e-3, gamma=1.0, lam=0.95)
+    critic = Critic(model, 0, cfg, OptimConfig(micro_batch_tokens=24), LoraConfig(r=4))
+    prompts, outputs = ragged(1)
+    samples = samples_of(prompts, outputs)
+    old = critic.values(samples)
+    stats = critic.estimate(samples)
+    lengths = np.array([len(o) for o in outputs])
+    mask = np.arange(9)[None, :] < lengths[:, None]
+    values = np.zeros(mask.shape)
+    for i, v in enumerate(old):
+        values[i, : len(v)] = v
+    adv, ret = gae(terminal_token_rewards(np.array([s.reward for s in samples]), lengths, 9), values, mask, 1.0, 0.95)
+    adv_w = whiten(adv, mask)
+    for i, s in enumerate(samples):
+        np.testing.assert_allclose(s.old_values, values[i, : lengths[i]], rtol=0, atol=0)
+        np.testing.assert_allclose(s.returns, ret[i, : lengths[i]], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(s.advantage, adv_w[i, : lengths[i]], rtol=0, atol=1e-12)
+        assert s.returns[-1] == pytest.approx(s.reward, abs=1e-12)  # the last token's target is R itself
+    assert stats["critic/advantage_mean"] == pytest.approx(float(adv[mask].mean()), abs=1e-12)
+
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    head_before = critic.model.value_head.weight.detach().clone()
+    losses = [critic.update(samples)["critic/loss"] for _ in range(4)]
+    assert not torch.equal(critic.model.value_head.weight, head_before)
+    assert all(torch.equal(p, base_before[n]) for n, p in model.named_parameters())  # shared base untouched
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]  # same targets: the loss goes down
+
+
+def test_update_needs_estimated_samples(model) -> None:
+    critic = Critic(model, 0, CriticConfig(), OptimConfig(), LoraConfig(r=4))
+    with pytest.raises(ValueError, match="estimate"):
+        critic.update(samples_of(*ragged()))
+
+
+# ------------------------------------------------------------------------------------------- in the trainer
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small synthetic world whose train answers are "assistant" (what the tiny model says), so rewards vary."""
+    from mhgpo.synth import write_world
+
+    folder = tmp_path_factory.mktemp("world")
+    paths = write_world(folder, seed=0, n_train=20, n_dev=4)
+    rows = [json.loads(line) for line in paths["train"].read_text(encoding="utf-8").splitlines()]
+    for row in rows:
+        row["answer"] = "assistant"
+    (folder / "train_echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return folder
+
+
+def mappo_config(model_dir: Path, world: Path, out: Path, **extra: object) -> TrainConfig:
+    settings: dict[str, object] = {
+        "model": model_dir, "algo": "mappo", "data": f"hotpotqa:{world / 'train_echo.jsonl'}",
+        "val_data": f"hotpotqa:{world / 'dev.jsonl'}", "retrieval.corpus": world / "corpus.jsonl",
+        "output_dir": out, "steps": 3, "questions_per_step": 2, "group_size": 2, "eval_every": 0,
+        "save_every": 1, "keep_checkpoints": 3, "search.rewriter.max_new_tokens": 8,
+        "search.reranker.max_new_tokens": 4, "search.answerer.max_new_tokens": 4, "search.max_answer_words": 1,
+        "optim.lr": 0.01, "lora.r": 4, "critic.lr": 0.01, "critic.warmup_steps": 1,
+    }
+    settings.update(extra)
+    return load_config(TrainConfig, None, [f"{k}={v}" for k, v in settings.items()])
+
+
+def test_during_warm_up_the_critic_learns_and_the_actor_does_not(tiny_model_dir, world, tmp_path) -> None:
+    cfg = mappo_config(tiny_model_dir, world, tmp_path / "run", steps=2)
+    assert cfg.sampler == "chains"
+    trainer = Trainer(cfg, build_team(cfg), tmp_path / "run", progress=False)
+    actor, critic = trainer.team.policy.model, trainer.team.critic.model
+    actor_params = {n: p for n, p in actor.named_parameters() if p.requires_grad}
+    critic_params = {n: p for n, p in critic.named_parameters() if p.requires_grad}
+    actor_before = {n: p.detach().clone() for n, p in actor_params.items()}
+    critic_before = {n: p.detach().clone() for n, p in critic_params.items()}
+
+    m1 = trainer.train_step()  # step 1: the critic's warm-up
+    assert m1["actor_updated"] == 0.0 and "loss" not in m1 and m1["critic/grad_norm"] > 0
+    assert all(p.grad is None for p in actor_params.values())  # no gradient ever reached the actor
+    assert all(torch.equal(p, actor_before[n]) for n, p in actor_params.items())
+    head_grad = critic_params["value_head.weight"].grad
+    assert head_grad is not None and torch.count_nonzero(head_grad) > 0
+    lora_b = [n for n in critic_params if ".lora_B." in n]
+    assert lora_b and all(torch.count_nonzero(critic_params[n].grad) > 0 for n in lora_b)
+    assert [n for n in critic_params if torch.equal(critic_params[n], critic_before[n])] == [
+        n for n in critic_params if ".lora_A." in n]  # B = 0 leaves A's gradient 0 on the first step only
+
+    m2 = trainer.train_step()  # step 2: both learn
+    assert m2["actor_updated"] == 1.0 and m2["grad_norm"] > 0
+    assert [n for n, p in actor_params.items() if ".lora_B." in n and torch.equal(p, actor_before[n])] == []
+    batch = trainer._last_batch
+    trained = [n for n in batch.llm_nodes() if n.trained]
+    assert len(trained) == 2 * 2 * 3 and len({n.group_id for n in trained}) == 12  # G chains, no groups
+
+
+def test_mappo_resume_restores_the_critic(tiny_model_dir, world, tmp_path) -> None:
+    reference = tmp_path / "reference"
+    train(mappo_config(tiny_model_dir, world, reference), progress=False)
+    step = reference / "checkpoints" / "step_3"
+    assert sorted(p.name for p in step.iterdir()) == [
+        "critic.safetensors", "model.safetensors", "state.json", "trainer.pt"]
+    assert "critic" in torch.load(step / "trainer.pt", weights_only=False)["extras"]
+
+    out = tmp_path / "resumed"
+    train(mappo_config(tiny_model_dir, world, out, steps=1), progress=False)
+    assert [p.name for p in list_checkpoints(out)] == ["step_1"]
+    assert resume(out, ["steps=3"], progress=False).step == 3
+
+    def comparable(run: Path) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_metrics(run)]
+
+    assert comparable(out) == comparable(reference)
+    assert [r["actor_updated"] for r in read_metrics(out)] == [0.0, 1.0, 1.0]
+    from safetensors.torch import load_file
+
+    for name in ("model.safetensors", "critic.safetensors"):
+        a, b = load_file(str(out / "checkpoints/step_3" / name)), load_file(str(step / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
