@@ -1,4 +1,4 @@
-"""The `mhgpo` command line: data, ask, eval, train, demo.
+"""The `mhgpo` command line: data, ask, eval, train, demo, report, index build, eval-retrieval.
 
 Flags are shortcuts for config keys; any config key can also be set with a trailing `key=value`.
 Bad input ends with one line naming the file, line or key, and exit status 2.
@@ -11,6 +11,12 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+DATA_HELP = ("synthetic (default), synthetic:train, hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH, "
+             "or hotpotqa / 2wiki / musique (from the Hugging Face hub)")
+CORPUS_HELP = "'context' (the data's own paragraphs), a JSONL corpus (id, title, text) or a DPR .tsv file"
+RETRIEVER_HELP = "bm25 (default) or dense (sentence-transformers + FAISS; encoder: retrieval.model=M)"
+INDEX_HELP = "a built index folder to reuse (mhgpo index build)"
 
 
 def _quiet_libraries() -> None:
@@ -77,7 +83,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from mhgpo.records import Example
     from mhgpo.rollout import RolloutSpec, run_rollouts
 
-    overrides = _flag_overrides(args, {"model": "model", "corpus": "retrieval.corpus", "system": "system"})
+    overrides = _flag_overrides(args, {"model": "model", "corpus": "retrieval.corpus",
+                                       "retriever": "retrieval.retriever", "index": "retrieval.index",
+                                       "system": "system"})
     cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
     console = _console()
     workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
@@ -151,6 +159,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from mhgpo.report import build_report
+
+    runs = [Path(p) for p in args.runs] + [Path(p) for p in args.eval or []]
+    out = Path(args.out) if args.out else (runs[0] / "report" if len(runs) == 1 else Path("report"))
+    path = build_report(runs, out)
+    print(f"wrote {path}, {out / 'report.html'} and the plots in {out}")
+    return 0
+
+
 # --------------------------------------------------------------------------------------------------- parser
 
 
@@ -172,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", help="a YAML config file")
         p.add_argument("--model", help="smollm2-135m (default), a Hugging Face id, a local folder or a .gguf file")
-        p.add_argument("--corpus", help="a JSONL corpus (id, title, text), or 'context'")
+        p.add_argument("--corpus", help=CORPUS_HELP)
+        p.add_argument("--retriever", choices=["bm25", "dense"], help=RETRIEVER_HELP)
+        p.add_argument("--index", help=INDEX_HELP)
         p.add_argument("--system", choices=["mas", "llm"], help="the team (mas, default) or the model alone (llm)")
         p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
@@ -183,19 +203,24 @@ def build_parser() -> argparse.ArgumentParser:
     ask.set_defaults(func=cmd_ask)
 
     ev = sub.add_parser("eval", help="evaluate the team on a data set (Acc / EM / F1)")
-    ev.add_argument("--data", help="synthetic (default) or hotpotqa:PATH")
+    ev.add_argument("--data", help=DATA_HELP)
     ev.add_argument("--limit", type=int, help="evaluate the first N questions")
     ev.add_argument("--batch-size", type=int, help="questions per breadth-first batch")
-    ev.add_argument("--retriever", help="bm25 (default)")
-    ev.add_argument("--index", help="a built index folder to reuse")
     ev.add_argument("--seed", type=int)
     ev.add_argument("--output-dir", help="where to write metrics.json and predictions.jsonl")
     common(ev)
     ev.set_defaults(func=cmd_eval)
 
-    from mhgpo import train_cli
+    rep = sub.add_parser("report", help="plots and tables (report.md, report.html) from run directories")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run or evaluation output directories")
+    rep.add_argument("--eval", action="append", metavar="DIR", help="an evaluation output directory to tabulate")
+    rep.add_argument("--out", help="output folder (default: RUN_DIR/report for one run, else ./report)")
+    rep.set_defaults(func=cmd_report)
+
+    from mhgpo import retrieval_cli, train_cli
 
     train_cli.add_commands(sub, common)
+    retrieval_cli.add_commands(sub, common)
     return parser
 
 

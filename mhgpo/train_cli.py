@@ -18,7 +18,10 @@ TRAIN_FLAGS = {
     "seed": "seed",
     "output_dir": "output_dir",
     "corpus": "retrieval.corpus",
+    "retriever": "retrieval.retriever",
+    "index": "retrieval.index",
     "system": "system",
+    "algo": "algo",
 }
 
 
@@ -34,6 +37,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.resume:
         trainer = resume(Path(args.resume), _overrides(args))
+    elif getattr(args, "scale", None):  # the row's switches at a smaller scale (mhgpo/experiments.py)
+        from mhgpo.experiments import scaled_tree
+
+        cfg = load_config(TrainConfig, None, _overrides(args), base=scaled_tree(args.config, args.scale))
+        trainer = train(cfg)
     else:
         cfg = load_config(TrainConfig, args.config, _overrides(args))
         trainer = train(cfg)
@@ -71,8 +79,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     write_eval(before, run_dir / "eval_before", {"data": cfg.val_data, "model": cfg.model, "label": "untrained"})
     console.print(metrics_table({"untrained team": before.metrics}))
     trainer.run()
-    after = evaluate_examples(team.val, team.val_workflow, team.generator, team.encode, cfg.eval_batch_size,
-                              desc="eval after")
+    if trainer.last_eval is not None and trainer.last_eval[0] == cfg.steps:  # validated on the last step
+        after = trainer.last_eval[1]
+    else:
+        after = evaluate_examples(team.val, team.val_workflow, team.generator, team.encode, cfg.eval_batch_size,
+                                  desc="eval after")
     write_eval(after, run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
     table = metrics_table(
         {"untrained team": before.metrics, f"after MHGPO-{cfg.sampler.upper()} ({cfg.steps} steps)": after.metrics},
@@ -80,6 +91,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     console.print(table)
     _print_behaviour(console, before.metrics, after.metrics)
+    from mhgpo.report import build_report
+
+    report = build_report([run_dir], run_dir / "report")
+    console.print(f"report: {report} and {report.with_suffix('.html')}")
     console.print(f"total {(time.perf_counter() - started) / 60:.1f} min; run directory {run_dir} "
                   f"(metrics.jsonl, rollouts/, checkpoints/, eval_before/, eval_after/)")
     return 0
@@ -100,11 +115,12 @@ def _print_behaviour(console, before: dict, after: dict) -> None:
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register the training sub-commands on the `mhgpo` parser."""
     for name, func, help_text in (
-        ("train", cmd_train, "train the team with MHGPO"),
+        ("train", cmd_train, "train the team with MHGPO (or a baseline: --algo mappo, --system llm --algo grpo|ppo)"),
         ("demo", cmd_demo, "evaluate, train with MHGPO (RR) on CPU, evaluate again (the embedded default)"),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--sampler", choices=["is", "fof", "rr", "fof_os"], help="rollout sampler")
+        p.add_argument("--sampler", choices=["is", "fof", "rr", "fof_os", "chains"],
+                       help="rollout sampler (default: rr for mhgpo, fof for grpo, chains for mappo/ppo)")
         p.add_argument("--steps", type=int)
         p.add_argument("--questions-per-step", type=int)
         p.add_argument("--group-size", type=int)
@@ -113,5 +129,9 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
         p.add_argument("--output-dir", help="the run directory")
         if name == "train":
             p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+            p.add_argument("--algo", choices=["mhgpo", "mappo", "grpo", "ppo"],
+                           help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm")
+            p.add_argument("--scale", choices=["demo"],
+                           help="run the --config row with the demo's model, data, steps, batch, tokens and LoRA")
         common(p)
         p.set_defaults(func=func)

@@ -5,6 +5,10 @@ Each step: take `questions_per_step` questions; run the sampler's rollout trees 
 update the shared policy with the clipped objective and k3 KL; log, evaluate every `eval_every` steps, save
 checkpoints. Ctrl-C or SIGTERM saves a checkpoint of the last completed step before exiting, and
 `resume(run_dir)` continues from the last checkpoint with the same results as an uninterrupted run (on CPU).
+
+The baselines share the loop (DESIGN §5): GRPO is the group-relative path on the single-agent system; MAPPO /
+PPO (`algo=mappo|ppo`) replace the group advantages with the critic's GAE (`mhgpo/critic.py`) and update the
+critic before the policy; `train_roles` / `frozen_roles` untrain whole roles after the rewards are assigned.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from mhgpo.advantages import group_advantages, propagate_rewards, total_rewards
 from mhgpo.behaviour import agent_behaviour
 from mhgpo.checkpoint import list_checkpoints, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
-from mhgpo.config import TrainConfig, dump_config, load_config
+from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, load_config
 from mhgpo.evaluate import evaluate_examples
 from mhgpo.policy import Policy, Sample, peak_memory_mb
 from mhgpo.records import Example, InputError
@@ -31,28 +35,38 @@ from mhgpo.runlog import RunLog, write_rollouts
 from mhgpo.workflow import Workflow
 
 
-def assign_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator) -> dict[str, float]:
-    """Backward propagation (paper Eq. aggr), R = R_shared + R_specific, advantages per group id (Eq. adv)."""
+def assign_shared_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator) -> np.ndarray:
+    """Backward propagation (paper Eq. aggr) and R = R_shared + R_specific on every node; returns R (N,)."""
     nodes = batch.nodes
     parents = np.array([n.parent_id for n in nodes], dtype=np.int64)  # (N,)
     terminal = np.array([n.terminal for n in nodes], dtype=np.float64)  # (N,) NaN except at leaves
     shared = propagate_rewards(parents, terminal, aggr, rng)  # (N,)
     penalties = np.array([n.penalty if n.kind == "llm" else 0.0 for n in nodes])  # (N,)
     rewards = total_rewards(shared, penalties, use_penalties)  # (N,)
-    group_ids = np.array([n.group_id for n in nodes], dtype=np.int64)  # (N,)
+    for n, s, r in zip(nodes, shared, rewards):
+        n.reward_shared, n.reward = float(s), float(r)
+    return rewards
+
+
+def assign_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator) -> dict[str, float]:
+    """Backward propagation (paper Eq. aggr), R = R_shared + R_specific, advantages per group id (Eq. adv)."""
+    rewards = assign_shared_rewards(batch, aggr, use_penalties, rng)  # (N,)
+    group_ids = np.array([n.group_id for n in batch.nodes], dtype=np.int64)  # (N,)
     advantages, stats = group_advantages(rewards, group_ids)  # (N,)
-    for n, s, r, a in zip(nodes, shared, rewards, advantages):
-        n.reward_shared, n.reward, n.advantage = float(s), float(r), float(a)
+    for n, a in zip(batch.nodes, advantages):
+        n.advantage = float(a)
     return {k: float(v) for k, v in stats.items()}
 
 
 def apply_role_switches(batch: RolloutBatch, train_roles: list[str] | None, frozen_roles: list[str]) -> int:
-    """Untrain the samples of frozen roles (or of roles outside `train_roles`); they still acted. Returns count."""
+    """Untrain the samples of frozen roles (or of roles outside `train_roles`): group id -1, advantage 0. They
+    still acted (their outputs fed the next agents and their rewards were propagated). Returns their count."""
     count = 0
     for n in batch.nodes:
         if n.kind == "llm" and n.trained and ((train_roles is not None and n.agent not in train_roles)
                                                or n.agent in frozen_roles):
             n.group_id = -1
+            n.advantage = 0.0
             count += 1
     return count
 
@@ -85,6 +99,7 @@ class Team:
     policy: Policy
     generator: Any
     encode: Callable[[list[dict[str, str]]], list[int]]
+    critic: Any = None  # mhgpo.critic.Critic for algo mappo | ppo
 
 
 class _StopGuard:
@@ -140,6 +155,7 @@ class Trainer:
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
         self.val_history: list[dict[str, float]] = []
+        self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
 
     # ------------------------------------------------------------------------------------------------- data
 
@@ -167,38 +183,51 @@ class Trainer:
         p = self.team.policy
         state = {"position": self.position, "val_history": self.val_history}
         return save_checkpoint(self.run_dir, self.step, p.model, p.optimizer, p.scheduler,
-                               rng or rng_states(self.rng), state, self.cfg.keep_checkpoints)
+                               rng or rng_states(self.rng), state, self.cfg.keep_checkpoints, self._extras())
+
+    def _extras(self) -> dict[str, Any]:
+        return {"critic": self.team.critic.state()} if self.team.critic is not None else {}
 
     def restore(self, path: Path) -> None:
         p = self.team.policy
-        state, rng = load_checkpoint(path, p.model, p.optimizer, p.scheduler)
+        state, rng = load_checkpoint(path, p.model, p.optimizer, p.scheduler, self._extras())
         self.step, self.position = int(state["step"]), int(state["position"])
         self.val_history = list(state.get("val_history", []))
         restore_rng_states(rng, self.rng)
 
     # -------------------------------------------------------------------------------------------------- loop
 
-    def validate(self) -> dict[str, float]:
+    def validate(self) -> Any:
+        """Greedy evaluation of the team on the fixed validation subset (an `EvalResult`)."""
         t = self.team
-        res = evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
-                                progress=False)
-        return {"val/f1": res.metrics["f1"], "val/em": res.metrics["em"], "val/acc": res.metrics["acc"]}
+        return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
+                                 progress=False)
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
-        """The step's first phase (no weight changes, safe to interrupt): rollouts, rewards, advantages."""
+        """The step's first phase (no weight changes, safe to interrupt): rollouts, rewards, advantages (group
+        ids for MHGPO / GRPO; the critic's GAE for MAPPO / PPO)."""
         cfg, team = self.cfg, self.team
         t0 = time.perf_counter()
         questions = self._next_questions()
         team.policy.model.eval()
         batch = run_rollouts(questions, team.workflow, team.generator, team.encode, self._spec(), self.rng,
                              max_rounds=cfg.max_rounds)
-        adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
+        if team.critic is None:
+            adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
+        else:
+            assign_shared_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
+            adv_stats = {"n_groups": 0.0, "n_zero_variance_groups": 0.0}
         untrained = apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
+        trained = [n for n in batch.llm_nodes() if n.trained]
         samples = [
             Sample(n.prompt_ids, n.output_ids, n.logprobs, n.advantage, n.agent,
-                   team.workflow.sampling(n.agent).temperature)
-            for n in batch.llm_nodes() if n.trained
+                   team.workflow.sampling(n.agent).temperature, reward=n.reward)
+            for n in trained
         ]
+        critic_stats = team.critic.estimate(samples) if team.critic is not None else {}
+        if team.critic is not None:
+            for n, s in zip(trained, samples):  # the records show each output's mean token advantage
+                n.advantage = float(np.mean(s.advantage)) if s.output_ids else 0.0
         metrics = step_metrics(batch, team.workflow.agents)
         metrics.update(
             samples=float(len(samples)),
@@ -208,22 +237,32 @@ class Trainer:
             frozen_samples=float(untrained),
             llm_calls=batch.stats["llm_calls"],
             tokens_generated=batch.stats["tokens_generated"],
+            **critic_stats,
             **{"seconds/rollout": time.perf_counter() - t0},
         )
         return batch, samples, metrics
 
     def learn(self, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
-        """The step's second phase: the policy update (run it where a signal cannot cut it in half)."""
+        """The step's second phase: the critic's update (MAPPO / PPO), then the policy's, except during the
+        critic's warm-up (`critic.warmup_steps`) where only the critic learns. Run it where a signal cannot cut
+        it in half."""
         t = time.perf_counter()
-        metrics.update(self.team.policy.update(samples))
+        critic = self.team.critic
+        if critic is not None:
+            metrics.update(critic.update(samples))
+            metrics["actor_updated"] = float(self.step >= self.cfg.critic.warmup_steps)
+        if critic is None or metrics["actor_updated"]:
+            metrics.update(self.team.policy.update(samples))
         metrics["seconds/train"] = time.perf_counter() - t
         return metrics
 
     def train_step(self) -> dict[str, float]:
-        """Both phases of one step, without logging (benchmarks, tests)."""
+        """Both phases of one step, counted, without logging or checkpoints (benchmarks, tests)."""
         batch, samples, metrics = self.collect()
         self._last_batch = batch
-        return self.learn(samples, metrics)
+        metrics = self.learn(samples, metrics)
+        self.step += 1
+        return metrics
 
     def run(self) -> dict[str, Any]:
         from tqdm.auto import tqdm
@@ -249,7 +288,9 @@ class Trainer:
                         step = self.step + 1
                         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                             t = time.perf_counter()
-                            last_val = self.validate()
+                            res = self.validate()
+                            self.last_eval = (step, res)
+                            last_val = {f"val/{k}": res.metrics[k] for k in ("f1", "em", "acc")}
                             self.val_history.append({"step": step, **last_val})
                             metrics.update(last_val)
                             metrics["seconds/eval"] = time.perf_counter() - t
@@ -303,7 +344,8 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
     train = load_examples(cfg.data)
     val = load_examples(cfg.val_data, cfg.val_limit) if cfg.eval_every or with_val else []
     workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
-    same_corpus = cfg.retrieval.corpus or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic"
+    same_corpus = (cfg.retrieval.corpus not in (None, "context")  # a corpus file; "context": each data set's own
+                   or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic")
     val_workflow = workflow if same_corpus or not val else build_workflow(
         cfg.system, cfg.val_data, cfg.retrieval, cfg.search)
     roles = set(workflow.agents)
@@ -311,11 +353,21 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
         bad = [r for r in names if r not in roles]
         if bad:
             raise InputError(f"{key}: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
+    if cfg.sampler == "rr" and len(cfg.rr_probs) != len(workflow.agents):
+        raise InputError(f"rr_probs: {len(cfg.rr_probs)} probabilities for the {len(workflow.agents)} agents "
+                         f"({', '.join(workflow.agents)}) of system={cfg.system}")
     loaded = load_model(cfg.model)
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, cfg.steps)
+    critic = None
+    actor_steps = cfg.steps
+    if cfg.algo in CRITIC_ALGOS:  # before the policy wraps the model: the critic starts from the plain weights
+        from mhgpo.critic import Critic
+
+        critic = Critic(loaded.model, loaded.tokenizer.pad_token_id, cfg.critic, cfg.optim, cfg.lora)
+        actor_steps = max(cfg.steps - cfg.critic.warmup_steps, 1)  # the actor's schedule starts after warm-up
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, actor_steps)
     generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size)
     return Team(train, val, workflow, val_workflow, policy, generator,
-                lambda messages: encode_chat(loaded.tokenizer, messages))
+                lambda messages: encode_chat(loaded.tokenizer, messages), critic)
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> Trainer:

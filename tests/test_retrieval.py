@@ -9,7 +9,7 @@ import pytest
 
 from mhgpo import retrieval
 from mhgpo.records import InputError, Passage
-from mhgpo.retrieval import BM25Retriever, corpus_fingerprint, index_dir_for, load_or_build_bm25
+from mhgpo.retrieval import BM25Retriever, corpus_fingerprint, index_dir_for, load_or_build_bm25, open_index
 
 CORPUS = [
     Passage("p0", "Ada Stone", "Ada Stone was a painter who founded the Stone Museum."),
@@ -247,3 +247,28 @@ def test_index_dir_in_cache_when_not_writable(tmp_path: Path, monkeypatch: pytes
     monkeypatch.delenv("MHGPO_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert index_dir_for(tmp_path / "ro" / "wiki.jsonl") == tmp_path / "home" / ".cache" / "mhgpo" / "indexes" / first.name
+
+
+# --- open_index, index folders per retriever --------------------------------------------------------
+
+
+def test_open_index_loads_a_saved_bm25_index_as_it_is(tmp_path: Path, retriever: BM25Retriever) -> None:
+    retriever.save(tmp_path / "idx")
+    opened = open_index(tmp_path / "idx")
+    assert isinstance(opened, BM25Retriever) and opened.kind == "bm25"
+    assert opened.passages == tuple(CORPUS) and opened.fingerprint == retriever.fingerprint
+    with pytest.raises(InputError) as err:
+        open_index(tmp_path / "nothing")
+    assert str(err.value) == (f"{tmp_path / 'nothing'}: not an index (no readable meta.json); "
+                              "build one with `mhgpo index build`")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "meta.json").write_text('{"kind": "colbert"}', encoding="utf-8")
+    with pytest.raises(InputError, match=r"odd: unknown index kind 'colbert' in meta.json$"):
+        open_index(tmp_path / "odd")
+
+
+def test_index_dir_suffix_per_retriever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert index_dir_for(tmp_path / "wiki.tsv", "dense-minilm") == tmp_path / "wiki.tsv.dense-minilm"
+    monkeypatch.setattr(retrieval.os, "access", lambda *args, **kwargs: False)
+    monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
+    assert index_dir_for(tmp_path / "wiki.tsv", "dense-x") != index_dir_for(tmp_path / "wiki.tsv")
