@@ -1,4 +1,5 @@
-"""Seconds per training step and peak memory of MHGPO-FoF, MHGPO-RR, MHGPO-IS and MAPPO, and their ratios to MAPPO.
+"""Seconds per training step and peak memory of MHGPO-FoF, MHGPO-RR, MHGPO-IS and MAPPO, and their ratios to MAPPO
+(and of MHGPO-FoF(os) with `--algos fof_os`).
 
 Every algorithm runs `--steps` steps with the demo settings (`mhgpo/demo.yaml`: the default model, LoRA, 4 questions
 per step, G = 4, short generations) on the same questions, each in its own process so that its peak memory is its
@@ -23,9 +24,10 @@ ALGOS = {  # name -> overrides
     "fof": ["algo=mhgpo", "sampler=fof"],
     "rr": ["algo=mhgpo", "sampler=rr"],
     "is": ["algo=mhgpo", "sampler=is"],
+    "fof_os": ["algo=mhgpo", "sampler=fof_os"],
     "mappo": ["algo=mappo", "sampler=chains", "critic.warmup_steps=0"],
 }
-LABELS = {"fof": "MHGPO-FoF", "rr": "MHGPO-RR", "is": "MHGPO-IS", "mappo": "MAPPO"}
+LABELS = {"fof": "MHGPO-FoF", "rr": "MHGPO-RR", "is": "MHGPO-IS", "fof_os": "MHGPO-FoF(os)", "mappo": "MAPPO"}
 
 
 def one(name: str, steps: int, overrides: list[str]) -> dict:
