@@ -294,6 +294,9 @@ class OptimConfig:
     kl_beta: float = 0.001
     micro_batch_tokens: int = 4096  # prompt + output tokens per forward/backward (padding included)
     logprob_chunk: int = 256  # output positions per log-softmax chunk
+    # Recompute each decoder layer's activations in the backward pass instead of keeping them (actor and critic):
+    # the activation memory of a micro-batch falls to about one layer's, for a quarter to a third more update time.
+    gradient_checkpointing: bool = True
 
     def validate(self) -> None:
         if self.schedule not in ("constant", "cosine"):

@@ -40,7 +40,7 @@ from mhgpo.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig
 from mhgpo.logprobs import _backbone_and_head, _check, _device, output_hidden_states
 from mhgpo.losses import token_weights, value_loss
-from mhgpo.policy import Sample, _pad, micro_batches
+from mhgpo.policy import Sample, _pad, enable_gradient_checkpointing, micro_batches
 
 CRITIC_ADAPTER = "critic"
 
@@ -107,6 +107,8 @@ class Critic:
     def __init__(self, model: torch.nn.Module, pad_id: int, cfg: CriticConfig, optim: OptimConfig, lora: LoraConfig):
         self.cfg, self.optim, self.pad_id = cfg, optim, pad_id
         self.model = build_value_model(model, lora)
+        if optim.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model.backbone)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=optim.weight_decay)
 

@@ -23,6 +23,7 @@ SCALE_KEYS = (
     "save_every", "keep_checkpoints",
     "search.snippet_words", "search.rewriter", "search.reranker", "search.answerer",
     "optim.lr", "optim.warmup_steps", "optim.schedule", "optim.micro_batch_tokens", "optim.logprob_chunk",
+    "optim.gradient_checkpointing",
     "lora",
     "critic.lr", "critic.warmup_steps",
 )

@@ -44,6 +44,8 @@ class Policy:
         self.cfg = optim
         self.pad_id = pad_id
         self.lora = lora.enabled
+        if optim.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         if lora.enabled:
             from peft import LoraConfig as PeftLoraConfig
             from peft import get_peft_model
@@ -136,6 +138,18 @@ class Policy:
         self.scheduler.step()
         totals["lr"] = self.scheduler.get_last_lr()[0]
         return totals
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute the decoder layers' activations in the backward pass (in train mode only; generation and
+    no-grad forwards are unchanged). Non-reentrant, so a frozen base under LoRA needs no input gradients."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"optim.gradient_checkpointing: {type(model).__name__} does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name for it
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:

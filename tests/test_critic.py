@@ -16,7 +16,7 @@ from mhgpo.checkpoint import list_checkpoints
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, TrainConfig, load_config
 from mhgpo.critic import Critic, build_value_model
 from mhgpo.models import load_model
-from mhgpo.policy import Sample
+from mhgpo.policy import Sample, micro_batches
 from mhgpo.runlog import read_metrics
 from mhgpo.trainer import Trainer, build_team, resume, train
 
@@ -108,6 +108,43 @@ def test_estimate_fills_gae_from_the_rollout_time_values_and_update_moves_only_t
     assert not torch.equal(critic.model.value_head.weight, head_before)
     assert all(torch.equal(p, base_before[n]) for n, p in model.named_parameters())  # shared base untouched
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]  # same targets: the loss goes down
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_gradient_checkpointing_recomputes_the_critic_and_keeps_its_loss_and_gradients(
+    tiny_model_dir: Path, lora: bool
+) -> None:
+    from mhgpo.logprobs import _backbone_and_head
+
+    results = []
+    for checkpointing in (False, True):
+        plain = load_model(str(tiny_model_dir), device="cpu").model
+        torch.manual_seed(0)  # the same value head and adapter in both runs
+        critic = Critic(plain, 0, CriticConfig(lr=1e-3), OptimConfig(micro_batch_tokens=24,
+                        gradient_checkpointing=checkpointing), LoraConfig(enabled=lora, r=4))
+        mlp, calls = critic.model.backbone.layers[0].mlp, [0]
+        forward = mlp.forward
+
+        def counted(*args, forward=forward, calls=calls, **kwargs):
+            calls[0] += 1
+            return forward(*args, **kwargs)
+
+        mlp.forward = counted
+        samples = samples_of(*ragged(2))
+        critic.estimate(samples)  # no-grad values: one forward per micro-batch
+        before = calls[0]
+        stats = critic.update(samples)
+        grads = {n: p.grad.clone() for n, p in critic.model.named_parameters() if p.requires_grad}
+        results.append((before, calls[0] - before, stats, grads))
+        assert not _backbone_and_head(plain)[0].layers[0].gradient_checkpointing  # the actor's model: its own switch
+    (est_off, upd_off, stats_off, grads_off), (est_on, upd_on, stats_on, grads_on) = results
+    n = len(micro_batches([s for s in samples_of(*ragged(2))], 24))
+    assert n > 1 and est_off == est_on == n
+    assert upd_off == n and upd_on == 2 * n  # forward, and with checkpointing the recomputation in the backward
+    assert stats_on["critic/loss"] == pytest.approx(stats_off["critic/loss"], abs=1e-7)
+    assert grads_on.keys() == grads_off.keys() and grads_on
+    for name, g in grads_off.items():
+        torch.testing.assert_close(grads_on[name], g, rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_update_needs_estimated_samples(model) -> None:

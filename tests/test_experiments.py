@@ -67,6 +67,7 @@ def test_the_base_row_is_the_papers_setting() -> None:
     assert (cfg.critic.gamma, cfg.critic.lam) == (1.0, 0.95)
     assert cfg.steps * cfg.questions_per_step >= 90447  # one epoch of HotpotQA train
     assert (cfg.eval_every, cfg.val_limit) == (5, 500)  # validation on 500 questions every 5 steps (Figure 3)
+    assert cfg.optim.gradient_checkpointing  # an 8B model's activations at 16k tokens per micro-batch
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))

@@ -527,3 +527,56 @@ def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tm
         assert len(members) == 2 and len({tuple(m.prompt_ids) for m in members}) == 1
         assert len({m.question_index for m in members}) == 1
     assert metrics["grad_norm"] > 0 or metrics["zero_variance_groups"] == 2.0
+
+
+def _count_layer_calls(model: torch.nn.Module) -> list[int]:
+    """A counter of the first decoder layer's MLP forward calls, the recomputation in the backward pass included
+    (the counter wraps `forward` itself: module hooks do not run again when a checkpoint recomputes)."""
+    from mhgpo.logprobs import _backbone_and_head
+
+    calls = [0]
+    mlp = _backbone_and_head(model)[0].layers[0].mlp
+    forward = mlp.forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    mlp.forward = counted
+    return calls
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_gradient_checkpointing_recomputes_the_layers_and_keeps_loss_and_gradients(
+    tiny_model_dir: Path, lora: bool
+) -> None:
+    results = []
+    for checkpointing in (False, True):
+        loaded = fresh_model(tiny_model_dir)
+        samples = hand_samples(loaded, offsets=True)
+        calls = _count_layer_calls(loaded.model)
+        torch.manual_seed(0)  # the same LoRA initialisation in both runs
+        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id,
+                        OptimConfig(lr=1e-3, kl_beta=0.05, micro_batch_tokens=64, gradient_checkpointing=checkpointing),
+                        LoraConfig(enabled=lora, r=4), 10)
+        n_batches = len(micro_batches([s for s in samples if s.output_ids], 64))
+        stats = policy.update(samples)
+        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+        results.append((calls[0], n_batches, stats, grads))
+    (calls_off, n, stats_off, grads_off), (calls_on, n_on, stats_on, grads_on) = results
+    assert n == n_on and n > 1
+    reference_forwards = n  # kl_beta > 0: the reference log-probs, one no-grad forward per micro-batch
+    assert calls_off == reference_forwards + n  # the forward of each micro-batch, kept for the backward
+    assert calls_on == reference_forwards + 2 * n  # ... and with checkpointing, recomputed in the backward
+    assert stats_on["loss"] == pytest.approx(stats_off["loss"], abs=1e-7)
+    assert stats_on["grad_norm"] == pytest.approx(stats_off["grad_norm"], rel=1e-6)
+    assert grads_on.keys() == grads_off.keys() and grads_on
+    for name, g in grads_off.items():
+        torch.testing.assert_close(grads_on[name], g, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_gradient_checkpointing_is_refused_by_a_model_without_it() -> None:
+    from mhgpo.policy import enable_gradient_checkpointing
+
+    with pytest.raises(ValueError, match="gradient_checkpointing"):
+        enable_gradient_checkpointing(torch.nn.Linear(2, 2))
