@@ -115,6 +115,7 @@ def test_gradient_checkpointing_recomputes_the_critic_and_keeps_its_loss_and_gra
     tiny_model_dir: Path, lora: bool
 ) -> None:
     from mhgpo.logprobs import _backbone_and_head
+    from test_trainer import count_forward_calls
 
     results = []
     for checkpointing in (False, True):
@@ -122,14 +123,7 @@ def test_gradient_checkpointing_recomputes_the_critic_and_keeps_its_loss_and_gra
         torch.manual_seed(0)  # the same value head and adapter in both runs
         critic = Critic(plain, 0, CriticConfig(lr=1e-3), OptimConfig(micro_batch_tokens=24,
                         gradient_checkpointing=checkpointing), LoraConfig(enabled=lora, r=4))
-        mlp, calls = critic.model.backbone.layers[0].mlp, [0]
-        forward = mlp.forward
-
-        def counted(*args, forward=forward, calls=calls, **kwargs):
-            calls[0] += 1
-            return forward(*args, **kwargs)
-
-        mlp.forward = counted
+        calls = count_forward_calls(critic.model.backbone.layers[0].mlp)  # inside a decoder layer
         samples = samples_of(*ragged(2))
         critic.estimate(samples)  # no-grad values: one forward per micro-batch
         before = calls[0]

@@ -20,7 +20,7 @@ import torch
 
 from mhgpo.checkpoint import list_checkpoints
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
-from mhgpo.logprobs import output_logprobs
+from mhgpo.logprobs import _backbone_and_head, output_logprobs
 from mhgpo.policy import Policy, Sample, micro_batches
 from mhgpo.records import InputError
 from mhgpo.runlog import read_metrics
@@ -529,20 +529,17 @@ def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tm
     assert metrics["grad_norm"] > 0 or metrics["zero_variance_groups"] == 2.0
 
 
-def _count_layer_calls(model: torch.nn.Module) -> list[int]:
-    """A counter of the first decoder layer's MLP forward calls, the recomputation in the backward pass included
-    (the counter wraps `forward` itself: module hooks do not run again when a checkpoint recomputes)."""
-    from mhgpo.logprobs import _backbone_and_head
-
+def count_forward_calls(module: torch.nn.Module) -> list[int]:
+    """A counter of `module`'s forward calls, a checkpoint's recomputation in the backward pass included (the
+    counter wraps `forward` itself: module hooks do not run again when a checkpoint recomputes)."""
     calls = [0]
-    mlp = _backbone_and_head(model)[0].layers[0].mlp
-    forward = mlp.forward
+    forward = module.forward
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return forward(*args, **kwargs)
 
-    mlp.forward = counted
+    module.forward = counted
     return calls
 
 
@@ -554,7 +551,7 @@ def test_gradient_checkpointing_recomputes_the_layers_and_keeps_loss_and_gradien
     for checkpointing in (False, True):
         loaded = fresh_model(tiny_model_dir)
         samples = hand_samples(loaded, offsets=True)
-        calls = _count_layer_calls(loaded.model)
+        calls = count_forward_calls(_backbone_and_head(loaded.model)[0].layers[0].mlp)  # inside a decoder layer
         torch.manual_seed(0)  # the same LoRA initialisation in both runs
         policy = Policy(loaded.model, loaded.tokenizer.pad_token_id,
                         OptimConfig(lr=1e-3, kl_beta=0.05, micro_batch_tokens=64, gradient_checkpointing=checkpointing),
