@@ -263,6 +263,24 @@ def _load(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> 
     return examples
 
 
+def _titled_example(record: dict, where: str, ordinal: int, answer_key: str, titles_key: str,
+                    id_keys: tuple[str, ...]) -> Example:
+    """An `Example` from a record whose gold paragraphs are named by title (HotpotQA layout, generic JSONL)."""
+    question = _question(record, where)
+    answers = _answer_list(_require(record, answer_key, where), answer_key, where)
+    context = _context(record, where)
+    titles = _supporting_titles(record, where, titles_key)
+    return Example(
+        id=_record_id(record, ordinal, *id_keys),
+        question=question,
+        answers=answers,
+        type=str(record.get("type") or ""),
+        supporting_titles=titles,
+        context=context,
+        supporting_context=_by_title(titles, context),
+    )
+
+
 # --- HotpotQA and 2WikiMultihopQA ---------------------------------------------------------------
 
 
@@ -272,19 +290,7 @@ def hotpot_example(record: dict, where: str, ordinal: int) -> Example:
     Supporting facts are read for their titles only, so a sentence index past a paragraph's end (as in a few
     2WikiMultihopQA records) is harmless; a title repeated in `context` makes every copy count as gold.
     """
-    question = _question(record, where)
-    answers = _answer_list(_require(record, "answer", where), "answer", where)
-    context = _context(record, where)
-    titles = _supporting_titles(record, where)
-    return Example(
-        id=_record_id(record, ordinal, "_id", "id"),
-        question=question,
-        answers=answers,
-        type=str(record.get("type") or ""),
-        supporting_titles=titles,
-        context=context,
-        supporting_context=_by_title(titles, context),
-    )
+    return _titled_example(record, where, ordinal, "answer", "supporting_facts", ("_id", "id"))
 
 
 def load_hotpotqa(path: PathLike) -> list[Example]:
@@ -377,19 +383,7 @@ def load_musique(path: PathLike) -> list[Example]:
 def generic_example(record: dict, where: str, ordinal: int) -> Example:
     """`{id, question, answers}`; `answers` is a list of strings (or one string). Optional: `type`, `context`
     (a list of `{title, text}` objects or `[title, text]` pairs) and `supporting_titles`."""
-    question = _question(record, where)
-    answers = _answer_list(_require(record, "answers", where), "answers", where)
-    context = _context(record, where)
-    titles = _supporting_titles(record, where, "supporting_titles")
-    return Example(
-        id=_record_id(record, ordinal, "id", "_id"),
-        question=question,
-        answers=answers,
-        type=str(record.get("type") or ""),
-        supporting_titles=titles,
-        context=context,
-        supporting_context=_by_title(titles, context),
-    )
+    return _titled_example(record, where, ordinal, "answers", "supporting_titles", ("id", "_id"))
 
 
 def load_generic(path: PathLike) -> list[Example]:

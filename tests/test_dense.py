@@ -13,16 +13,8 @@ from mhgpo import dense
 from mhgpo.dense import DEFAULT_ENCODER, DenseRetriever, encoder_slug, load_or_build_dense, resolve_encoder
 from mhgpo.records import InputError, Passage
 from mhgpo.retrieval import corpus_fingerprint, open_index
+from test_retrieval import CORPUS  # the same small corpus for both retrievers
 
-CORPUS = [
-    Passage("p0", "Ada Stone", "Ada Stone was a painter who founded the Stone Museum."),
-    Passage("p1", "Stone Museum", "The Stone Museum is an art museum in Lisbon, opened in 1901."),
-    Passage("p2", "Lisbon", "Lisbon is the capital of Portugal."),
-    Passage("p3", "Marlow Finch", "Marlow Finch composed the Glass Harbor symphony."),
-    Passage("p4", "Glass Harbor", "Glass Harbor is a symphony premiered in Oslo."),
-    Passage("p5", "Oslo", "Oslo is the capital of Norway."),
-    Passage("p6", "Zeppelin Quartz", "A rare mineral found only near Tromso."),
-]
 QUERIES = ["Which city is the capital of Norway?", "a painter who started a museum", "rare rock crystal",
            "Who wrote a piece of orchestral music?"]
 
