@@ -1,4 +1,4 @@
-"""The `mhgpo` command line: data, ask, eval, train, demo, report, index build, eval-retrieval.
+"""The `mhgpo` command line: data, ask, eval, train, demo, export, report, index build, eval-retrieval.
 
 Flags are shortcuts for config keys; any config key can also be set with a trailing `key=value`.
 Bad input ends with one line naming the file, line or key, and exit status 2.
@@ -17,6 +17,8 @@ DATA_HELP = ("synthetic (default), synthetic:train, hotpotqa:PATH, 2wiki:PATH, m
 CORPUS_HELP = "'context' (the data's own paragraphs), a JSONL corpus (id, title, text) or a DPR .tsv file"
 RETRIEVER_HELP = "bm25 (default) or dense (sentence-transformers + FAISS; encoder: retrieval.model=M)"
 INDEX_HELP = "a built index folder to reuse (mhgpo index build)"
+MODEL_HELP = ("smollm2-135m (default), a Hugging Face id, a local folder, a .gguf file, or a trained run: a run "
+              "directory (its latest checkpoint) or RUN/checkpoints/step_N")
 
 
 def _quiet_libraries() -> None:
@@ -60,6 +62,34 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     paths = write_world(Path(args.out), seed=args.seed, n_train=args.train, n_dev=args.dev)
     for name, path in paths.items():
         print(f"{name}: {path}")
+    return 0
+
+
+def cmd_data_split(args: argparse.Namespace) -> int:
+    from mhgpo.datasplit import split_data
+
+    sizes = _int_list(args.sizes, "--sizes")
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    for name, (spec, count) in split_data(args.data, Path(args.out), sizes, args.seed, names).items():
+        print(f"{name}: {count} records, --data {spec}")
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    from mhgpo.records import InputError
+
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from mhgpo.export import export
+
+    out = export(args.model, Path(args.out), dtype=args.dtype, lora_only=args.lora_only)
+    what = "PEFT adapter" if args.lora_only else "model"
+    print(f"wrote the {what} folder {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
     return 0
 
 
@@ -152,8 +182,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     console.print(f"{result.metrics['n']} questions in {result.metrics['seconds']:.1f} s "
                   f"({result.metrics['n'] / max(result.metrics['seconds'], 1e-9):.2f} questions/s)")
     if cfg.output_dir:
+        from mhgpo.trained import model_record
+
         out = Path(cfg.output_dir)
-        write_eval(result, out, {"data": cfg.data, "model": cfg.model, "system": cfg.system})
+        write_eval(result, out, {"data": cfg.data, "model": cfg.model, "system": cfg.system, **model_record(loaded)})
         dump_config(cfg, out / "eval_config.yaml")
         console.print(f"wrote {out / 'metrics.json'} and {out / 'predictions.jsonl'}")
     return 0
@@ -186,10 +218,18 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--train", type=int, default=2000, help="number of training questions")
     synth.add_argument("--dev", type=int, default=200, help="number of dev questions")
     synth.set_defaults(func=cmd_data_synth)
+    split = data_sub.add_parser("split", help="disjoint seeded parts of a question file, as its original records")
+    split.add_argument("--data", required=True, help="hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH or "
+                       "synthetic:train|dev")
+    split.add_argument("--out", required=True, help="output folder")
+    split.add_argument("--sizes", required=True, help="records per part, e.g. 200,100")
+    split.add_argument("--names", help="file names of the parts (default train,val,test)")
+    split.add_argument("--seed", type=int, default=0)
+    split.set_defaults(func=cmd_data_split)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", help="a YAML config file")
-        p.add_argument("--model", help="smollm2-135m (default), a Hugging Face id, a local folder or a .gguf file")
+        p.add_argument("--model", help=MODEL_HELP)
         p.add_argument("--corpus", help=CORPUS_HELP)
         p.add_argument("--retriever", choices=["bm25", "dense"], help=RETRIEVER_HELP)
         p.add_argument("--index", help=INDEX_HELP)
@@ -216,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--eval", action="append", metavar="DIR", help="an evaluation output directory to tabulate")
     rep.add_argument("--out", help="output folder (default: RUN_DIR/report for one run, else ./report)")
     rep.set_defaults(func=cmd_report)
+
+    exp = sub.add_parser("export", help="a trained run as a Hugging Face model folder (or its PEFT adapter)")
+    exp.add_argument("model", metavar="RUN_OR_CHECKPOINT", help="a run directory, RUN/checkpoints/step_N, or any "
+                     "--model")
+    exp.add_argument("--out", required=True, help="the folder to write (must not exist, or be empty)")
+    exp.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights' dtype (float32)")
+    exp.add_argument("--lora-only", action="store_true", help="write the LoRA adapter as a PEFT folder instead")
+    exp.set_defaults(func=cmd_export)
 
     from mhgpo import retrieval_cli, train_cli
 

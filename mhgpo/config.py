@@ -378,6 +378,9 @@ class TrainConfig:
     max_rounds: int = 64  # safety bound on workflow steps per rollout
     train_roles: list[str] | None = None  # None: every role trains
     frozen_roles: list[str] = dataclasses.field(default_factory=list)
+    # The KL term's reference policy: init (the initial weights: `model`, a trained run's weights included) or base
+    # (the base model beneath a trained run given as `model`: what its own first run started from)
+    reference: str = "init"
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
@@ -386,6 +389,8 @@ class TrainConfig:
     critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
 
     def validate(self) -> None:
+        if self.reference not in ("init", "base"):
+            raise InputError(f"reference: expected init or base, got {self.reference!r}")
         if self.algo not in ALGOS:
             raise InputError(f"algo: expected mhgpo, grpo, mappo or ppo, got {self.algo!r}")
         if self.algo in SINGLE_AGENT_ALGOS and self.system != "llm":

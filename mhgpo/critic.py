@@ -40,7 +40,7 @@ from mhgpo.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig
 from mhgpo.logprobs import _backbone_and_head, _check, _device, output_hidden_states
 from mhgpo.losses import token_weights, value_loss
-from mhgpo.policy import Sample, _pad, enable_gradient_checkpointing, micro_batches
+from mhgpo.policy import Sample, _pad, enable_gradient_checkpointing, micro_batches, peft_lora_config
 
 CRITIC_ADAPTER = "critic"
 
@@ -81,17 +81,11 @@ def build_value_model(model: torch.nn.Module, lora: LoraConfig) -> ValueModel:
     backbone, _ = _backbone_and_head(model)
     hidden_size = int(model.config.hidden_size)
     if lora.enabled:
-        from peft import LoraConfig as PeftLoraConfig
         from peft import inject_adapter_in_model
 
         shared = {id(p): p for p in backbone.parameters()}  # deepcopy keeps these: the base weights are shared
         critic_backbone = copy.deepcopy(backbone, memo=shared)
-        present = {name.split(".")[-1] for name, _ in critic_backbone.named_modules()}
-        targets = [t for t in lora.target_modules if t in present]
-        if not targets:
-            raise ValueError(f"lora.target_modules {lora.target_modules} match no module of the model")
-        peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                  target_modules=targets, bias="none")
+        peft_cfg = peft_lora_config(lora, critic_backbone)
         inject_adapter_in_model(peft_cfg, critic_backbone, adapter_name=CRITIC_ADAPTER)  # base frozen, adapter trains
     else:
         critic_backbone = copy.deepcopy(backbone)

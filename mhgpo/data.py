@@ -45,6 +45,7 @@ __all__ = [
     "load_generic",
     "load_data",
     "spec_path",
+    "question_records",
     "read_corpus",
     "load_corpus_jsonl",
     "load_corpus_tsv",
@@ -244,9 +245,10 @@ def _by_title(titles: Sequence[str], context: Sequence[tuple[str, str]]) -> tupl
     return tuple(tuple(j for j, (t, _) in enumerate(context) if t == title) for title in titles)
 
 
-def _load(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> list[Example]:
-    """Parse every record of `path` (None: skipped) and reject duplicate ids and empty files."""
-    examples: list[Example] = []
+def _parsed(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> list[tuple[dict, Example]]:
+    """Every record of `path` with its parsed `Example` (records parsed to None are skipped); duplicate ids and
+    files without questions are rejected."""
+    pairs: list[tuple[dict, Example]] = []
     seen: dict[str, str] = {}
     records = 0
     for ordinal, (where, record) in enumerate(read_records(path)):
@@ -257,10 +259,15 @@ def _load(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> 
         if example.id in seen:
             raise InputError(f"{where}: duplicate id '{example.id}' (first at {seen[example.id]})")
         seen[example.id] = where
-        examples.append(example)
-    if not examples:
+        pairs.append((record, example))
+    if not pairs:
         raise InputError(f"{path}: no questions in file" if not records else f"{path}: no answerable questions in file")
-    return examples
+    return pairs
+
+
+def _load(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> list[Example]:
+    """Parse every record of `path` (None: skipped) and reject duplicate ids and empty files."""
+    return [example for _, example in _parsed(path, parse)]
 
 
 def _titled_example(record: dict, where: str, ordinal: int, answer_key: str, titles_key: str,
@@ -399,6 +406,32 @@ LOADERS: dict[str, Callable[[PathLike], list[Example]]] = {
     "musique": load_musique,
     "jsonl": load_generic,
 }
+
+
+PARSERS: dict[str, Callable[[dict, str, int], Example | None]] = {
+    "hotpotqa": hotpot_example,
+    "2wiki": hotpot_example,
+    "musique": musique_example,
+    "jsonl": generic_example,
+}
+
+
+def question_records(spec: str) -> tuple[str, Path, list[dict]]:
+    """The raw records of the questions a local data SPEC loads (MuSiQue's unanswerable ones left out), in file
+    order, with the layout's name and the file: `(layout, path, records)`."""
+    spec = spec.strip()
+    prefix, sep, rest = spec.partition(":")
+    if prefix == "synthetic" and rest in ("", "train", "dev"):
+        from mhgpo import synth
+
+        layout, path = "hotpotqa", Path(synth.ensure_default_world()) / f"{rest or 'dev'}.jsonl"
+    elif sep and rest and prefix in PARSERS:
+        layout, path = prefix, Path(os.path.expanduser(rest))
+    elif not sep and prefix in HUB_NAMES:
+        raise InputError(f"data spec '{spec}': a local file is needed here ({prefix}:PATH)")
+    else:
+        raise _spec_error(spec)
+    return layout, path, [record for record, _ in _parsed(path, PARSERS[layout])]
 
 
 def _spec_error(spec: str) -> InputError:

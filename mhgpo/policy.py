@@ -1,7 +1,9 @@
 """The policy side of training: the shared model (full or LoRA), its reference, and one MHGPO update.
 
 The reference policy is the initial model: under LoRA the same model with the adapter disabled (no second
-copy), else a frozen copy. Log-probs are computed only at output positions, in chunks (`mhgpo.logprobs`).
+copy), else a frozen copy. A :class:`Reference` makes it something else (`reference=base` with a trained run as
+`--model`): a frozen model of its own, or, under LoRA, the initial weights minus the deltas of the run's adapters.
+Log-probs are computed only at output positions, in chunks (`mhgpo.logprobs`).
 One update = `ppo_epochs` passes over the step's samples, each pass one optimiser step whose gradient is
 accumulated over micro-batches; the step-wide token weights make it independent of the micro-batch cut.
 """
@@ -10,8 +12,10 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import nullcontext
-from dataclasses import dataclass
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,30 +41,54 @@ class Sample:
     returns: list[float] | None = None
 
 
+def peft_lora_config(lora: LoraConfig, model: torch.nn.Module, dropout: float | None = None) -> Any:
+    """The PEFT config of `lora` for `model`: its `target_modules` that the model has (ValueError if none)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    present = {name.split(".")[-1] for name, _ in model.named_modules()}
+    targets = [t for t in lora.target_modules if t in present]
+    if not targets:
+        raise ValueError(f"lora.target_modules {lora.target_modules} match no module of the model")
+    return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout if dropout is None else dropout,
+                          target_modules=targets, bias="none")
+
+
+@dataclass
+class Reference:
+    """A reference policy other than the initial weights. ``model``: a frozen model of its own. ``adapters``
+    (LoRA only): LoRA adapters already merged into the initial weights, each a (LoraConfig, tensors named as in a
+    checkpoint: `....lora_A.default.weight`); the policy keeps their negations as frozen adapters and switches them
+    on, alone, for the reference's forward passes: initial weights minus their deltas = the weights before them,
+    for the memory of the adapters only."""
+
+    model: torch.nn.Module | None = None
+    adapters: list[tuple[LoraConfig, dict[str, torch.Tensor]]] = field(default_factory=list)
+
+
 class Policy:
     """The trainable model, its optimiser and scheduler, and its reference."""
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, optim: OptimConfig, lora: LoraConfig, total_steps: int):
+    def __init__(self, model: torch.nn.Module, pad_id: int, optim: OptimConfig, lora: LoraConfig, total_steps: int,
+                 reference: Reference | None = None):
         self.cfg = optim
         self.pad_id = pad_id
         self.lora = lora.enabled
+        self.reference_adapters: list[str] = []
+        reference = reference or Reference()
+        if reference.adapters and not lora.enabled:
+            raise ValueError("reference adapters need a LoRA policy")
         if optim.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         if lora.enabled:
-            from peft import LoraConfig as PeftLoraConfig
             from peft import get_peft_model
 
-            present = {name.split(".")[-1] for name, _ in model.named_modules()}
-            targets = [t for t in lora.target_modules if t in present]
-            if not targets:
-                raise ValueError(f"lora.target_modules {lora.target_modules} match no module of the model")
-            peft_cfg = PeftLoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none"
-            )
-            model = get_peft_model(model, peft_cfg)
-            self.ref_model = None
-        else:
-            self.ref_model = copy.deepcopy(model).eval()
+            model = get_peft_model(model, peft_lora_config(lora, model))
+            self.reference_adapters = _add_negated_adapters(model, reference.adapters)
+        self.ref_model = reference.model
+        if self.ref_model is None and not lora.enabled:
+            self.ref_model = copy.deepcopy(model)
+        if self.ref_model is not None:
+            self.ref_model.eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.model = model
@@ -71,7 +99,11 @@ class Policy:
     # ----------------------------------------------------------------------------------------------- helpers
 
     def _reference_context(self):
-        return self.model.disable_adapter() if self.lora else nullcontext()
+        if self.ref_model is not None:
+            return nullcontext()
+        if self.reference_adapters:
+            return _only_adapters(self.model, self.reference_adapters)
+        return self.model.disable_adapter()
 
     def _logprobs(self, model: torch.nn.Module, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
         return output_logprobs(
@@ -89,7 +121,7 @@ class Policy:
         out: list[torch.Tensor | None] = [None] * len(samples)
         was_training = self.model.training
         self.model.eval()
-        model = self.model if self.lora else self.ref_model
+        model = self.model if self.ref_model is None else self.ref_model
         with self._reference_context():
             for idx in micro_batches(samples, self.cfg.micro_batch_tokens):
                 logp, mask = self._logprobs(model, [samples[i] for i in idx])
@@ -138,6 +170,33 @@ class Policy:
         self.scheduler.step()
         totals["lr"] = self.scheduler.get_last_lr()[0]
         return totals
+
+
+def _add_negated_adapters(model: Any, adapters: list[tuple[LoraConfig, dict[str, torch.Tensor]]]) -> list[str]:
+    """Add to the PEFT `model` one frozen, inactive adapter per (config, checkpoint tensors) with its B negated (its
+    delta negated); return their names. The trained adapter `default` stays the only active (and trainable) one."""
+    names = []
+    for i, (lora, tensors) in enumerate(adapters):
+        name = f"reference{i}"
+        model.add_adapter(name, peft_lora_config(lora, model, dropout=0.0))
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for key, value in tensors.items():
+                target = params[re.sub(r"\.(lora_[AB])\.default\.", rf".\1.{name}.", key)]
+                target.copy_((-value if ".lora_B." in key else value).to(target.device, target.dtype))
+        names.append(name)
+    model.base_model.set_adapter("default")  # active and trainable: `default` alone
+    return names
+
+
+@contextmanager
+def _only_adapters(model: Any, names: list[str]) -> Iterator[None]:
+    """Forward passes with the adapters `names` alone (no gradients flow to them: they are frozen)."""
+    model.base_model.set_adapter(names)
+    try:
+        yield
+    finally:
+        model.base_model.set_adapter("default")
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

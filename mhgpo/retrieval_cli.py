@@ -138,7 +138,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     ev.add_argument("--k", help="comma-separated cut-offs (default 5,10)")
     ev.add_argument("--query", choices=["question", "rewriter"], help="the raw question (default) or the Rewriter's "
                     "sub-queries (greedy), merged as the team merges them")
-    ev.add_argument("--model", help="the team's model, for --query rewriter (default smollm2-135m)")
+    ev.add_argument("--model", help="the team's model, for --query rewriter (default smollm2-135m; a trained run "
+                    "directory or checkpoint too)")
     ev.add_argument("--limit", type=int, help="the first N questions")
     ev.add_argument("--seed", type=int)
     ev.add_argument("--output-dir", help="where to write metrics.json and retrieved.jsonl")

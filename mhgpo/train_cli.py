@@ -62,11 +62,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from mhgpo.config import TrainConfig, dump_config, load_config
     from mhgpo.evaluate import evaluate_examples, metrics_table, write_eval
+    from mhgpo.trained import portable_model_spec
     from mhgpo.trainer import Trainer, build_team
 
     console = Console(highlight=False)
     cfg = load_config(TrainConfig, args.config or demo_config_path(), _overrides(args))
     run_dir = Path(cfg.output_dir)
+    cfg.model = portable_model_spec(cfg.model, run_dir)
     started = time.perf_counter()
     console.print(f"[bold]mhgpo demo[/]: MHGPO-{cfg.sampler.upper()} on {cfg.data}, model {cfg.model}, "
                   f"{cfg.steps} steps × {cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}")

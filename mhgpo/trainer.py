@@ -336,7 +336,8 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
     it or `with_val` (the demo evaluates before and after training whatever `eval_every` says)."""
     from mhgpo.factory import build_workflow, load_examples
     from mhgpo.generation import HFGenerator
-    from mhgpo.models import encode_chat, load_model
+    from mhgpo.models import encode_chat
+    from mhgpo.trained import initial_weights, run_model_spec
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -356,7 +357,9 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
     if cfg.sampler == "rr" and len(cfg.rr_probs) != len(workflow.agents):
         raise InputError(f"rr_probs: {len(cfg.rr_probs)} probabilities for the {len(workflow.agents)} agents "
                          f"({', '.join(workflow.agents)}) of system={cfg.system}")
-    loaded = load_model(cfg.model)
+    # `model` may be a trained run (its weights merged: the initial weights); `reference=base` keeps what lies beneath
+    loaded, reference = initial_weights(run_model_spec(cfg.model, Path(cfg.output_dir)), cfg.reference,
+                                        cfg.lora.enabled)
     critic = None
     actor_steps = cfg.steps
     if cfg.algo in CRITIC_ALGOS:  # before the policy wraps the model: the critic starts from the plain weights
@@ -364,17 +367,20 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
 
         critic = Critic(loaded.model, loaded.tokenizer.pad_token_id, cfg.critic, cfg.optim, cfg.lora)
         actor_steps = max(cfg.steps - cfg.critic.warmup_steps, 1)  # the actor's schedule starts after warm-up
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, actor_steps)
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, actor_steps, reference)
     generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size)
     return Team(train, val, workflow, val_workflow, policy, generator,
                 lambda messages: encode_chat(loaded.tokenizer, messages), critic)
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> Trainer:
+    from mhgpo.trained import portable_model_spec
+
     run_dir = Path(cfg.output_dir)
     if list_checkpoints(run_dir):
         raise InputError(f"{run_dir} already holds checkpoints; resume with --resume {run_dir} or pick another "
                          f"--output-dir")
+    cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (mhgpo/trained.py)
     trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
     trainer.run()
     return trainer
