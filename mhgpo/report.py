@@ -244,6 +244,8 @@ def results_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
             if ds not in datasets:
                 datasets.append(ds)
             label = f"{r.label} / {m.get('label', name)}"
+            if "checkpoint" in m and "label" not in m:  # `mhgpo eval --model RUN`: which trained model
+                label += f" ({Path(str(m.get('model', ''))).name} step {m.get('step', '?')})"
             rows.append((label, {ds: m}))
     header = ["run"] + [f"{ds} {k}" for ds in datasets for k in ("Acc", "EM", "F1")] + ["avg Acc", "avg EM", "avg F1"]
     body = []

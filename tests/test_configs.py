@@ -23,3 +23,11 @@ def test_paper_config_is_the_papers_setting():
     assert cfg.search.rewriter.top_p == 0.9 and cfg.search.rewriter.temperature == 1.0
     assert cfg.rr_probs == [0.7, 0.1, 0.2] and cfg.sampler == "rr" and not cfg.lora.enabled
     assert cfg.steps * cfg.questions_per_step >= 90447  # one epoch over HotpotQA train
+
+
+def test_hotpotqa_cpu_config_trains_the_default_model_on_split_files():
+    cfg = load_config(TrainConfig, ROOT / "configs" / "hotpotqa_cpu.yaml")
+    assert cfg.model == "smollm2-135m" and cfg.algo == "mhgpo" and cfg.sampler == "rr" and cfg.lora.enabled
+    assert (cfg.data, cfg.val_data) == ("hotpotqa:data/hotpotqa/train.jsonl", "hotpotqa:data/hotpotqa/val.jsonl")
+    assert cfg.retrieval.corpus == "context" and cfg.reference == "init"
+    assert "mhgpo data split --data hotpotqa:" in (ROOT / "configs" / "hotpotqa_cpu.yaml").read_text()

@@ -216,6 +216,9 @@ def test_eval_of_the_run_of_the_export_and_of_transformers_loading_agree(run, ex
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert (metrics["model"], metrics["step"]) == (str(run.path), 2)
     assert metrics["checkpoint"] == str(run.path / "checkpoints" / "step_2")
+    from mhgpo.report import load_run, results_table
+
+    assert results_table([load_run(tmp_path / "run")])[1][0][0] == f"run / eval ({run.kind} step 2)"
     assert "checkpoint" not in json.loads((tmp_path / "export" / "metrics.json").read_text())
 
     tok = AutoTokenizer.from_pretrained(exported)
@@ -250,6 +253,39 @@ def test_lora_only_export_loads_with_peft(lora_run, full_run, samples, tiny_mode
     code, stdout, stderr = cli("export", full_run.path, "--out", tmp_path / "none", "--lora-only")
     assert (code, stdout) == (2, "") and "full fine-tuning" in stderr and len(stderr.splitlines()) == 1
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.slow
+def test_the_default_gguf_model_exports_to_a_plain_folder_with_tied_embeddings(tmp_path, monkeypatch) -> None:
+    """transformers flags a model read from a GGUF file as quantized and will not save it; the export will."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import mhgpo.export
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(load_model(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(mhgpo.export, "load_model", spy)
+    out = mhgpo.export.export("smollm2-135m", tmp_path / "smol")
+    [gguf] = seen
+    assert getattr(gguf.model, "is_quantized", False)  # what save_pretrained refuses
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in load_file(str(out / "model.safetensors"))  # stored once, tied on loading
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    tok = AutoTokenizer.from_pretrained(out)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = encode_chat(gguf.tokenizer, messages)
+    assert tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+               add_special_tokens=False)["input_ids"] == prompt
+    output = gguf.tokenizer("The capital of France is Paris.", add_special_tokens=False)["input_ids"]
+    sample = [Sample(prompt, output, [], 0.0, "answerer")]
+    assert_close(logprobs(model, sample), logprobs(gguf.model, sample))
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in (out / "README.md").read_text()
 
 
 # ------------------------------------------------------------------------------------- training from a run
