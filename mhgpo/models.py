@@ -53,8 +53,9 @@ class ModelNotFoundError(InputError):
 class ModelSource:
     """What to load for a spec: ``kind`` is ``"gguf"``, ``"directory"``, ``"hub"``, ``"run"`` or ``"checkpoint"``.
 
-    ``location`` is the folder (``gguf``/``directory``/``run``/``checkpoint``) or the hub id (``hub``); ``gguf_file`` is the file
-    name inside ``location`` for ``gguf``; ``cached`` tells, for ``hub``, whether the hub cache holds it.
+    ``location`` is the folder (``gguf``, ``directory``, ``run``, ``checkpoint``) or the hub id (``hub``);
+    ``gguf_file`` is the file name inside ``location`` for ``gguf``; ``cached`` tells, for ``hub``, whether the hub
+    cache holds it.
     """
 
     kind: str

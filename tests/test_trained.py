@@ -392,8 +392,9 @@ def _bad_input(case: str, run: TrainedRun, tiny_model_dir: Path, tmp: Path) -> P
 ERRORS = {
     "empty directory": r"the directory has no config\.json .*no config\.yaml or checkpoints/ \(not a run directory\)",
     "no checkpoint": r"copy: no checkpoint to load \(checkpoints/step_N/model\.safetensors\)",
-    "another base model": r"step_2/model\.safetensors: tensor '.*mlp.*' has shape \[.*\] where the base model '.*other' "
-                          r"\(from .*copy/config\.yaml\) has \[.*\]: the checkpoint was trained from another base model",
+    "another base model": r"step_2/model\.safetensors: tensor '.*mlp.*' has shape \[.*\] where the base model "
+                          r"'.*other' \(from .*copy/config\.yaml\) has \[.*\]: the checkpoint was trained from "
+                          r"another base model",
     "truncated": r"step_2/model\.safetensors: not a readable safetensors file, truncated or damaged",
     "loop": r"copy/config\.yaml: its model '.*copy' leads back to itself",
 }
