@@ -8,7 +8,8 @@ transformers, which then refuses to save it: the export builds a plain model fro
 quantization entry and loads the merged weights into it. `lora_only` writes `adapter_config.json` and
 `adapter_model.safetensors` (with the tokenizer and the card), for `peft.PeftModel.from_pretrained(base, DIR)`.
 
-The folder is written under a temporary name beside `out` and renamed when complete.
+Weights are loaded and merged in float32 on the CPU, then rounded once to the chosen dtype. The folder is written
+under a temporary name beside `out` and renamed when complete.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from mhgpo.io import atomic_write_text
+from mhgpo.io import _umask, atomic_write_text
 from mhgpo.models import TRAINED_KINDS, LoadedModel, load_model, resolve_model, stop_token_ids
 from mhgpo.records import InputError
 from mhgpo.trained import RUN_CONFIG, TrainedSpec, read_weights, resolve_trained, with_adapter
@@ -61,12 +62,6 @@ def export(spec: str, out: Path, dtype: str = "float32", lora_only: bool = False
     return out
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def plain_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """A model of the same architecture built from `model`'s config without its quantization entry, holding
     `model`'s weights (assigned, not copied: parameters are created empty)."""
@@ -86,8 +81,8 @@ def plain_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 def _write_merged(spec: str, folder: Path, dtype: torch.dtype) -> LoadedModel:
     from transformers import GenerationConfig
 
-    loaded = load_model(spec, device="cpu", dtype=dtype)
-    model = plain_model(loaded.model, dtype)
+    loaded = load_model(spec, device="cpu", dtype=torch.float32)  # merged in float32, then rounded once
+    model = plain_model(loaded.model.to(dtype), dtype)
     tok = loaded.tokenizer
     bos = tok.bos_token_id if tok.bos_token_id is not None else loaded.model.generation_config.bos_token_id
     model.generation_config = GenerationConfig(  # token ids only: decoding settings stay the caller's
@@ -106,8 +101,8 @@ def _write_adapter(spec: str, trained: TrainedSpec | None, folder: Path, dtype: 
     if len(trained.stages) > 1:
         raise InputError(f"--lora-only: the adapter of {stage.run_dir} applies on top of "
                          f"{trained.stages[-2].run_dir}'s weights, not on a base model; export it without --lora-only")
-    loaded = load_model(trained.base, device="cpu", dtype=dtype)
-    wrapped = with_adapter(loaded.model, stage, read_weights(stage), trained.base)
+    loaded = load_model(trained.base, device="cpu", dtype=torch.float32)
+    wrapped = with_adapter(loaded.model, stage, read_weights(stage), trained.base).to(dtype)
     wrapped.peft_config["default"].base_model_name_or_path = _base_location(trained.base)
     wrapped.save_pretrained(folder)
     return loaded
@@ -180,10 +175,12 @@ def model_card(spec: str, name: str, trained: TrainedSpec | None, dtype: str, lo
              "", "| | |", "|---|---|",
              f"| base model | `{base}`{origin} |"]
     lines += _stage_rows(trained) if trained else ["| training | none (the base model as it is) |"]
-    lines += [f"| weights | {dtype}" + ("" if lora_only else ", LoRA merged into the base weights") + " |", ""]
+    merged = not lora_only and trained is not None and any(stage.lora.enabled for stage in trained.stages)
+    lines += [f"| weights | {dtype}" + (", LoRA merged into the base weights" if merged else "") + " |", ""]
     lines += ["## Use", "", "The agents' prompts are chat messages rendered with the tokenizer's chat template (plain "
-              "ChatML, no default system message); decode greedily for evaluation.", "", "```bash",
-              f"mhgpo eval --model {name} --data hotpotqa:PATH", "```", ""]
+              "ChatML, no default system message); decode greedily for evaluation.", ""]
+    if not lora_only:
+        lines += ["```bash", f"mhgpo eval --model {name} --data hotpotqa:PATH", "```", ""]
     if lora_only:
         lines += ["```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
                   "base = AutoModelForCausalLM.from_pretrained(BASE)  # the base model above",

@@ -126,7 +126,7 @@ def exported(run, tmp_path_factory) -> Path:
     return out
 
 
-def test_export_writes_a_plain_model_folder_with_a_card(run, exported, tiny_model_dir) -> None:
+def test_export_writes_a_plain_model_folder_with_a_card(run, exported, tiny_model_dir, cli) -> None:
     assert sorted(p.name for p in exported.iterdir()) == [
         "README.md", "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
         "tokenizer.json", "tokenizer_config.json"]
@@ -144,7 +144,12 @@ def test_export_writes_a_plain_model_folder_with_a_card(run, exported, tiny_mode
     assert f"| run | `{run.kind}`, checkpoint step 2 |" in card
     assert "MHGPO-RR on system `mas`, 2 steps × 2 questions, G=2" in card
     assert ("LoRA r=4" in card) == (run.kind == "lora") and ("full fine-tuning" in card) == (run.kind == "full")
+    assert ("LoRA merged into the base weights" in card) == (run.kind == "lora")
     assert f"F1 {val['val/f1']:.1f}, EM {val['val/em']:.1f}, Acc {val['val/acc']:.1f} at step 2" in card
+    before = {p.name: p.stat().st_mtime_ns for p in exported.iterdir()}
+    code, stdout, stderr = cli("export", run.path, "--out", exported)  # never over an existing folder
+    assert (code, stdout, stderr.strip()) == (2, "", f"mhgpo: error: {exported}: already exists; pick another --out")
+    assert {p.name: p.stat().st_mtime_ns for p in exported.iterdir()} == before
 
 
 def test_exported_weights_differ_from_the_base_in_exactly_the_trained_modules(run, exported, tiny_model_dir) -> None:
@@ -156,6 +161,15 @@ def test_exported_weights_differ_from_the_base_in_exactly_the_trained_modules(ru
         assert changed == {f"model.layers.{i}.{m}.weight" for i in range(2) for m in LAYER_MODULES}
     else:
         assert changed == set(base)
+
+
+def test_a_bfloat16_export_is_the_float32_export_rounded(run, exported, tmp_path) -> None:
+    out = tmp_path / "bf16"
+    assert main(["export", str(run.path), "--out", str(out), "--dtype", "bfloat16"]) == 0
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    half, full = load_file(str(out / "model.safetensors")), load_file(str(exported / "model.safetensors"))
+    assert half.keys() == full.keys() and all(t.dtype == torch.bfloat16 for t in half.values())
+    assert [k for k, value in full.items() if not torch.equal(half[k], value.to(torch.bfloat16))] == []  # rounded once
 
 
 NO_MHGPO = r"""
