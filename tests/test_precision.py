@@ -92,25 +92,27 @@ def test_bf16_mixed_keeps_updates_of_5e_7_that_pure_bf16_rounds_away(tiny_model_
     assert pure < 0.01 * fp32  # pure bfloat16 loses almost every update at this lr
 
 
-def test_mappo_under_bf16_mixed_trains_a_float32_critic_adapter(tiny_model_dir, world, tmp_path) -> None:  # noqa: F811
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
+def test_mappo_trains_a_critic_adapter_in_the_precision_asked(tiny_model_dir, world, tmp_path, precision) -> None:  # noqa: F811
     from mhgpo.trainer import Trainer, build_team
 
     run = tmp_path / "run"
-    cfg = mappo_config(tiny_model_dir, world, run, steps=1, precision="bf16-mixed", **{"lora.enabled": True})
+    cfg = mappo_config(tiny_model_dir, world, run, steps=1, precision=precision, **{"lora.enabled": True})
     team = build_team(cfg)
     critic = team.critic.model
     trainable = {n: p for n, p in critic.named_parameters() if p.requires_grad}
     frozen = [p for p in critic.parameters() if not p.requires_grad]
     assert any(".lora_B." in n for n in trainable) and "value_head.weight" in trainable
-    assert all(p.dtype == torch.float32 for p in trainable.values())  # adapter and value head: master weights
+    master = torch.float32 if precision == "bf16-mixed" else torch.bfloat16
+    assert all(p.dtype == master for p in trainable.values())  # adapter and value head: master weights
     assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)  # the shared frozen base
     actor = [p for p in team.policy.model.parameters() if p.requires_grad]
-    assert actor and all(p.dtype == torch.float32 for p in actor)
+    assert actor and all(p.dtype == master for p in actor)
     before = {n: p.detach().clone() for n, p in trainable.items()}
     Trainer(cfg, team, run, progress=False).run()
     assert [n for n, p in trainable.items() if ".lora_B." in n and torch.equal(p, before[n])] == []
     assert not torch.equal(trainable["value_head.weight"], before["value_head.weight"])
-    assert load_config(TrainConfig, run / "config.yaml").precision == "bf16-mixed"
+    assert load_config(TrainConfig, run / "config.yaml").precision == precision
 
 
 # ------------------------------------------------------------------------ sampler and trainer agree
@@ -289,3 +291,17 @@ def test_the_critic_update_reads_values_with_dropout_off(dropout_model_dir: Path
     for row, i in enumerate(idx):
         old = torch.tensor(samples[i].old_values, dtype=torch.float32)
         torch.testing.assert_close(first[row, : len(old)], old, rtol=0, atol=1e-6)
+
+
+def test_commands_print_the_resolved_precision_and_record_it(tiny_model_dir, world, tmp_path, capsys) -> None:  # noqa: F811
+    from mhgpo.cli import main
+    from mhgpo.config import EvalConfig
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(tiny_model_dir), "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--corpus",
+                 str(world / "corpus.jsonl"), "--limit", "1", "--output-dir", str(out),
+                 "search.rewriter.max_new_tokens=4", "search.reranker.max_new_tokens=4",
+                 "search.answerer.max_new_tokens=4"]) == 0
+    resolved, reason = resolve_precision("auto")
+    assert f"mhgpo: precision {resolved} ({reason})" in capsys.readouterr().err
+    assert load_config(EvalConfig, out / "eval_config.yaml").precision == resolved
