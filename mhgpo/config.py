@@ -69,9 +69,10 @@ class RetrievalConfig:
             raise InputError(f"retrieval.batch_size: must be at least 1, got {self.batch_size}")
 
 
-def check_precision(value: str) -> None:
-    from mhgpo.precision import PRECISIONS
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")  # the `precision` key: see mhgpo/precision.py
 
+
+def check_precision(value: str) -> None:
     if value not in PRECISIONS:
         raise InputError(f"precision: expected {', '.join(PRECISIONS)}, got {value!r}")
 
@@ -403,7 +404,8 @@ class TrainConfig:
     group_size: int = 4
     rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
     rr_regroup: str = "fork"  # RR's singletons pooled by: fork | role | all (see mhgpo/advantages.py)
-    precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/precision.py); config.yaml records the resolved one
+    # fp32 | bf16-mixed | bf16 | auto (see mhgpo/precision.py); the run's config.yaml records the resolved one
+    precision: str = "auto"
     seed: int = 0
     output_dir: str = "runs/train"
     eval_every: int = 10  # 0: never during training

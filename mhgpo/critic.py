@@ -176,10 +176,12 @@ class Critic:
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """``optim.ppo_epochs`` optimiser steps of the clipped value loss on samples that went through
-        :meth:`estimate`; returns ``critic/loss``, ``critic/value_clip_fraction``, ``critic/grad_norm``, ``critic/lr``."""
+        :meth:`estimate`; returns ``critic/loss``, ``critic/value_clip_fraction``, ``critic/grad_norm`` and
+        ``critic/lr``."""
         samples = [s for s in samples if s.output_ids]
         if not samples:
-            return {"critic/loss": 0.0, "critic/value_clip_fraction": 0.0, "critic/grad_norm": 0.0, "critic/lr": self.lr}
+            return {"critic/loss": 0.0, "critic/value_clip_fraction": 0.0, "critic/grad_norm": 0.0,
+                    "critic/lr": self.lr}
         if any(s.returns is None or s.old_values is None for s in samples):
             raise ValueError("Critic.update needs samples with returns and old_values (run Critic.estimate first)")
         weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")
+from mhgpo.config import PRECISIONS
 
 # Whether `auto` picks bf16-mixed on a CPU with AMX (bfloat16 GEMM several times faster than float32 there).
 AUTO_MIXED_ON_AMX_CPU = True

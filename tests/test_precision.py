@@ -93,7 +93,7 @@ def test_bf16_mixed_keeps_updates_of_5e_7_that_pure_bf16_rounds_away(tiny_model_
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
-def test_mappo_trains_a_critic_adapter_in_the_precision_asked(tiny_model_dir, world, tmp_path, precision) -> None:  # noqa: F811
+def test_mappo_trains_a_critic_adapter_in_the_precision_asked(tiny_model_dir, world, tmp_path, precision) -> None:
     from mhgpo.trainer import Trainer, build_team
 
     run = tmp_path / "run"
@@ -293,7 +293,7 @@ def test_the_critic_update_reads_values_with_dropout_off(dropout_model_dir: Path
         torch.testing.assert_close(first[row, : len(old)], old, rtol=0, atol=1e-6)
 
 
-def test_commands_print_the_resolved_precision_and_record_it(tiny_model_dir, world, tmp_path, capsys) -> None:  # noqa: F811
+def test_commands_print_the_resolved_precision_and_record_it(tiny_model_dir, world, tmp_path, capsys) -> None:
     from mhgpo.cli import main
     from mhgpo.config import EvalConfig
 
