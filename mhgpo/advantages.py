@@ -246,30 +246,34 @@ def group_advantages_reference(
 
 def regroup_singletons(
     group_ids: np.ndarray,
-    roles: Sequence[str] | np.ndarray,
+    pool_keys: Sequence[str] | np.ndarray,
     group_size: int,
     rng: np.random.Generator,
-    within_role: bool = True,
 ) -> tuple[np.ndarray, int]:
-    """Regroup samples whose group id occurs exactly once, paper Algorithm 3 (Round-Robin), group reassignment.
+    """Regroup samples whose group id occurs exactly once: the group reassignment of paper Algorithm 3 (Round-Robin).
 
-    Singletons are shuffled and partitioned into groups of ``group_size``; each full group gets a fresh id,
-    greater than every id in ``group_ids``. Singletons that cannot fill a group get -1 (not trained); their
-    number is returned. Ids that occur more than once, and -1, are left alone.
+    Singletons are pooled by ``pool_keys`` (one string per sample; only singletons' keys matter): each pool, in
+    increasing sample index, is shuffled with one ``rng.permutation`` call, pools taken in sorted key order, and
+    partitioned into groups of ``group_size``; each full group gets a fresh id, greater than every id in
+    ``group_ids``. Singletons that cannot fill a group get -1 (not trained); their number is returned. Ids that
+    occur more than once, and -1, are left alone. The trainer's keys (`rr_regroup`, see
+    :func:`rr_pool_keys`):
 
-    With ``within_role=True`` (default) singletons are pooled per role, roles taken in sorted order, so a new
-    group never mixes roles; with ``within_role=False`` all singletons form one pool, as the paper reads.
-    Each pool, in increasing sample index, is shuffled with one ``rng.permutation`` call.
+    - ``fork`` (default): the role and the agent its question forked at. The paper's §3.2: a prefix rollout of
+      agent j < i is grouped "with other samples in the same batch that also fork at i".
+    - ``role``: the role alone, so prefix rollouts of one role are pooled across fork points.
+    - ``all``: one pool, as Algorithm 3 reads (it does not look at roles or fork points); groups may mix roles.
 
     Returns ``(new_group_ids (N,), n_dropped)``.
 
-    Departures from the paper: grouping within a role by default (the paper pools all roles); new ids are
-    ``max(group_ids) + 1 + i`` instead of ``i + |P_valid|``, which can collide with existing ids.
+    Departures from the paper: groups of ``group_size`` as in Algorithm 3, where §3.2 speaks of one group of
+    ``floor(p_i * batch_size)``; new ids are ``max(group_ids) + 1 + i`` instead of ``i + |P_valid|``, which can
+    collide with existing ids.
     """
     group_ids = np.asarray(group_ids)
-    roles = np.asarray(roles)
-    if group_ids.ndim != 1 or roles.shape != group_ids.shape:
-        raise ValueError(f"group_ids and roles must both have shape (N,), got {group_ids.shape} and {roles.shape}")
+    keys = np.asarray(pool_keys, dtype=object)
+    if group_ids.ndim != 1 or keys.shape != group_ids.shape:
+        raise ValueError(f"group_ids and pool_keys must both have shape (N,), got {group_ids.shape} and {keys.shape}")
     if not np.issubdtype(group_ids.dtype, np.integer):
         raise ValueError(f"group_ids must hold integers, got dtype {group_ids.dtype}")
     if np.any(group_ids < -1):
@@ -282,10 +286,7 @@ def regroup_singletons(
     ids, counts = np.unique(group_ids, return_counts=True)  # (K,) (K,)
     single_ids = ids[(counts == 1) & (ids >= 0)]  # (S,)
     singletons = np.flatnonzero(np.isin(group_ids, single_ids))  # (S,) sample indices, increasing
-    if within_role:
-        pools = [singletons[roles[singletons] == role] for role in sorted(set(roles[singletons].tolist()))]
-    else:
-        pools = [singletons]
+    pools = [singletons[keys[singletons] == key] for key in sorted(set(keys[singletons].tolist()))]
     next_id = int(group_ids.max()) + 1 if group_ids.max() >= 0 else 0
     dropped = 0
     for pool in pools:
@@ -297,6 +298,20 @@ def regroup_singletons(
         dropped += int(shuffled.shape[0] - full.shape[0])
         next_id += n_full
     return out, dropped
+
+
+def rr_pool_keys(mode: str, roles: Sequence[str], fork_agents: Sequence[str | None]) -> list[str]:
+    """The pool key of each sample for :func:`regroup_singletons`: ``mode`` is ``fork`` (role and the agent the
+    sample's question forked at), ``role`` or ``all``."""
+    if len(roles) != len(fork_agents):
+        raise ValueError(f"{len(roles)} roles but {len(fork_agents)} fork agents")
+    if mode == "fork":
+        return [f"{role}@{fork}" for role, fork in zip(roles, fork_agents)]
+    if mode == "role":
+        return [str(role) for role in roles]
+    if mode == "all":
+        return [""] * len(roles)
+    raise ValueError(f"unknown regrouping {mode!r}: expected fork, role or all")
 
 
 # ------------------------------------------------------------------------------------- MAPPO / PPO: GAE

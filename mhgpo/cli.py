@@ -93,16 +93,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _team(model: str, gen_batch_size: int, seed: int):
+def _team(model: str, gen_batch_size: int, seed: int, precision: str = "fp32", reason: str = "set in the config"):
+    """The model, a generator over it and the prompt encoder; ``precision`` is a resolved one, announced (with
+    ``reason``) once the model has loaded."""
     from mhgpo.generation import HFGenerator
     from mhgpo.models import encode_chat, load_model
+    from mhgpo.precision import announce, weight_dtype
 
     import torch
 
     torch.manual_seed(seed)
-    loaded = load_model(model)
-    generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=gen_batch_size)
+    loaded = load_model(model, dtype=weight_dtype(precision, trainable=False))
+    announce(precision, reason)
+    generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=gen_batch_size, precision=precision)
     return loaded, generator, (lambda messages: encode_chat(loaded.tokenizer, messages))
+
+
+def _resolve_precision(cfg: Any) -> str:
+    """Replace ``cfg.precision`` (``auto`` or a value) by the one this machine runs; return the reason."""
+    from mhgpo.precision import resolve_precision
+
+    cfg.precision, reason = resolve_precision(cfg.precision)
+    return reason
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -119,8 +131,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
     console = _console()
     workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+    reason = _resolve_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
-        loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed)
+        loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
     example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
     batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True), np.random.default_rng(0))
     for node in batch.nodes:
@@ -172,9 +185,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     examples = load_examples(cfg.data, cfg.limit)
     with console.status("preparing retrieval ..."):
         workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+    reason = _resolve_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
-        loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed)
-    console.print(f"[dim]{len(examples)} questions from {cfg.data}; model {loaded.name} on {loaded.device}[/]")
+        loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+    console.print(f"[dim]{len(examples)} questions from {cfg.data}; model {loaded.name} on {loaded.device}, "
+                  f"{cfg.precision}[/]")
     result = evaluate_examples(examples, workflow, generator, encode, cfg.batch_size)
     console.print(metrics_table({f"{cfg.system} / {cfg.data}": result.metrics}))
     behaviour = {k: v for k, v in result.metrics.items() if "/" in k}

@@ -44,6 +44,8 @@ class SystemConfig:
     answerer_penalty: float = -1.0
     rewriter: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=48))
     reranker: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=16))
+    # At least one token per word: with max_new_tokens <= max_answer_words an answer can never be too long, so the
+    # Answerer's length penalty never fires (as with this CPU-sized default; the paper configs give it room).
     answerer: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=24))
 
 
@@ -67,11 +69,20 @@ class RetrievalConfig:
             raise InputError(f"retrieval.batch_size: must be at least 1, got {self.batch_size}")
 
 
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")  # the `precision` key: see mhgpo/precision.py
+
+
+def check_precision(value: str) -> None:
+    if value not in PRECISIONS:
+        raise InputError(f"precision: expected {', '.join(PRECISIONS)}, got {value!r}")
+
+
 @dataclasses.dataclass
 class EvalConfig:
     data: str = "synthetic"
     model: str = "smollm2-135m"
     system: str = "mas"
+    precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/precision.py); runs record the resolved one
     limit: int | None = None
     batch_size: int = 32  # questions per breadth-first batch
     gen_batch_size: int = 16  # sequences per generate() call
@@ -79,6 +90,9 @@ class EvalConfig:
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+
+    def validate(self) -> None:
+        check_precision(self.precision)
 
 
 @dataclasses.dataclass
@@ -89,6 +103,7 @@ class RetrievalEvalConfig:
     ks: list[int] = dataclasses.field(default_factory=lambda: [5, 10])
     query: str = "question"  # question | rewriter
     model: str = "smollm2-135m"  # the team's model (for query=rewriter)
+    precision: str = "auto"  # of the team's model, as for `mhgpo eval`
     limit: int | None = None
     gen_batch_size: int = 16
     seed: int = 0
@@ -101,6 +116,7 @@ class RetrievalEvalConfig:
             raise InputError(f"query: expected question or rewriter, got {self.query!r}")
         if not self.ks or any(k < 1 for k in self.ks):
             raise InputError(f"ks: expected positive cut-offs, got {self.ks}")
+        check_precision(self.precision)
 
 
 @dataclasses.dataclass
@@ -175,11 +191,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+# Keys of earlier versions: a config that still has one is told what replaced it.
+RENAMED_KEYS = {"regroup_within_role": "rr_regroup (true: role, false: all; the default is fork)"}
+
+
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a (partial) nested dict; unknown keys raise InputError naming them."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
+    renamed = [k for k in unknown if k in RENAMED_KEYS]
+    if renamed:
+        raise InputError(f"config key {prefix}{renamed[0]} was replaced by {prefix}{RENAMED_KEYS[renamed[0]]}")
     if unknown:
         raise InputError(
             f"unknown config key {prefix}{unknown[0]!s}; valid keys here: {', '.join(prefix + n for n in sorted(names))}"
@@ -286,6 +309,8 @@ class RewardConfig:
 class OptimConfig:
     lr: float = 1e-4
     weight_decay: float = 0.0
+    # Linear warm-up: update t (0-based) runs at lr * (t + 1) / (warmup_steps + 1) for t < warmup_steps, then at
+    # lr (or the cosine decay over the remaining updates); 0: no warm-up.
     warmup_steps: int = 0
     schedule: str = "constant"  # constant | cosine (after warm-up)
     max_grad_norm: float = 1.0
@@ -305,6 +330,8 @@ class OptimConfig:
             raise InputError(f"optim.lr: must be positive, got {self.lr}")
         if self.ppo_epochs < 1:
             raise InputError(f"optim.ppo_epochs: must be at least 1, got {self.ppo_epochs}")
+        if self.warmup_steps < 0:
+            raise InputError(f"optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
 
 
 @dataclasses.dataclass
@@ -318,11 +345,20 @@ class LoraConfig:
     )
 
 
+CRITIC_LR_FACTOR = 2.0  # the critic learns this much faster than the actor when critic.lr is null
+
+
+def critic_lr(critic: "CriticConfig", optim: OptimConfig) -> float:
+    """The critic's learning rate: `critic.lr`, or `CRITIC_LR_FACTOR × optim.lr` when it is null."""
+    return critic.lr if critic.lr is not None else CRITIC_LR_FACTOR * optim.lr
+
+
 @dataclasses.dataclass
 class CriticConfig:
     """The critic of MAPPO / PPO (`algo=mappo|ppo`; ignored otherwise): see `mhgpo/critic.py`."""
 
-    lr: float = 1e-6  # the paper's critic learning rate
+    # null: CRITIC_LR_FACTOR × optim.lr, the paper's ratio (critic 1e-6, actor 5e-7); a number sets it outright
+    lr: float | None = None
     warmup_steps: int = 0  # first steps in which only the critic learns (the actor is not updated)
     gamma: float = 1.0  # GAE discount within an output
     lam: float = 0.95  # GAE lambda
@@ -330,8 +366,8 @@ class CriticConfig:
     whiten: bool = True  # normalise the step's advantages to mean 0, std 1 over its trained tokens
 
     def validate(self) -> None:
-        if self.lr <= 0:
-            raise InputError(f"critic.lr: must be positive, got {self.lr}")
+        if self.lr is not None and self.lr <= 0:
+            raise InputError(f"critic.lr: must be positive (or null: {CRITIC_LR_FACTOR:g} × optim.lr), got {self.lr}")
         if self.warmup_steps < 0:
             raise InputError(f"critic.warmup_steps: must be >= 0, got {self.warmup_steps}")
         for key in ("gamma", "lam"):
@@ -342,6 +378,7 @@ class CriticConfig:
 
 
 ALGOS = ("mhgpo", "grpo", "mappo", "ppo")
+RR_REGROUP = ("fork", "role", "all")
 CRITIC_ALGOS = ("mappo", "ppo")  # actor-critic: GAE advantages from a learned value model
 SINGLE_AGENT_ALGOS = ("grpo", "ppo")  # the "LLM + RL" baselines: system=llm only
 
@@ -366,7 +403,9 @@ class TrainConfig:
     questions_per_step: int = 8
     group_size: int = 4
     rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
-    regroup_within_role: bool = True
+    rr_regroup: str = "fork"  # RR's singletons pooled by: fork | role | all (see mhgpo/advantages.py)
+    # fp32 | bf16-mixed | bf16 | auto (see mhgpo/precision.py); the run's config.yaml records the resolved one
+    precision: str = "auto"
     seed: int = 0
     output_dir: str = "runs/train"
     eval_every: int = 10  # 0: never during training
@@ -414,3 +453,6 @@ class TrainConfig:
             raise InputError("steps and questions_per_step must be at least 1")
         if any(p < 0 for p in self.rr_probs) or sum(self.rr_probs) <= 0:
             raise InputError(f"rr_probs: expected non-negative probabilities, got {self.rr_probs}")
+        if self.rr_regroup not in RR_REGROUP:
+            raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
+        check_precision(self.precision)

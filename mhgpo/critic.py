@@ -18,7 +18,12 @@ PPO is the same thing on the single-agent system (`system=llm`). What this modul
   penalty, exactly MHGPO's R) at the output's last token, 0 elsewhere; GAE (``critic.gamma``, ``critic.lam``)
   within the output; value targets ``returns = A + V_old``; the step's advantages whitened over its tokens
   (``critic.whiten``) before the policy loss.
-- Update: ``optim.ppo_epochs`` passes over the step's samples, each one optimiser step (AdamW, ``critic.lr``,
+- Precision (``mhgpo.precision``): the critic's trainable weights (adapter or full copy, and the value head) and
+  their optimiser state are float32 except under pure ``bf16``; under ``bf16-mixed`` its forwards run under
+  bfloat16 autocast, and under LoRA the shared frozen base is the actor's (bfloat16). Its forwards run with
+  dropout off (``mhgpo.policy.no_dropout``), like the actor's.
+- Update: ``optim.ppo_epochs`` passes over the step's samples, each one optimiser step (AdamW, ``critic.lr``: null
+  means 2 × ``optim.lr``, the paper's ratio of 1e-6 to 5e-7,
   gradient norm clipped at ``optim.max_grad_norm``) of the clipped value loss (:func:`mhgpo.losses.value_loss`)
   accumulated over micro-batches, with the actor's token weights (token mean within an output, sample mean per
   agent, mean over agents), so the critic, like the actor, gives each agent the same weight.
@@ -37,10 +42,11 @@ import numpy as np
 import torch
 
 from mhgpo.advantages import gae, terminal_token_rewards, whiten
-from mhgpo.config import CriticConfig, LoraConfig, OptimConfig
+from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, critic_lr
 from mhgpo.logprobs import _backbone_and_head, _check, _device, output_hidden_states
 from mhgpo.losses import token_weights, value_loss
-from mhgpo.policy import Sample, _pad, enable_gradient_checkpointing, micro_batches, peft_lora_config
+from mhgpo.policy import Sample, _pad, enable_gradient_checkpointing, micro_batches, no_dropout, peft_lora_config
+from mhgpo.precision import autocast, weight_dtype
 
 CRITIC_ADAPTER = "critic"
 
@@ -70,12 +76,14 @@ class ValueModel(torch.nn.Module):
         if batch == 0 or t_out == 0:
             return values, mask
         hidden = output_hidden_states(self.backbone, prompts, outputs, pad_id, device)  # (N, H)
-        flat = self.value_head(hidden.float()).squeeze(-1)  # (N,)
+        head = self.value_head
+        flat = head(hidden.to(head.weight.dtype)).squeeze(-1).float()  # (N,)
         return values.masked_scatter(mask, flat), mask  # (B, T), row-major order as `hidden`
 
 
-def build_value_model(model: torch.nn.Module, lora: LoraConfig) -> ValueModel:
-    """The critic for the actor ``model`` (call it before the actor is wrapped with its own LoRA adapter)."""
+def build_value_model(model: torch.nn.Module, lora: LoraConfig, precision: str = "fp32") -> ValueModel:
+    """The critic for the actor ``model`` (call it before the actor is wrapped with its own LoRA adapter); its
+    trainable weights in :func:`mhgpo.precision.weight_dtype` ``(precision, trainable=True)``."""
     if hasattr(model, "peft_config"):
         raise ValueError("build the critic from the plain model, before the policy adds its LoRA adapter")
     backbone, _ = _backbone_and_head(model)
@@ -91,23 +99,31 @@ def build_value_model(model: torch.nn.Module, lora: LoraConfig) -> ValueModel:
         critic_backbone = copy.deepcopy(backbone)
         for p in critic_backbone.parameters():
             p.requires_grad_(True)
-    return ValueModel(critic_backbone, hidden_size)
+    value_model = ValueModel(critic_backbone, hidden_size)
+    dtype = weight_dtype(precision, trainable=True)
+    for p in value_model.parameters():
+        if p.requires_grad:  # the adapter is made in the base's dtype, the value head in float32
+            p.data = p.data.to(dtype)
+    return value_model
 
 
 class Critic:
     """The value model, its optimiser, and the two things a step asks of it: :meth:`estimate` (rollout-time
     values → GAE advantages and returns on the samples) and :meth:`update` (the value loss)."""
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: CriticConfig, optim: OptimConfig, lora: LoraConfig):
-        self.cfg, self.optim, self.pad_id = cfg, optim, pad_id
-        self.model = build_value_model(model, lora)
+    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: CriticConfig, optim: OptimConfig, lora: LoraConfig,
+                 precision: str = "fp32"):
+        self.cfg, self.optim, self.pad_id, self.precision = cfg, optim, pad_id, precision
+        self.model = build_value_model(model, lora, precision)
         if optim.gradient_checkpointing:
             enable_gradient_checkpointing(self.model.backbone)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=optim.weight_decay)
+        self.lr = critic_lr(cfg, optim)
+        self.optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=optim.weight_decay)
 
     def _values(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.values([s.prompt_ids for s in batch], [s.output_ids for s in batch], self.pad_id)
+        with autocast(self.precision, _device(self.model)):
+            return self.model.values([s.prompt_ids for s in batch], [s.output_ids for s in batch], self.pad_id)
 
     @torch.no_grad()
     def values(self, samples: list[Sample]) -> list[np.ndarray]:
@@ -154,16 +170,21 @@ class Critic:
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """``optim.ppo_epochs`` optimiser steps of the clipped value loss on samples that went through
-        :meth:`estimate`; returns ``critic/loss``, ``critic/value_clip_fraction``, ``critic/grad_norm``."""
+        :meth:`estimate`; returns ``critic/loss``, ``critic/value_clip_fraction``, ``critic/grad_norm`` and
+        ``critic/lr``."""
         samples = [s for s in samples if s.output_ids]
         if not samples:
-            return {"critic/loss": 0.0, "critic/value_clip_fraction": 0.0, "critic/grad_norm": 0.0}
+            return {"critic/loss": 0.0, "critic/value_clip_fraction": 0.0, "critic/grad_norm": 0.0,
+                    "critic/lr": self.lr}
         if any(s.returns is None or s.old_values is None for s in samples):
             raise ValueError("Critic.update needs samples with returns and old_values (run Critic.estimate first)")
         weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
         batches = micro_batches(samples, self.optim.micro_batch_tokens)
+        with no_dropout(self.model):
+            return self._epochs(samples, batches, weights)
+
+    def _epochs(self, samples: list[Sample], batches: list[list[int]], weights: torch.Tensor) -> dict[str, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.model.train()
         out: dict[str, float] = {}
         for _epoch in range(self.optim.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -182,7 +203,7 @@ class Critic:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.optim.max_grad_norm)
             self.optimizer.step()
             out = {"critic/loss": loss_sum, "critic/value_clip_fraction": clipped / max(tokens, 1.0),
-                   "critic/grad_norm": float(grad_norm)}
+                   "critic/grad_norm": float(grad_norm), "critic/lr": self.lr}
         return out
 
     def state(self) -> tuple[torch.nn.Module, Any]:

@@ -4,17 +4,28 @@
 policy at the sampling temperature, ``log_softmax(logits / T)`` of the *raw* logits (before top-p), at
 the chosen token; they are taken step by step by a logits processor that runs before any warper, so
 at most one step of full-vocabulary log-probs is alive at a time.
+
+Every sampling setting is passed explicitly, and the model's own ``generation_config`` (a checkpoint's
+``generation_config.json`` may set a repetition penalty, a temperature, top-k, ``do_sample``...) is swapped out for
+the duration of the call, so that none of it reaches the decoding, whatever the transformers version: greedy is
+greedy, sampling is from ``softmax(logits / T)`` truncated by top-p only, and the recorded log-probs are the ones
+the trainer recomputes. Under ``precision=bf16-mixed`` generation runs under bfloat16 autocast, as the trainer's
+forwards do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from transformers import LogitsProcessor
 
+from mhgpo.logprobs import _causal_lm
 from mhgpo.models import stop_token_ids
+from mhgpo.precision import autocast
 
 
 @dataclass(frozen=True)
@@ -92,8 +103,9 @@ class _LogprobRecorder(LogitsProcessor):
 
 
 def _generation_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> Any:
-    """A config that samples from ``softmax(logits / T)`` truncated by top-p and nothing else: values a
-    model's own generation config may carry (top-k, repetition penalty, min-p...) are neutralised."""
+    """A config that samples from ``softmax(logits / T)`` truncated by top-p and nothing else (or decodes
+    greedily): every setting a model's own generation config may carry (top-k, repetition penalty, min-p...) is
+    given its neutral value here, and :func:`_only_this_config` keeps the model's config out of the call."""
     from transformers import GenerationConfig
 
     neutral: dict[str, Any] = dict(
@@ -121,15 +133,35 @@ def _generation_config(params: SamplingParams, eos_ids: list[int], pad_id: int) 
     )
 
 
-class HFGenerator:
-    """:class:`Generator` over a Hugging Face causal LM (plain or peft-wrapped) and its tokenizer."""
+@contextmanager
+def _only_this_config(model: Any, config: Any) -> Iterator[None]:
+    """Make ``config`` the model's own generation config for the duration: ``generate`` fills what a passed config
+    leaves unset (or, in some transformers versions, what it sets to a global default) from the model's config,
+    so the model's config must hold nothing else. The model is the causal LM itself (a peft wrapper hands its
+    own config down to it, so it is swapped too)."""
+    holders = [m for m in (model, _causal_lm(model)) if "generation_config" in vars(m)]
+    holders = list({id(m): m for m in holders}.values())
+    saved = [m.generation_config for m in holders]
+    for m in holders:
+        m.generation_config = config
+    try:
+        yield
+    finally:
+        for m, original in zip(holders, saved):
+            m.generation_config = original
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16) -> None:
+
+class HFGenerator:
+    """:class:`Generator` over a Hugging Face causal LM (plain or peft-wrapped) and its tokenizer; ``precision`` is a
+    resolved one (:mod:`mhgpo.precision`): ``bf16-mixed`` decodes under bfloat16 autocast."""
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, precision: str = "fp32") -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.precision = precision
         self.eos_ids = stop_token_ids(tokenizer, model)
         if not self.eos_ids:
             raise ValueError("the tokenizer has no EOS token: generation could never finish")
@@ -150,7 +182,7 @@ class HFGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast(self.precision, self.device):
                 for start in range(0, len(order), self.batch_size):
                     chunk = order[start : start + self.batch_size]
                     for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], params)):
@@ -167,12 +199,14 @@ class HFGenerator:
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
         recorder = _LogprobRecorder(params.logprob_temperature)
-        out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            generation_config=_generation_config(params, self.eos_ids, self.pad_id),
-            logits_processor=[recorder],
-        )
+        config = _generation_config(params, self.eos_ids, self.pad_id)
+        with _only_this_config(self.model, config):
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=config,
+                logits_processor=[recorder],
+            )
         new_ids = out.sequences[:, width:]  # (B, S)
         logprobs = recorder.finish(new_ids)  # (B, S)
         new_ids = new_ids.cpu()

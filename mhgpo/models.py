@@ -159,8 +159,8 @@ def _pick_device_dtype(device: Any, dtype: Any) -> tuple[Any, Any]:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype is None:  # callers pick bfloat16 storage from the `precision` key (mhgpo.precision.weight_dtype)
+        dtype = torch.float32
     elif isinstance(dtype, str):
         names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}
         dtype = getattr(torch, names.get(dtype, dtype))
@@ -245,7 +245,7 @@ def _quiet_tqdm() -> Iterator[None]:
 def load_model(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None, dtype: Any = None) -> LoadedModel:
     """Load model and tokenizer for ``spec`` (see :func:`resolve_model`) onto ``device``.
 
-    Default device: CUDA in bfloat16 when available, else CPU in float32. The model is in eval mode.
+    Default device: CUDA when available, else CPU; default dtype float32. The model is in eval mode.
     """
     source = resolve_model(spec)
     if source.kind in TRAINED_KINDS:

@@ -6,6 +6,11 @@ copy), else a frozen copy. A :class:`Reference` makes it something else (`refere
 Log-probs are computed only at output positions, in chunks (`mhgpo.logprobs`).
 One update = `ppo_epochs` passes over the step's samples, each pass one optimiser step whose gradient is
 accumulated over micro-batches; the step-wide token weights make it independent of the micro-batch cut.
+
+Log-probabilities for the ratio, the reference and the critic are computed with dropout off (:func:`no_dropout`),
+as the sampler computed them, so that on-policy data gives a ratio of exactly 1. Precision (`mhgpo.precision`):
+the trainable weights and the optimiser state are float32 except under ``bf16``; under ``bf16-mixed`` every
+forward runs under bfloat16 autocast (the reference's too, so that it matches the actor's at the start).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from mhgpo.config import LoraConfig, OptimConfig
 from mhgpo.logprobs import output_logprobs
 from mhgpo.losses import mhgpo_policy_loss, token_weights
+from mhgpo.precision import autocast, module_device
 
 
 @dataclass
@@ -69,10 +75,13 @@ class Policy:
     """The trainable model, its optimiser and scheduler, and its reference."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, optim: OptimConfig, lora: LoraConfig, total_steps: int,
-                 reference: Reference | None = None):
+                 reference: Reference | None = None, precision: str = "fp32"):
+        """``model`` comes stored as ``precision`` asks (:func:`mhgpo.precision.weight_dtype`: its frozen base
+        under LoRA, all of it under full fine-tuning); ``precision`` is a resolved one (not ``auto``)."""
         self.cfg = optim
         self.pad_id = pad_id
         self.lora = lora.enabled
+        self.precision = precision
         self.reference_adapters: list[str] = []
         reference = reference or Reference()
         if reference.adapters and not lora.enabled:
@@ -82,10 +91,13 @@ class Policy:
         if lora.enabled:
             from peft import get_peft_model
 
-            model = get_peft_model(model, peft_lora_config(lora, model))
+            # the adapter's weights: float32 (peft casts them up from a bfloat16 base), except under pure bf16
+            model = get_peft_model(model, peft_lora_config(lora, model),
+                                   autocast_adapter_dtype=precision != "bf16")
             self.reference_adapters = _add_negated_adapters(model, reference.adapters)
         self.ref_model = reference.model
         if self.ref_model is None and not lora.enabled:
+            # the reference copy keeps the actor's dtype: the same forward on the same weights, so KL starts at 0
             self.ref_model = copy.deepcopy(model)
         if self.ref_model is not None:
             self.ref_model.eval()
@@ -106,14 +118,15 @@ class Policy:
         return self.model.disable_adapter()
 
     def _logprobs(self, model: torch.nn.Module, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-        return output_logprobs(
-            model,
-            [s.prompt_ids for s in batch],
-            [s.output_ids for s in batch],
-            temperature=batch[0].temperature,
-            chunk_size=self.cfg.logprob_chunk,
-            pad_id=self.pad_id,
-        )
+        with autocast(self.precision, module_device(model)):
+            return output_logprobs(
+                model,
+                [s.prompt_ids for s in batch],
+                [s.output_ids for s in batch],
+                temperature=batch[0].temperature,
+                chunk_size=self.cfg.logprob_chunk,
+                pad_id=self.pad_id,
+            )
 
     @torch.no_grad()
     def reference_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
@@ -141,8 +154,15 @@ class Policy:
         ref = self.reference_logprobs(samples) if self.cfg.kl_beta != 0 else None
         weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
         batches = micro_batches(samples, self.cfg.micro_batch_tokens)
+        with no_dropout(self.model):
+            totals = self._epochs(samples, batches, ref, weights)
+        self.scheduler.step()
+        totals["lr"] = self.scheduler.get_last_lr()[0]
+        return totals
+
+    def _epochs(self, samples: list[Sample], batches: list[list[int]], ref: list[torch.Tensor] | None,
+                weights: torch.Tensor) -> dict[str, float]:
         totals: dict[str, float] = {}
-        self.model.train()
         for _epoch in range(self.cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum, tok = 0.0, 0.0
@@ -167,8 +187,6 @@ class Policy:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
             self.optimizer.step()
             totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **{k: v / max(tok, 1) for k, v in acc.items()}}
-        self.scheduler.step()
-        totals["lr"] = self.scheduler.get_last_lr()[0]
         return totals
 
 
@@ -197,6 +215,31 @@ def _only_adapters(model: Any, names: list[str]) -> Iterator[None]:
         yield
     finally:
         model.base_model.set_adapter("default")
+
+
+@contextmanager
+def no_dropout(model: torch.nn.Module) -> Iterator[None]:
+    """Train ``model`` with dropout off: every module in eval mode (``nn.Dropout`` layers, peft's LoRA dropout,
+    attention dropout that reads ``self.training``) except those that carry a ``gradient_checkpointing`` flag
+    (transformers' decoder layers, or the model itself in older versions), which checkpoint only in train mode;
+    float ``*dropout*`` rates those modules hold themselves are set to 0. Gradients flow as usual. Restores every
+    module's mode and rate on exit."""
+    modes = {m: m.training for m in model.modules()}
+    rates: list[tuple[torch.nn.Module, str, float]] = []
+    model.eval()
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) is True:
+            m.training = True  # this module only: its children stay in eval mode
+            rates += [(m, k, v) for k, v in vars(m).items() if "dropout" in k and isinstance(v, float) and v > 0]
+    for m, k, _ in rates:
+        setattr(m, k, 0.0)
+    try:
+        yield
+    finally:
+        for m, k, v in rates:
+            setattr(m, k, v)
+        for m, mode in modes.items():
+            m.training = mode
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -253,9 +296,13 @@ def _len(s: Sample) -> int:
 
 
 def _lr_lambda(cfg: OptimConfig, total_steps: int):
+    """The lr multiplier of update ``step`` (0-based): ``(step + 1) / (warmup_steps + 1)`` during the warm-up, so the
+    first update runs at a fraction of the lr and update ``warmup_steps`` is the first at full lr; then 1, or a
+    cosine from 1 to 0 over the remaining updates."""
+
     def f(step: int) -> float:
         if cfg.warmup_steps and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
+            return (step + 1) / (cfg.warmup_steps + 1)
         if cfg.schedule == "cosine":
             span = max(total_steps - cfg.warmup_steps, 1)
             progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)

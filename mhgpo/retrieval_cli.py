@@ -88,10 +88,11 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     index_seconds = time.perf_counter() - started
     queries, depth = None, None
     if cfg.query == "rewriter":
-        from mhgpo.cli import _team
+        from mhgpo.cli import _resolve_precision, _team
 
+        reason = _resolve_precision(cfg)
         with console.status(f"loading {cfg.model} ..."):
-            _, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed)
+            _, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
         queries = rewriter_queries(examples, generator, encode, cfg.search)
         depth = cfg.search.top_k
     result = evaluate_retrieval(examples, retriever, cfg.ks, queries=queries, depth=depth)

@@ -8,14 +8,16 @@ round for all branches waiting on it. Samplers:
 
 - `is`:     fork_on at every agent (one chain per agent and question); only the forked agent's G samples train.
 - `fof`:    fork_on at the first agent; all samples train.
-- `rr`:     per question, fork agent ~ Categorical(p); prefix singletons regrouped across the batch (Algorithm 3).
+- `rr`:     per question, fork agent ~ Categorical(p); prefix singletons regrouped across the batch (Algorithm 3)
+            with the singletons of the same role whose questions forked at the same agent (§3.2; `rr_regroup`).
 - `fof_os`: FoF, and the terminal agent samples G outputs per branch (its own homogeneous group).
 - `chains`: G independent chains per question, no fork and no groups (MAPPO / PPO: the critic is the baseline).
 - `none`:   one chain per question (evaluation).
 
 Group ids come from the sampler: samples of one agent (at its k-th visit) under one question and one fork form
 one group (homogeneous at the fork agent, heterogeneous downstream); FoF(os)'s terminal samples of one input
-form one group. Groups of size 1 never train: RR regroups them within a role, other samplers drop and count them.
+form one group. Groups of size 1 never train: RR regroups them (by role and fork agent by default), other samplers
+drop and count them.
 `chains` gives every LLM call an id of its own: it marks the sample as trained, it is not a group.
 """
 
@@ -27,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mhgpo.advantages import regroup_singletons
+from mhgpo.advantages import regroup_singletons, rr_pool_keys
 from mhgpo.generation import Generator, SamplingParams
 from mhgpo.metrics import score
 from mhgpo.records import Example
@@ -99,7 +101,7 @@ class RolloutSpec:
     sampler: str = "none"
     group_size: int = 1
     rr_probs: tuple[float, ...] = (0.7, 0.1, 0.2)
-    regroup_within_role: bool = True
+    rr_regroup: str = "fork"  # fork | role | all: how RR pools singletons (mhgpo.advantages.regroup_singletons)
     greedy: bool = False
 
 
@@ -190,7 +192,7 @@ def run_rollouts(
         if unfinished:
             raise RuntimeError(f"workflow did not finish within {max_rounds} rounds")
 
-    stats = _assign_groups(nodes, workflow, spec, G, rng)
+    stats = _assign_groups(nodes, spec, G, rng, fork_agents)
     stats.update(llm_calls=float(llm_calls), tokens_generated=float(tokens))
     if spec.sampler in ("fof", "fof_os"):
         fork_agents = [[_first_llm_agent(nodes, q)] for q in range(len(examples))]
@@ -275,7 +277,7 @@ def _run_agent(
 
 
 def _assign_groups(
-    nodes: list[Node], workflow: Workflow, spec: RolloutSpec, G: int, rng: np.random.Generator
+    nodes: list[Node], spec: RolloutSpec, G: int, rng: np.random.Generator, fork_agents: list[list[str | None]]
 ) -> dict[str, float]:
     """Turn group keys into integer group ids; drop (or, for RR, regroup) singletons. Returns counts."""
     llm = [n for n in nodes if n.kind == "llm"]
@@ -293,8 +295,9 @@ def _assign_groups(
         group_ids[i] = ids.setdefault(n.group_key, len(ids))
     dropped = 0
     if spec.sampler == "rr":
-        roles = np.array([n.agent for n in keep], dtype=object)
-        group_ids, dropped = regroup_singletons(group_ids, roles, G, rng, within_role=spec.regroup_within_role)
+        keys = rr_pool_keys(spec.rr_regroup, [n.agent for n in keep],
+                            [fork_agents[n.question_index][0] for n in keep])  # RR: one fork agent per question
+        group_ids, dropped = regroup_singletons(group_ids, keys, G, rng)
     else:
         for i, n in enumerate(keep):
             if sizes[n.group_key] < 2:

@@ -174,7 +174,7 @@ class Trainer:
             sampler=self.cfg.sampler,
             group_size=self.cfg.group_size,
             rr_probs=tuple(self.cfg.rr_probs),
-            regroup_within_role=self.cfg.regroup_within_role,
+            rr_regroup=self.cfg.rr_regroup,
         )
 
     # ------------------------------------------------------------------------------------------------- state
@@ -337,6 +337,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
     from mhgpo.factory import build_workflow, load_examples
     from mhgpo.generation import HFGenerator
     from mhgpo.models import encode_chat
+    from mhgpo.precision import announce, default_device, resolve_precision, weight_dtype
     from mhgpo.trained import initial_weights, run_model_spec
 
     random.seed(cfg.seed)
@@ -357,18 +358,24 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
     if cfg.sampler == "rr" and len(cfg.rr_probs) != len(workflow.agents):
         raise InputError(f"rr_probs: {len(cfg.rr_probs)} probabilities for the {len(workflow.agents)} agents "
                          f"({', '.join(workflow.agents)}) of system={cfg.system}")
-    # `model` may be a trained run (its weights merged: the initial weights); `reference=base` keeps what lies beneath
+    device = default_device()
+    cfg.precision, reason = resolve_precision(cfg.precision, device)  # the run's config.yaml records the result
+    # `model` may be a trained run (its weights merged: the initial weights); `reference=base` keeps what lies
+    # beneath. LoRA: the frozen base may be stored in bfloat16 (bf16-mixed); full fine-tuning: the master weights
     loaded, reference = initial_weights(run_model_spec(cfg.model, Path(cfg.output_dir)), cfg.reference,
-                                        cfg.lora.enabled)
+                                        cfg.lora.enabled, device=device,
+                                        dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled))
+    announce(cfg.precision, reason)
     critic = None
     actor_steps = cfg.steps
+    pad_id = loaded.tokenizer.pad_token_id
     if cfg.algo in CRITIC_ALGOS:  # before the policy wraps the model: the critic starts from the plain weights
         from mhgpo.critic import Critic
 
-        critic = Critic(loaded.model, loaded.tokenizer.pad_token_id, cfg.critic, cfg.optim, cfg.lora)
+        critic = Critic(loaded.model, pad_id, cfg.critic, cfg.optim, cfg.lora, cfg.precision)
         actor_steps = max(cfg.steps - cfg.critic.warmup_steps, 1)  # the actor's schedule starts after warm-up
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, actor_steps, reference)
-    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size)
+    policy = Policy(loaded.model, pad_id, cfg.optim, cfg.lora, actor_steps, reference, cfg.precision)
+    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision)
     return Team(train, val, workflow, val_workflow, policy, generator,
                 lambda messages: encode_chat(loaded.tokenizer, messages), critic)
 

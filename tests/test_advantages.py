@@ -16,6 +16,7 @@ from mhgpo.advantages import (
     propagate_rewards,
     propagate_rewards_reference,
     regroup_singletons,
+    rr_pool_keys,
     total_rewards,
 )
 
@@ -222,12 +223,35 @@ def test_regroup_across_roles_can_mix():
     groups, roles = _rr_batch()
     mixed = False
     for seed in range(10):
-        out, dropped = regroup_singletons(groups, roles, 4, np.random.default_rng(seed), within_role=False)
+        keys = rr_pool_keys("all", roles.tolist(), [None] * len(roles))
+        out, dropped = regroup_singletons(groups, keys, 4, np.random.default_rng(seed))
         assert dropped == 11 - 8
         new_ids, sizes = np.unique(out[12:23][out[12:23] >= 0], return_counts=True)
         assert sizes.tolist() == [4, 4] and np.all(new_ids > 20)
         mixed |= any(len(set(roles[out == g])) > 1 for g in new_ids)
     assert mixed
+
+
+def test_regroup_by_fork_point_pools_only_singletons_of_one_role_and_fork_agent():
+    groups, roles = _rr_batch()
+    # the rewriter singletons: 4 from questions forked at the answerer, 2 at the reranker; the reranker's: 5 at
+    # the answerer (a reranker singleton comes from a question forked after it)
+    forks = ["rewriter"] * 12 + ["answerer"] * 4 + ["reranker"] * 2 + ["answerer"] * 5 + ["answerer"]
+    keys = rr_pool_keys("fork", roles.tolist(), forks)
+    for seed in range(5):
+        out, dropped = regroup_singletons(groups, keys, 4, np.random.default_rng(seed))
+        assert dropped == 0 + 2 + 1  # rewriter@answerer 4 = 4, rewriter@reranker 2 < 4, reranker@answerer 5 = 4 + 1
+        np.testing.assert_array_equal(out[16:18], [-1, -1])  # the two reranker-forked rewriter singletons
+        new_ids = np.unique(out[12:23][out[12:23] >= 0])
+        assert len(new_ids) == 2
+        for g in new_ids:
+            members = np.flatnonzero(out == g)
+            assert len(members) == 4 and len({keys[i] for i in members}) == 1
+    by_role, dropped_by_role = regroup_singletons(groups, rr_pool_keys("role", roles.tolist(), forks), 4,
+                                                  np.random.default_rng(0))
+    assert dropped_by_role == 2 + 1  # role pools: rewriter 6 = 4 + 2 (across fork points), reranker 5 = 4 + 1
+    with pytest.raises(ValueError, match="fork, role or all"):
+        rr_pool_keys("agent", ["a"], [None])
 
 
 def test_regroup_is_deterministic_and_seed_dependent():

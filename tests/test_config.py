@@ -47,3 +47,38 @@ def test_yaml_errors_name_the_file(tmp_path):
         load_config(EvalConfig, unknown)
     with pytest.raises(InputError, match="config file not found"):
         load_config(EvalConfig, tmp_path / "missing.yaml")
+
+
+def test_critic_lr_defaults_to_twice_the_actors():
+    from mhgpo.config import TrainConfig, critic_lr
+
+    cfg = load_config(TrainConfig, None, ["algo=mappo", "optim.lr=5e-7"])
+    assert cfg.critic.lr is None and critic_lr(cfg.critic, cfg.optim) == 1e-6  # the paper's pair
+    cfg = load_config(TrainConfig, None, ["algo=mappo", "optim.lr=1e-4", "critic.lr=3e-5"])
+    assert critic_lr(cfg.critic, cfg.optim) == 3e-5
+    with pytest.raises(InputError, match=r"critic\.lr: must be positive"):
+        load_config(TrainConfig, None, ["critic.lr=0"])
+
+
+def test_warm_up_starts_below_the_lr_and_reaches_it():
+    from mhgpo.config import OptimConfig, TrainConfig
+    from mhgpo.policy import _lr_lambda
+
+    assert [_lr_lambda(OptimConfig(warmup_steps=0), 10)(t) for t in range(2)] == [1.0, 1.0]
+    assert [_lr_lambda(OptimConfig(warmup_steps=1), 10)(t) for t in range(3)] == [0.5, 1.0, 1.0]
+    assert [_lr_lambda(OptimConfig(warmup_steps=3), 10)(t) for t in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    cosine = _lr_lambda(OptimConfig(warmup_steps=2, schedule="cosine"), 6)
+    assert [round(cosine(t), 6) for t in range(7)] == [round(1 / 3, 6), round(2 / 3, 6), 1.0, 0.853553, 0.5,
+                                                        0.146447, 0.0]
+    with pytest.raises(InputError, match=r"optim\.warmup_steps: must be >= 0"):
+        load_config(TrainConfig, None, ["optim.warmup_steps=-1"])
+
+
+def test_renamed_and_bad_regrouping_keys_are_named():
+    from mhgpo.config import TrainConfig
+
+    with pytest.raises(InputError, match=r"^config key regroup_within_role was replaced by rr_regroup"):
+        load_config(TrainConfig, None, ["regroup_within_role=true"])
+    with pytest.raises(InputError, match=r"^rr_regroup: expected fork, role, all, got 'agent'"):
+        load_config(TrainConfig, None, ["rr_regroup=agent"])
+    assert load_config(TrainConfig, None, []).rr_regroup == "fork"

@@ -22,7 +22,10 @@ def test_paper_config_is_the_papers_setting():
     assert cfg.optim.clip_eps == 0.2 and cfg.optim.kl_beta == 0.001
     assert cfg.search.rewriter.top_p == 0.9 and cfg.search.rewriter.temperature == 1.0
     assert cfg.rr_probs == [0.7, 0.1, 0.2] and cfg.sampler == "rr" and not cfg.lora.enabled
-    assert cfg.steps * cfg.questions_per_step >= 90447  # one epoch over HotpotQA train
+    assert cfg.steps == 90447 // cfg.questions_per_step == 176  # one epoch over HotpotQA train, as the paper counts
+    assert (cfg.eval_every, cfg.val_limit) == (5, 500)  # the paper's Figure 3: 500 dev questions every 5 steps
+    assert cfg.rr_regroup == "fork" and cfg.precision == "auto"
+    assert cfg.search.answerer.max_new_tokens > 3 * cfg.search.max_answer_words // 2  # the penalty can fire
 
 
 def test_hotpotqa_cpu_config_trains_the_default_model_on_split_files():

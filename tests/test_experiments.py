@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.config import EvalConfig, TrainConfig, load_config, to_dict
+from mhgpo.config import EvalConfig, TrainConfig, critic_lr, load_config, to_dict
 from mhgpo.experiments import SCALE_KEYS, scaled_tree
 from mhgpo.records import InputError
 from mhgpo.train_cli import demo_config_path
@@ -61,11 +61,14 @@ def test_the_folder_holds_exactly_the_rows() -> None:
 def test_the_base_row_is_the_papers_setting() -> None:
     cfg = row("mhgpo_rr")
     assert (cfg.model, cfg.algo, cfg.sampler, cfg.system) == ("meta-llama/Llama-3.1-8B-Instruct", "mhgpo", "rr", "mas")
-    assert cfg.optim.lr == 5e-7 and cfg.critic.lr == 1e-6 and not cfg.lora.enabled
+    assert cfg.optim.lr == 5e-7 and cfg.critic.lr is None and critic_lr(cfg.critic, cfg.optim) == 1e-6
+    assert not cfg.lora.enabled and cfg.precision == "auto"  # bf16-mixed on a GPU: float32 master weights
     assert (cfg.group_size, cfg.questions_per_step, cfg.rr_probs) == (4, 512, [0.7, 0.1, 0.2])
     assert (cfg.optim.clip_eps, cfg.optim.kl_beta, cfg.search.rewriter.top_p) == (0.2, 0.001, 0.9)
     assert (cfg.critic.gamma, cfg.critic.lam) == (1.0, 0.95)
-    assert cfg.steps * cfg.questions_per_step >= 90447  # one epoch of HotpotQA train
+    assert cfg.steps == 90447 // cfg.questions_per_step == 176  # one epoch of HotpotQA train, as the paper counts
+    assert cfg.rr_regroup == "fork"  # the paper's §3.2: prefix singletons pooled with those that forked alike
+    assert cfg.search.answerer.max_new_tokens > 3 * cfg.search.max_answer_words // 2  # the penalty can fire
     assert (cfg.eval_every, cfg.val_limit) == (5, 500)  # validation on 500 questions every 5 steps (Figure 3)
     assert cfg.optim.gradient_checkpointing  # an 8B model's activations at 16k tokens per micro-batch
 

@@ -130,11 +130,10 @@ def search_system() -> RecordingSearch:
     return system
 
 
-def rollout(sampler, n_questions=3, rr_probs=(0.7, 0.1, 0.2), seed=0, within_role=True, greedy=False,
+def rollout(sampler, n_questions=3, rr_probs=(0.7, 0.1, 0.2), seed=0, regroup="fork", greedy=False,
             max_rounds=64):
     system, gen = search_system(), search_generator()
-    spec = RolloutSpec(sampler=sampler, group_size=G, rr_probs=rr_probs, regroup_within_role=within_role,
-                       greedy=greedy)
+    spec = RolloutSpec(sampler=sampler, group_size=G, rr_probs=rr_probs, rr_regroup=regroup, greedy=greedy)
     batch = run_rollouts(EXAMPLES[:n_questions], system, gen, encode, spec, np.random.default_rng(seed),
                          max_rounds=max_rounds)
     return batch, system, gen
@@ -368,8 +367,34 @@ def test_rr_singletons_regrouped_within_role_and_leftovers_counted():
     assert batch.stats["samples"] == float(5 * 6 - 2)
 
 
+@pytest.mark.parametrize("regroup", ["fork", "role"])
+def test_rr_regroup_by_fork_point_or_by_role(regroup):
+    batch, _, _ = rollout("rr", n_questions=6, rr_probs=(0.0, 0.5, 0.5), seed=3, regroup=regroup)
+    fork_of = [f[0] for f in batch.fork_agents]
+    assert Counter(fork_of) == {RERANKER: 4, ANSWERER: 2}  # rewriter singletons from both fork points
+    singles = Counter((n.agent, fork_of[n.question_index]) for n in batch.llm_nodes()
+                      if fork_order(n.agent) < fork_order(fork_of[n.question_index]))  # the prefix calls
+    pools = Counter()
+    for (agent, fork), count in singles.items():
+        pools[(agent, fork) if regroup == "fork" else agent] += count
+    assert batch.stats["singletons_dropped"] == float(sum(c % G for c in pools.values()))
+    mixed = False
+    for members in groups(batch).values():
+        assert len(members) == G
+        if not members[0].fork_sample and fork_order(members[0].agent) < fork_order(fork_of[members[0].question_index]):
+            assert len({m.agent for m in members}) == 1
+            forks = {fork_of[m.question_index] for m in members}
+            mixed |= len(forks) > 1
+            assert regroup == "role" or len(forks) == 1  # fork: only singletons that forked at the same agent
+    assert mixed == (regroup == "role")  # with this seed, pooling by role does mix fork points
+
+
+def fork_order(agent: str) -> int:
+    return (REWRITER, RERANKER, ANSWERER).index(agent)
+
+
 def test_rr_regroup_across_roles_option():
-    batch, _, _ = rollout("rr", n_questions=5, rr_probs=RR_THIRD, within_role=False)
+    batch, _, _ = rollout("rr", n_questions=5, rr_probs=RR_THIRD, regroup="all")
     gs = groups(batch)
     assert all(len(ms) == G for ms in gs.values())
     assert batch.stats["singletons_dropped"] == 2.0  # 10 singletons in one pool: 2 groups, 2 left

@@ -25,7 +25,13 @@ from mhgpo.models import CHATML_TEMPLATE, encode_chat, load_model
 from mhgpo.policy import Sample
 from mhgpo.trainer import Trainer, build_team, resume, train
 from conftest import TINY_SPECIAL_TOKENS
-from test_trainer import cache_dir, hand_samples, make_config, world  # noqa: F401 - shared fixtures and helpers
+from test_trainer import cache_dir, hand_samples, world  # noqa: F401 - shared fixtures and helpers
+from test_trainer import make_config as _make_config
+
+def make_config(*args: object, **extra: object):
+    """The trainer tests' config in fp32: the comparisons below are exact to 1e-5."""
+    return _make_config(*args, **{"precision": "fp32", **extra})
+
 
 SMALL_SEARCH = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
                 "search.answerer.max_new_tokens=4", "search.max_answer_words=1"]
