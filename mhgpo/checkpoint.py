@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from mhgpo.io import fsync_dir, fsync_file, write_synced
+from mhgpo.io import fsync_dir, fsync_file, usual_permissions, write_synced
 from mhgpo.records import InputError
 from mhgpo.statecodec import StateError, decode, decode_rng_states, encode, restore_rng_states
 
@@ -80,6 +80,7 @@ def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         if code is None:
             raise OSError(f"{path}: {e}") from e
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
+    usual_permissions(path)
     fsync_file(path)
 
 

@@ -53,7 +53,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
+        usual_permissions(Path(tmp))  # mkstemp makes 0600 files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -61,10 +61,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def _umask() -> int:
+def usual_permissions(path: Path) -> None:
+    """Give a file the permissions a plain `open` would (writers that go through temporary files make 0600)."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    os.chmod(path, 0o666 & ~mask)
 
 
 def json_line(row: dict[str, Any]) -> str:

@@ -126,7 +126,8 @@ def contents(folder: Path, limit: int = 6) -> str:
         elif p.suffix == ".jsonl":
             try:
                 with p.open("rb") as f:
-                    items.append(f"{p.name} ({sum(1 for _ in f)} lines)")
+                    n = sum(1 for _ in f)
+                items.append(f"{p.name} ({n} line{'' if n == 1 else 's'})")
             except OSError:
                 items.append(p.name)
         else:

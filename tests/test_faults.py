@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import mhgpo.checkpoint as ck
-from mhgpo.checkpoint import CheckpointError, check_checkpoint, list_checkpoints, read_checkpoint
+from mhgpo.checkpoint import check_checkpoint, list_checkpoints, read_checkpoint
 from mhgpo.cli import main
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.rundir import LOCK_FILE, RunLock
@@ -72,66 +72,52 @@ def copy_run(src: Path, dst: Path) -> Path:
 # -------------------------------------------------------------------------------- kill -9 during a checkpoint
 
 class KillSwitch:
-    """Counts the file operations of the first checkpoint write of a process (`save_checkpoint`: each mkdir,
-    file write, fsync, rename, tree removal) and SIGKILLs the process at the chosen one: before it, or, for
-    writes and removals, half-way (a file cut to half its size, one file of a tree removed)."""
+    """Counts the file operations of a checkpoint write (`save_checkpoint`: each mkdir, file write, fsync, rename,
+    tree removal) and SIGKILLs the process at the chosen one: before it, or, with `half`, half-way through it
+    (a written file cut to half its size; a tree removal stopped after one file)."""
 
     def __init__(self, kill_at: int | None, half: bool, log: Path | None = None):
         self.kill_at, self.half, self.log = kill_at, half, log
         self.inside = False
-        self.done = False
-        self.events: list[tuple[str, bool]] = []  # (operation, can be cut half-way)
-
-    def _event(self, name: str, halvable: bool, cut) -> None:
-        if not self.inside:
-            return
-        if len(self.events) == self.kill_at:
-            if self.half:
-                cut()
-            os.kill(os.getpid(), signal.SIGKILL)
-        self.events.append((name, halvable))
+        self.events: list[tuple[str, bool]] = []  # (operation, can stop half-way)
 
     def install(self, monkeypatch) -> None:
         import mhgpo.trainer as trainer_module
 
-        def wrap(name, real, halvable=False, first_path=None):
+        def wrap(name, real, path_arg=None):
+            halvable = name == "rmtree" or path_arg is not None
+
             def hooked(*args, **kwargs):
-                path = Path(first_path(args)) if first_path else None
-
-                def cut():
-                    real(*args, **kwargs)  # the operation runs, then is undone half-way
-                    if name == "rmtree":
-                        return
-                    if path is not None and path.is_file():
-                        os.truncate(path, path.stat().st_size // 2)
-
-                if name == "rmtree" and self.inside and len(self.events) == self.kill_at and self.half:
-                    files = [p for p in Path(args[0]).rglob("*") if p.is_file()]
-                    if files:
-                        files[0].unlink()  # removal stopped after one file
+                if self.inside and len(self.events) == self.kill_at:
+                    if self.half and name == "rmtree":
+                        next((p for p in Path(args[0]).rglob("*") if p.is_file()), Path("/nonexistent")).unlink(
+                            missing_ok=True)
+                    elif self.half:
+                        real(*args, **kwargs)
+                        os.truncate(args[path_arg], Path(args[path_arg]).stat().st_size // 2)
                     os.kill(os.getpid(), signal.SIGKILL)
-                self._event(name, halvable, cut)
+                if self.inside:
+                    self.events.append((name, halvable))
                 return real(*args, **kwargs)
 
             return hooked
 
-        monkeypatch.setattr(ck, "save_file", wrap("save_file", ck.save_file, True, lambda a: a[1]))
-        monkeypatch.setattr(ck, "write_synced", wrap("write_synced", ck.write_synced, True, lambda a: a[0]))
+        monkeypatch.setattr(ck, "save_file", wrap("save_file", ck.save_file, 1))
+        monkeypatch.setattr(ck, "write_synced", wrap("write_synced", ck.write_synced, 0))
         monkeypatch.setattr(ck, "fsync_file", wrap("fsync_file", ck.fsync_file))
         monkeypatch.setattr(ck, "fsync_dir", wrap("fsync_dir", ck.fsync_dir))
         monkeypatch.setattr(os, "rename", wrap("rename", os.rename))
         monkeypatch.setattr(os, "mkdir", wrap("mkdir", os.mkdir))
-        monkeypatch.setattr(shutil, "rmtree", wrap("rmtree", shutil.rmtree, True))
+        monkeypatch.setattr(shutil, "rmtree", wrap("rmtree", shutil.rmtree))
         real_save = trainer_module.save_checkpoint
 
         def save(*args, **kwargs):
-            first = not self.done
-            self.inside = first
+            self.inside = True
             try:
                 return real_save(*args, **kwargs)
             finally:
-                self.inside, self.done = False, True
-                if first and self.log is not None:
+                self.inside = False
+                if self.log is not None:
                     self.log.write_text(json.dumps(self.events))
 
         monkeypatch.setattr(trainer_module, "save_checkpoint", save)

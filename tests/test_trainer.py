@@ -299,6 +299,10 @@ def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(refe
         assert state["step"] == step and state["position"] == step * cfg.questions_per_step
         assert state["format"] == 2
         assert state["files"] == {p.name: p.stat().st_size for p in ckpt.glob("*.safetensors")}
+        umask = os.umask(0)
+        os.umask(umask)
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in ckpt.iterdir()} == {
+            p.name: oct(0o666 & ~umask) for p in ckpt.iterdir()}  # the usual permissions, as any file
 
 
 def test_tensorboard_scalars_match_metrics(reference_run) -> None:
