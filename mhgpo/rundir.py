@@ -25,6 +25,8 @@ LOCK_FILE = "mhgpo.lock"
 
 
 def _describe(owner: dict[str, Any]) -> str:
+    if not owner.get("pid"):
+        return "another mhgpo process (starting)"
     when = owner.get("started")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(when, (int, float)) else "?"
     return f"process {owner.get('pid')} on {owner.get('host')} (mhgpo {owner.get('command', '?')}, since {stamp})"
