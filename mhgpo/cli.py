@@ -57,9 +57,14 @@ def _flag_overrides(args: argparse.Namespace, mapping: dict[str, str]) -> list[s
 
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
+    from mhgpo.io import prepare_output_dir
+    from mhgpo.records import InputError
     from mhgpo.synth import write_world
 
-    paths = write_world(Path(args.out), seed=args.seed, n_train=args.train, n_dev=args.dev)
+    for flag, value in (("--train", args.train), ("--dev", args.dev)):
+        if value < 1:
+            raise InputError(f"{flag}: must be at least 1, got {value}")
+    paths = write_world(prepare_output_dir(Path(args.out)), seed=args.seed, n_train=args.train, n_dev=args.dev)
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
@@ -160,57 +165,158 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from mhgpo.config import EvalConfig, dump_config, load_config
-    from mhgpo.evaluate import evaluate_examples, metrics_table, write_eval
-    from mhgpo.factory import build_workflow, load_examples
+EVAL_FLAGS = {
+    "data": "data",
+    "model": "model",
+    "limit": "limit",
+    "batch_size": "batch_size",
+    "corpus": "retrieval.corpus",
+    "retriever": "retrieval.retriever",
+    "index": "retrieval.index",
+    "system": "system",
+    "seed": "seed",
+    "output_dir": "output_dir",
+}
 
-    overrides = _flag_overrides(
-        args,
-        {
-            "data": "data",
-            "model": "model",
-            "limit": "limit",
-            "batch_size": "batch_size",
-            "corpus": "retrieval.corpus",
-            "retriever": "retrieval.retriever",
-            "index": "retrieval.index",
-            "system": "system",
-            "seed": "seed",
-            "output_dir": "output_dir",
-        },
-    )
-    cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
+
+def _eval_config(args: argparse.Namespace):
+    """The evaluation's config; with `--resume DIR`, the saved one, which the command line may repeat but not
+    change (the first differing key is named)."""
+    from mhgpo.config import EvalConfig, load_config, to_dict
+    from mhgpo.evaluate import CONFIG
+    from mhgpo.records import InputError
+
+    overrides = _flag_overrides(args, EVAL_FLAGS) + list(args.overrides)
+    if not args.resume:
+        return load_config(EvalConfig, args.config, overrides)
+    folder = Path(args.resume)
+    if args.output_dir and Path(args.output_dir).resolve() != folder.resolve():
+        raise InputError(f"--output-dir: {args.output_dir} is not the folder being continued ({folder})")
+    if not (folder / CONFIG).is_file():
+        raise InputError(f"{folder}: no evaluation to continue ({CONFIG} is missing)")
+    saved = load_config(EvalConfig, folder / CONFIG)
+    saved.output_dir = str(folder)
+    tree = to_dict(saved)
+    cfg = load_config(EvalConfig, args.config, overrides + [f"output_dir={folder}"], base=tree)
+    key = _first_difference(tree, to_dict(cfg))
+    if key is not None:
+        old, new = _lookup(tree, key), _lookup(to_dict(cfg), key)
+        raise InputError(f"{key}: {new!r} here, but the evaluation in {folder} used {old!r}; --resume continues "
+                         f"with the same config (leave {key} out, or start a new evaluation in another folder)")
+    return cfg
+
+
+def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
+    for k in list(a) + [k for k in b if k not in a]:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            found = _first_difference(x, y, f"{prefix}{k}.")
+            if found:
+                return found
+        elif x != y:
+            return prefix + k
+    return None
+
+
+def _lookup(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mhgpo.config import dump_config
+    from mhgpo.evaluate import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
+                                metrics_table, summarise, write_eval)
+    from mhgpo.factory import build_workflow, load_examples
+    from mhgpo.io import append_jsonl, read_jsonl
+    from mhgpo.records import InputError
+    from mhgpo.rundir import RunLock
+
+    cfg = _eval_config(args)
     console = _console()
     examples = load_examples(cfg.data, cfg.limit)
-    with console.status("preparing retrieval ..."):
-        workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
-    reason = _resolve_precision(cfg)
-    with console.status(f"loading {cfg.model} ..."):
-        loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
-    console.print(f"[dim]{len(examples)} questions from {cfg.data}; model {loaded.name} on {loaded.device}, "
-                  f"{cfg.precision}[/]")
-    result = evaluate_examples(examples, workflow, generator, encode, cfg.batch_size)
-    console.print(metrics_table({f"{cfg.system} / {cfg.data}": result.metrics}))
-    behaviour = {k: v for k, v in result.metrics.items() if "/" in k}
-    console.print("  ".join(f"{k} {v:.2f}" for k, v in behaviour.items()))
-    console.print(f"{result.metrics['n']} questions in {result.metrics['seconds']:.1f} s "
-                  f"({result.metrics['n'] / max(result.metrics['seconds'], 1e-9):.2f} questions/s)")
-    if cfg.output_dir:
-        from mhgpo.trained import model_record
+    out = lock = None
+    if cfg.output_dir:  # checked, created and locked before anything slow
+        out = Path(cfg.output_dir).expanduser()
+        lock = RunLock(out, "eval").acquire()  # a folder it creates is removed again if nothing gets written
+    try:
+        done: list[dict] = []
+        if args.resume:
+            done = finished_predictions(out, examples)
+        elif out is not None and any((out / name).exists() for name in (CONFIG, PREDICTIONS, METRICS)):
+            raise InputError(f"{out} already holds an evaluation; continue it with: mhgpo eval --resume {out}, or "
+                             f"pick another --output-dir")
+        finished = {row["id"] for row in done}
+        todo = [e for e in examples if e.id not in finished]
+        if args.resume and not todo and (out / METRICS).exists():
+            console.print(f"{out} is complete: all {len(examples)} questions are in {out / PREDICTIONS}")
+            return 0
 
-        out = Path(cfg.output_dir)
-        write_eval(result, out, {"data": cfg.data, "model": cfg.model, "system": cfg.system, **model_record(loaded)})
-        dump_config(cfg, out / "eval_config.yaml")
-        console.print(f"wrote {out / 'metrics.json'} and {out / 'predictions.jsonl'}")
+        def keep(rows: list[dict]) -> None:
+            if not (out / CONFIG).exists():
+                dump_config(cfg, out / CONFIG)
+            append_jsonl(out / PREDICTIONS, rows)
+            done.extend(rows)
+
+        with console.status("preparing retrieval ..."):
+            workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+        reason = _resolve_precision(cfg)
+        with console.status(f"loading {cfg.model} ..."):
+            loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+        console.print(f"[dim]{len(examples)} questions from {cfg.data}"
+                      + (f" ({len(examples) - len(todo)} already done)" if args.resume else "")
+                      + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")
+        try:
+            result = evaluate_examples(todo, workflow, generator, encode, cfg.batch_size,
+                                       on_batch=keep if out is not None else None)
+        except KeyboardInterrupt:
+            kept = len(read_jsonl(out / PREDICTIONS)[0]) if out is not None else 0  # what reached the file
+            if out is None:
+                print("mhgpo: interrupted; nothing was kept (no --output-dir)", file=sys.stderr)
+            elif not kept:
+                print("mhgpo: interrupted before the first batch finished; nothing to keep", file=sys.stderr)
+            else:
+                print(f"mhgpo: interrupted; {kept} of {len(examples)} questions are in {out / PREDICTIONS} "
+                      f"(continue with: mhgpo eval --resume {out})", file=sys.stderr)
+            return 130
+        order = {e.id: i for i, e in enumerate(examples)}
+        rows = sorted(done, key=lambda r: order[r["id"]]) if out is not None else result.predictions
+        metrics = summarise(rows, workflow.agents, result.metrics["seconds"])
+        if len(rows) > len(result.predictions):
+            metrics["resumed"] = len(rows) - len(result.predictions)  # finished in earlier sessions
+        console.print(metrics_table({f"{cfg.system} / {cfg.data}": metrics}))
+        behaviour = {k: v for k, v in metrics.items() if "/" in k}
+        console.print("  ".join(f"{k} {v:.2f}" for k, v in behaviour.items()))
+        new = len(result.predictions)
+        console.print(f"{new} questions in {metrics['seconds']:.1f} s ({new / max(metrics['seconds'], 1e-9):.2f} "
+                      f"questions/s)" + (f"; {metrics['resumed']} from earlier sessions" if "resumed" in metrics
+                                         else ""))
+        if out is not None:
+            if not (out / CONFIG).exists():
+                dump_config(cfg, out / CONFIG)
+            from mhgpo.trained import model_record
+
+            write_eval(EvalResult(metrics, rows), out, {"data": cfg.data, "model": cfg.model, "system": cfg.system,
+                                                        **model_record(loaded)})
+            console.print(f"wrote {out / METRICS} and {out / PREDICTIONS}")
+    finally:
+        if lock is not None:
+            lock.release()
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from mhgpo.io import prepare_output_dir
+    from mhgpo.records import InputError
     from mhgpo.report import build_report
 
     runs = [Path(p) for p in args.runs] + [Path(p) for p in args.eval or []]
+    for run in runs:
+        if not run.is_dir():
+            raise InputError(f"{run}: not a run or evaluation directory")
     out = Path(args.out) if args.out else (runs[0] / "report" if len(runs) == 1 else Path("report"))
+    out = prepare_output_dir(out, "report folder")
     path = build_report(runs, out)
     print(f"wrote {path}, {out / 'report.html'} and the plots in {out}")
     return 0
@@ -221,8 +327,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mhgpo", description="Train and evaluate LLM multi-agent search systems with MHGPO."
+        prog="mhgpo", description="Train and evaluate LLM multi-agent search systems with MHGPO.",
+        epilog="Errors in the input end with one line (exit status 2); --debug (anywhere on the line) shows the "
+               "traceback instead.",
     )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="data utilities")
@@ -262,7 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, help="evaluate the first N questions")
     ev.add_argument("--batch-size", type=int, help="questions per breadth-first batch")
     ev.add_argument("--seed", type=int)
-    ev.add_argument("--output-dir", help="where to write metrics.json and predictions.jsonl")
+    ev.add_argument("--output-dir", help="where to write metrics.json and predictions.jsonl (appended as questions "
+                    "finish)")
+    ev.add_argument("--resume", metavar="DIR", help="continue the interrupted evaluation in DIR (same config; "
+                    "finished questions are skipped)")
     common(ev)
     ev.set_defaults(func=cmd_eval)
 
@@ -287,9 +399,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from mhgpo.records import InputError
+def error_line(e: BaseException) -> str | None:
+    """The one line the CLI prints for an error that is the input's or the machine's (not a bug), else None."""
+    import json
 
+    import yaml
+    from safetensors import SafetensorError
+
+    from mhgpo.records import InputError, RunError
+
+    if isinstance(e, (InputError, RunError)):
+        text = str(e)
+    elif isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        text = f"{where}{e.strerror}" if e.strerror else str(e)
+    elif isinstance(e, json.JSONDecodeError):
+        text = f"invalid JSON at line {e.lineno} column {e.colno} ({e.msg})"
+    elif isinstance(e, yaml.YAMLError):
+        text = f"invalid YAML ({e})"
+    elif isinstance(e, SafetensorError):
+        text = f"safetensors: {e}"
+    elif isinstance(e, ValueError):
+        text = str(e) or type(e).__name__
+    else:
+        return None
+    return " ".join(text.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MHGPO_DEBUG") not in (None, "", "0")
+    argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
     _quiet_libraries()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -302,12 +442,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
-    except InputError as e:
-        print(f"mhgpo: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("mhgpo: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - bad input and machine errors become one line; bugs keep their traceback
+        line = None if debug else error_line(e)
+        if line is None:
+            raise
+        print(f"mhgpo: error: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ wrong type are rejected with an `InputError` that names the key (and the file wh
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -28,6 +29,13 @@ class AgentSampling:
     temperature: float = 1.0
     top_p: float = 0.9
 
+    def validate(self) -> None:
+        _at_least(self, "max_new_tokens", 1)
+        if self.temperature <= 0:
+            raise InputError(f"temperature: must be positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"top_p: must be in (0, 1], got {self.top_p}")
+
 
 @dataclasses.dataclass
 class SystemConfig:
@@ -47,6 +55,11 @@ class SystemConfig:
     # At least one token per word: with max_new_tokens <= max_answer_words an answer can never be too long, so the
     # Answerer's length penalty never fires (as with this CPU-sized default; the paper configs give it room).
     answerer: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=24))
+
+    def validate(self) -> None:
+        for key in ("top_k", "max_candidates", "snippet_words", "max_subqueries", "max_query_chars",
+                    "max_answer_words"):
+            _at_least(self, key, 1, "search.")
 
 
 @dataclasses.dataclass
@@ -93,6 +106,21 @@ class EvalConfig:
 
     def validate(self) -> None:
         check_precision(self.precision)
+        _check_counts(self, ("batch_size", "gen_batch_size"), "limit")
+
+
+def _at_least(obj: Any, key: str, least: int, prefix: str = "") -> None:
+    value = getattr(obj, key)
+    if value < least:
+        raise InputError(f"{prefix}{key}: must be at least {least}, got {value}")
+
+
+def _check_counts(obj: Any, keys: tuple[str, ...], optional: str = "") -> None:
+    """Counts that must be at least 1 (and an optional one: null or at least 1)."""
+    for key in keys:
+        _at_least(obj, key, 1)
+    if optional and getattr(obj, optional) is not None:
+        _at_least(obj, optional, 1)
 
 
 @dataclasses.dataclass
@@ -117,6 +145,7 @@ class RetrievalEvalConfig:
         if not self.ks or any(k < 1 for k in self.ks):
             raise InputError(f"ks: expected positive cut-offs, got {self.ks}")
         check_precision(self.precision)
+        _check_counts(self, ("gen_batch_size",), "limit")
 
 
 @dataclasses.dataclass
@@ -261,7 +290,7 @@ def load_config(
     base: dict[str, Any] | None = None,
 ) -> T:
     """defaults ← `base` ← YAML file ← `overrides` (`a.b=value`), checked against `cls`."""
-    tree: dict[str, Any] = dict(base or {})
+    tree: dict[str, Any] = copy.deepcopy(base or {})  # overrides must not reach into the caller's base
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -328,10 +357,14 @@ class OptimConfig:
             raise InputError(f"optim.schedule: expected constant or cosine, got {self.schedule!r}")
         if self.lr <= 0:
             raise InputError(f"optim.lr: must be positive, got {self.lr}")
-        if self.ppo_epochs < 1:
-            raise InputError(f"optim.ppo_epochs: must be at least 1, got {self.ppo_epochs}")
-        if self.warmup_steps < 0:
-            raise InputError(f"optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
+        for key in ("ppo_epochs", "micro_batch_tokens", "logprob_chunk"):
+            _at_least(self, key, 1, "optim.")
+        for key in ("warmup_steps", "weight_decay", "kl_beta"):
+            if getattr(self, key) < 0:
+                raise InputError(f"optim.{key}: must be >= 0, got {getattr(self, key)}")
+        for key in ("max_grad_norm", "clip_eps"):
+            if getattr(self, key) <= 0:
+                raise InputError(f"optim.{key}: must be positive, got {getattr(self, key)}")
 
 
 @dataclasses.dataclass
@@ -343,6 +376,13 @@ class LoraConfig:
     target_modules: list[str] = dataclasses.field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+
+    def validate(self) -> None:
+        _at_least(self, "r", 1, "lora.")
+        if self.alpha <= 0:
+            raise InputError(f"lora.alpha: must be positive, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise InputError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
 
 
 CRITIC_LR_FACTOR = 2.0  # the critic learns this much faster than the actor when critic.lr is null
@@ -449,10 +489,16 @@ class TrainConfig:
         least = 1 if self.algo in CRITIC_ALGOS else 2  # a group needs 2; chains per question need 1
         if self.group_size < least:
             raise InputError(f"group_size: must be at least {least}, got {self.group_size}")
-        if self.steps < 1 or self.questions_per_step < 1:
-            raise InputError("steps and questions_per_step must be at least 1")
-        if any(p < 0 for p in self.rr_probs) or sum(self.rr_probs) <= 0:
-            raise InputError(f"rr_probs: expected non-negative probabilities, got {self.rr_probs}")
+        _check_counts(self, ("steps", "questions_per_step", "val_limit", "eval_batch_size", "gen_batch_size",
+                             "max_rounds"))
+        for key in ("eval_every", "save_every", "keep_checkpoints"):
+            if getattr(self, key) < 0:
+                raise InputError(f"{key}: must be >= 0 (0: never / keep all), got {getattr(self, key)}")
+        # rr_probs is a distribution over the agents: rejected rather than normalised, so that the config that is
+        # dumped with the run is the one that ran
+        if any(p < 0 for p in self.rr_probs) or abs(sum(self.rr_probs) - 1.0) > 1e-6:
+            raise InputError(f"rr_probs: expected non-negative probabilities that sum to 1, got {self.rr_probs} "
+                             f"(sum {sum(self.rr_probs):g})")
         if self.rr_regroup not in RR_REGROUP:
             raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
         check_precision(self.precision)

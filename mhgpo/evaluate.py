@@ -1,7 +1,9 @@
 """Evaluation: the team answers a set of questions with greedy decoding, breadth-first in batches.
 
-Writes `metrics.json` (n, acc, em, f1 in percent, seconds, per-agent behaviour) and `predictions.jsonl` (one line
-per question with the gold answers, the prediction and each agent's trace), both atomically.
+An evaluation folder holds `eval_config.yaml`, `predictions.jsonl` (one line per question with the gold answers,
+the prediction and each agent's trace; `mhgpo eval` appends each batch as it finishes) and, at the end,
+`metrics.json` (n, acc, em, f1 in percent, seconds, per-agent behaviour). The metrics are computed from the
+prediction lines alone, so an evaluation continued with `mhgpo eval --resume` scores the questions of every session.
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mhgpo.behaviour import agent_behaviour
+from mhgpo.behaviour import agent_behaviour, call_record
 from mhgpo.generation import Generator
-from mhgpo.io import atomic_write_json, atomic_write_jsonl
+from mhgpo.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 from mhgpo.metrics import score
-from mhgpo.records import Example
+from mhgpo.records import Example, InputError
 from mhgpo.rollout import Node, RolloutSpec, run_rollouts
 from mhgpo.workflow import Workflow
+
+
+PREDICTIONS = "predictions.jsonl"
+METRICS = "metrics.json"
+CONFIG = "eval_config.yaml"
 
 
 @dataclass
@@ -35,7 +42,7 @@ def chain_record(example: Example, chain: list[Node]) -> dict[str, Any]:
     s = score(prediction, example.answers)
     trace = dict(leaf.trace or {})
     trace["steps"] = [
-        {"agent": n.agent, "output": n.output} if n.kind == "llm" else {"agent": n.agent, "tool": n.info}
+        {**call_record(n), "output": n.output} if n.kind == "llm" else {"agent": n.agent, "tool": n.info}
         for n in chain
     ]
     return {
@@ -58,37 +65,66 @@ def evaluate_examples(
     batch_size: int = 32,
     progress: bool = True,
     desc: str = "eval",
+    on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> EvalResult:
-    """Greedy, one chain per question, `batch_size` questions breadth-first at a time."""
+    """Greedy, one chain per question, `batch_size` questions breadth-first at a time; `on_batch` receives each
+    batch's prediction records as soon as the batch is finished."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
     rng = np.random.default_rng(0)
     predictions: list[dict[str, Any]] = []
-    all_nodes: list[Node] = []
     spec = RolloutSpec(sampler="none", greedy=True)
-    bar = tqdm(total=len(examples), desc=desc, unit="q", disable=not progress, dynamic_ncols=True)
-    for lo in range(0, len(examples), batch_size):
-        chunk = examples[lo : lo + batch_size]
-        batch = run_rollouts(chunk, workflow, generator, encode, spec, rng)
-        chains: list[list[Node]] = [[] for _ in chunk]
-        for n in batch.nodes:
-            chains[n.question_index].append(n)
-        predictions.extend(chain_record(ex, chain) for ex, chain in zip(chunk, chains))
-        all_nodes.extend(batch.nodes)
-        bar.update(len(chunk))
-        f1 = 100 * float(np.mean([p["f1"] for p in predictions]))
-        bar.set_postfix(f1=f"{f1:.1f}")
-    bar.close()
-    metrics: dict[str, float] = {
-        "n": len(predictions),
-        "acc": 100 * float(np.mean([p["acc"] for p in predictions])),
-        "em": 100 * float(np.mean([p["em"] for p in predictions])),
-        "f1": 100 * float(np.mean([p["f1"] for p in predictions])),
-        "seconds": time.perf_counter() - start,
-    }
-    metrics.update(agent_behaviour(all_nodes, workflow.agents))
-    return EvalResult(metrics, predictions)
+    with tqdm(total=len(examples), desc=desc, unit="q", disable=not progress, dynamic_ncols=True) as bar:
+        for lo in range(0, len(examples), batch_size):
+            chunk = examples[lo : lo + batch_size]
+            batch = run_rollouts(chunk, workflow, generator, encode, spec, rng)
+            chains: list[list[Node]] = [[] for _ in chunk]
+            for n in batch.nodes:
+                chains[n.question_index].append(n)
+            rows = [chain_record(ex, chain) for ex, chain in zip(chunk, chains)]
+            if on_batch is not None:
+                on_batch(rows)
+            predictions.extend(rows)
+            bar.update(len(chunk))
+            f1 = 100 * float(np.mean([p["f1"] for p in predictions]))
+            bar.set_postfix(f1=f"{f1:.1f}")
+    return EvalResult(summarise(predictions, workflow.agents, time.perf_counter() - start), predictions)
+
+
+def summarise(predictions: list[dict[str, Any]], agents: tuple[str, ...], seconds: float) -> dict[str, float]:
+    """n, Acc / EM / F1 (percent) and each agent's behaviour, from prediction records."""
+    metrics: dict[str, float] = {"n": len(predictions)}
+    for key in ("acc", "em", "f1"):
+        metrics[key] = 100 * float(np.mean([p[key] for p in predictions])) if predictions else 0.0
+    metrics["seconds"] = seconds
+    calls = [s for p in predictions for s in p["trace"]["steps"] if "tool" not in s]
+    metrics.update(agent_behaviour(calls, agents))
+    return metrics
+
+
+def finished_predictions(folder: Path, examples: list[Example]) -> list[dict[str, Any]]:
+    """The prediction records an interrupted evaluation in `folder` finished, checked against the questions being
+    evaluated (a last line cut short by a killed process is dropped from the file)."""
+    path = Path(folder) / PREDICTIONS
+    rows, cut = read_jsonl(path)
+    if cut:
+        atomic_write_jsonl(path, rows)
+    known = {e.id for e in examples}
+    seen: set[str] = set()
+    kept = []
+    for number, row in enumerate(rows, 1):
+        steps = row.get("trace", {}).get("steps") if isinstance(row.get("trace"), dict) else None
+        if not isinstance(steps, list) or any("tool" not in s and "output_tokens" not in s for s in steps):
+            raise InputError(f"{path}:{number}: not a prediction record of this mhgpo version; start a new "
+                             f"evaluation with another --output-dir")
+        if row.get("id") not in known:
+            raise InputError(f"{path}:{number}: question id {row.get('id')!r} is not among the questions being "
+                             f"evaluated")
+        if row["id"] not in seen:
+            seen.add(row["id"])
+            kept.append(row)
+    return kept
 
 
 def write_eval(result: EvalResult, output_dir: Path, extra: dict[str, Any] | None = None) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from mhgpo.io import _umask, atomic_write_text
+from mhgpo.io import atomic_write_text, usual_permissions
 from mhgpo.models import TRAINED_KINDS, LoadedModel, load_model, resolve_model, stop_token_ids
 from mhgpo.records import InputError
 from mhgpo.trained import RUN_CONFIG, TrainedSpec, read_weights, resolve_trained, with_adapter
@@ -52,7 +52,7 @@ def export(spec: str, out: Path, dtype: str = "float32", lora_only: bool = False
         _save_tokenizer(loaded.tokenizer, tmp)
         atomic_write_text(tmp / "README.md", model_card(spec, out.name, trained, dtype, lora_only))
         for f in tmp.iterdir():  # some writers make 0600 files; give the usual permissions
-            os.chmod(f, 0o666 & ~_umask())
+            usual_permissions(f)
         if out.exists():
             out.rmdir()
         tmp.rename(out)

@@ -1,4 +1,6 @@
-"""Small file helpers: atomic writes (write to a temporary name in the same folder, then rename)."""
+"""Small file helpers: durable atomic writes (write to a temporary name in the same folder, flush to disk, rename,
+flush the folder), appends that reach the disk, JSON Lines reading that names the bad line, and the check of an
+output folder before any slow work starts."""
 
 from __future__ import annotations
 
@@ -9,6 +11,38 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from mhgpo.records import InputError
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (new names, renames) to disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write `data` to `path` (created or replaced in place) and flush it to disk."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
@@ -17,22 +51,117 @@ def atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
+            f.flush()
+            os.fsync(f.fileno())
+        usual_permissions(Path(tmp))  # mkstemp makes 0600 files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
 
 
-def _umask() -> int:
+def usual_permissions(path: Path) -> None:
+    """Give a file the permissions a plain `open` would (writers that go through temporary files make 0600)."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    os.chmod(path, 0o666 & ~mask)
+
+
+def json_line(row: dict[str, Any]) -> str:
+    return json.dumps(row, ensure_ascii=False, default=str) + "\n"
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def atomic_write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(path, "".join(json_line(r) for r in rows))
+
+
+def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Append rows to a JSON Lines file in one write and flush them to disk."""
+    text = "".join(json_line(r) for r in rows)
+    if not text:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content; an unreadable or invalid file raises InputError naming it (and the line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of a JSON Lines file that a run appends to, and whether its last line was cut short (a process
+    killed while appending: that line is left out). Any other bad line raises InputError naming file and line."""
+    path = Path(path)
+    if not path.exists():
+        return [], False
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    lines = text.split("\n")
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if number == len(lines):  # no newline after it: the write was cut short
+                return rows, True
+            raise InputError(f"{path}:{number}: invalid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object")
+        rows.append(row)
+    return rows, False
+
+
+def prepare_output_dir(path: Path, what: str = "output folder") -> Path:
+    """Create the folder a command will write to (or check the existing one) before it does anything slow:
+    a file in its place, a folder that cannot be created or written raise InputError naming it."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{path}: exists and is not a folder (the {what})")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{path}: cannot create the {what} ({e.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"{path}: the {what} is not writable")
+    return path
+
+
+def check_output_dir(path: Path, what: str = "output folder") -> Path:
+    """Check, without creating anything, that a command will be able to create or write the folder `path` when
+    its slow work is done: not a file, and its nearest existing ancestor is a writable folder."""
+    path = Path(path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise InputError(f"{path}: exists and is not a folder (the {what})")
+        existing = path
+    else:
+        existing = path.parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise InputError(f"{path}: cannot create the {what} ({existing} is not a folder)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{path}: the {what} cannot be written ({existing} is not writable)")
+    return path

@@ -264,9 +264,11 @@ def load_model(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None,
                 f"the Hugging Face cache, and the hub cannot be reached. {_INSTALL_HINT}"
             )
     device, dtype = _pick_device_dtype(device, dtype)
+    from safetensors import SafetensorError
+
     try:
         model, tokenizer = _from_pretrained(source, dtype)
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as err:
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError) as err:
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ModelNotFoundError(
             f"Could not load model {str(spec)!r} ({source.kind} {source.location!r}): {first_line}"

@@ -9,6 +9,11 @@ class InputError(ValueError):
     """Bad user input (a file, a line, a key). The message names where; the CLI prints it without a traceback."""
 
 
+class RunError(RuntimeError):
+    """A run that cannot go on (a full disk, ...). The message says what is kept and how to continue; the CLI
+    prints it without a traceback."""
+
+
 @dataclass(frozen=True)
 class Example:
     """One question with its gold answers (aliases included; scored against the best)."""

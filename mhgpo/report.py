@@ -4,6 +4,10 @@ What a reader looks for in an RL run of a team of agents: reward and validation 
 format penalty and behaviour over steps, how similar the outputs inside a group are (the paper's intra-group
 similarity), where the time and memory go, a results table in the layout of the paper's Table 1, and example
 traces from the first and the last step. Anything missing from a run directory is reported as missing.
+
+Run directories may come from anyone: text taken from them (questions, outputs, answers, labels, folder names) is
+escaped so that it cannot make markdown or HTML structure, and the HTML page embeds only the PNG plots this module
+wrote, by name.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import base64
 import html
 import itertools
 import json
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +25,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mhgpo.io import atomic_write_text
+from mhgpo.io import atomic_write_text, read_json, read_jsonl
 from mhgpo.records import InputError
 from mhgpo.runlog import read_metrics
 
@@ -59,9 +64,14 @@ def load_run(path: Path) -> Run:
     if not path.is_dir():
         raise InputError(f"{path}: not a run directory")
     cfg_path = path / "config.yaml"
-    config = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+    try:
+        config = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise InputError(f"{cfg_path}: invalid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(config or {}, dict):
+        raise InputError(f"{cfg_path}: expected a mapping of config keys")
     run = Run(path, _label(path, config or {}), config or {}, read_metrics(path),
-              sorted((path / "rollouts").glob("step_*.jsonl")))
+              sorted(p for p in (path / "rollouts").glob("step_*.jsonl") if re.fullmatch(r"step_\d+", p.stem)))
     if config or (path / "metrics.jsonl").exists():  # a training run: say what it lacks
         if not run.metrics:
             run.missing.append("training metrics (metrics.jsonl)")
@@ -69,7 +79,9 @@ def load_run(path: Path) -> Run:
             run.missing.append("rollout records (rollouts/)")
     found = [c / "metrics.json" for c in [path, *(p for p in path.iterdir() if p.is_dir())]]
     for m in sorted((f for f in found if f.exists()), key=lambda f: f.stat().st_mtime):  # in the order run
-        run.evals[m.parent.name if m.parent != path else "eval"] = json.loads(m.read_text())
+        content = read_json(m)
+        if isinstance(content, dict) and all(isinstance(content.get(k), (int, float)) for k in ("acc", "em", "f1")):
+            run.evals[m.parent.name if m.parent != path else "eval"] = content  # (not a retrieval evaluation)
     if not run.evals:
         run.missing.append("evaluation results (metrics.json)")
     return run
@@ -91,7 +103,24 @@ def token_f1(a: str, b: str) -> float:
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)[0]
+
+
+def _checked(path: Path, measure, *args: Any) -> Any:
+    """`measure(rows of path, *args)`, or an InputError naming a rollout file that lacks what it needs."""
+    try:
+        return measure(_rows(path), *args)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise InputError(f"{path}: not a rollout record file of mhgpo ({type(e).__name__}: {e})") from None
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|&~])")
+
+
+def md_text(value: Any) -> str:
+    """Text from a run, made inert for markdown: one line (whitespace collapsed, so it never starts a line) with
+    every character that could start inline structure (links, images, code, emphasis, tags, cells) escaped."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(value).split()))
 
 
 def intra_group_similarity(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -132,6 +161,11 @@ def traces(rows: list[dict[str, Any]], limit: int = 2) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------ plots
 
 
+def _plain(label: str) -> str:
+    """A legend label that matplotlib shows as it is (a `$` would start math text)."""
+    return label.replace("$", r"\$")
+
+
 def _series(run: Run, key: str) -> tuple[list[int], list[float]]:
     pts = [(m["step"], m[key]) for m in run.metrics if m.get(key) is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
@@ -167,13 +201,13 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
 
     fig, (ax1, ax2) = _figure(2)
     for r in trained:
-        ax1.plot(*_series(r, "reward/mean"), marker=".", label=r.label)
+        ax1.plot(*_series(r, "reward/mean"), marker=".", label=_plain(r.label))
         xs, ys = _series(r, "val/f1")
         untrained = [m["f1"] for m in r.evals.values() if m.get("label") == "untrained"]
         if xs and untrained:  # the untrained team's evaluation is step 0
             xs, ys = [0, *xs], [untrained[0], *ys]
         if xs:
-            ax2.plot(xs, ys, marker="o", label=r.label)
+            ax2.plot(xs, ys, marker="o", label=_plain(r.label))
     ax1.set(title="training reward (final-answer F1)", xlabel="step", ylabel="reward")
     ax2.set(title="validation F1", xlabel="step", ylabel="F1 (%)")
     for ax in (ax1, ax2):
@@ -184,7 +218,7 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
         fig, axes = _figure(len(agents))
         for ax, agent in zip(axes, agents):
             for r in trained:
-                ax.plot(*_series(r, f"{agent}/penalty"), marker=".", label=r.label)
+                ax.plot(*_series(r, f"{agent}/penalty"), marker=".", label=_plain(r.label))
             ax.set(title=f"{agent}: format penalty", xlabel="step", ylabel="mean penalty")
             ax.legend(fontsize=7)
         plots["penalties"] = _save(fig, out / "penalties.png")
@@ -194,12 +228,12 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
         fig, axes = _figure(len(present))
         for ax, (key, title) in zip(axes, present):
             for r in trained:
-                ax.plot(*_series(r, key), marker=".", label=r.label)
+                ax.plot(*_series(r, key), marker=".", label=_plain(r.label))
             ax.set(title=title, xlabel="step")
             ax.legend(fontsize=7)
         plots["behaviour"] = _save(fig, out / "behaviour.png")
 
-    sims = {r.label: [(int(p.stem.split("_")[1]), intra_group_similarity(_rows(p))) for p in r.rollout_files]
+    sims = {r.label: [(int(p.stem.split("_")[1]), _checked(p, intra_group_similarity)) for p in r.rollout_files]
             for r in trained if r.rollout_files}
     sim_agents = sorted({a for v in sims.values() for _, s in v for a in s})
     if sim_agents:
@@ -207,14 +241,14 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
         for ax, agent in zip(axes, sim_agents):
             for label, points in sims.items():
                 pts = [(step, s[agent]) for step, s in points if agent in s]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=label)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=_plain(label))
             ax.set(title=f"{agent}: intra-group similarity", xlabel="step", ylabel="mean pairwise token F1",
                    ylim=(0, 1.05))
             ax.legend(fontsize=7)
         plots["intra_group_similarity"] = _save(fig, out / "intra_group_similarity.png")
 
     fig, (ax1, ax2) = _figure(2)
-    labels = [r.label for r in trained]
+    labels = [_plain(r.label) for r in trained]
     roll = [float(np.mean(_series(r, "seconds/rollout")[1] or [0])) for r in trained]
     upd = [float(np.mean(_series(r, "seconds/train")[1] or [0])) for r in trained]
     x = np.arange(len(trained))
@@ -224,7 +258,7 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
     ax1.set(title="seconds per step", ylabel="s")
     ax1.legend(fontsize=7)
     for r in trained:
-        ax2.plot(*_series(r, "memory/peak_mb"), marker=".", label=r.label)
+        ax2.plot(*_series(r, "memory/peak_mb"), marker=".", label=_plain(r.label))
     ax2.set(title="peak memory", xlabel="step", ylabel="MB")
     ax2.legend(fontsize=7)
     plots["cost"] = _save(fig, out / "cost.png")
@@ -240,12 +274,13 @@ def results_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     rows: list[tuple[str, dict[str, dict[str, float]]]] = []
     for r in runs:
         for name, m in r.evals.items():
-            ds = str(m.get("data", "data"))
+            ds = md_text(m.get("data", "data"))
             if ds not in datasets:
                 datasets.append(ds)
             label = f"{r.label} / {m.get('label', name)}"
             if "checkpoint" in m and "label" not in m:  # `mhgpo eval --model RUN`: which trained model
                 label += f" ({Path(str(m.get('model', ''))).name} step {m.get('step', '?')})"
+            label = md_text(label)
             rows.append((label, {ds: m}))
     header = ["run"] + [f"{ds} {k}" for ds in datasets for k in ("Acc", "EM", "F1")] + ["avg Acc", "avg EM", "avg F1"]
     body = []
@@ -266,7 +301,7 @@ def results_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 
 def _md_table(header: list[str], body: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+    lines += ["| " + " | ".join(row) + " |" for row in body]  # cells are numbers or md_text
     return "\n".join(lines)
 
 
@@ -280,16 +315,17 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_runs(runs, out)
     header, body = results_table(runs)
-    md = ["# mhgpo report", "", "Runs: " + ", ".join(f"`{r.path}` ({r.label})" for r in runs), ""]
+    md = ["# mhgpo report", "", "Runs: " + ", ".join(f"{md_text(r.path)} ({md_text(r.label)})" for r in runs), ""]
     for r in runs:
         if r.missing:
-            md.append(f"- `{r.path.name}` has no " + "; no ".join(r.missing) + ".")
+            md.append(f"- {md_text(r.path.name)} has no " + "; no ".join(r.missing) + ".")
     md += ["", "## Results", ""]
     md.append(_md_table(header, body) if body else "No evaluation results were found.")
     for r in runs:
         if r.metrics:
             first, last = r.metrics[0], r.metrics[-1]
-            md += ["", f"Training of {r.label}: {len(r.metrics)} steps; reward {first.get('reward/mean', 0):.3f} "
+            md += ["", f"Training of {md_text(r.label)}: {len(r.metrics)} steps; "
+                   f"reward {first.get('reward/mean', 0):.3f} "
                    f"(step {first['step']}) → {last.get('reward/mean', 0):.3f} (step {last['step']})."]
     titles = {"reward_and_val_f1": "Training reward and validation F1", "penalties": "Format penalty per agent",
               "behaviour": "Agent behaviour", "intra_group_similarity": "Intra-group similarity",
@@ -302,21 +338,28 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
         if not r.rollout_files:
             continue
         for which, path in (("first", r.rollout_files[0]), ("last", r.rollout_files[-1])):
-            md += ["", f"## Example traces: {r.label}, {which} step ({path.stem})", ""]
-            for t in traces(_rows(path)):
-                md.append(f"**Q:** {t['question']}  ")
+            md += ["", f"## Example traces: {md_text(r.label)}, {which} step ({path.stem})", ""]
+            for t in _checked(path, traces):
+                md.append(f"**Q:** {md_text(t['question'])}  ")
                 for agent, text in t["steps"]:
-                    md.append(f"- *{agent}*: `{' '.join(str(text).split())[:300]}`")
-                md.append(f"- **answer:** {t['answer']} — **gold:** {', '.join(t['gold'])} — F1 {t['reward']:.2f}")
+                    md.append(f"- *{md_text(agent)}*: {md_text(str(text)[:300])}")
+                reward = t["reward"] if isinstance(t["reward"], (int, float)) else float("nan")
+                gold = md_text(", ".join(map(str, t["gold"])))
+                md.append(f"- **answer:** {md_text(t['answer'])} — **gold:** {gold} — F1 {reward:.2f}")
                 md.append("")
     text = "\n".join(md) + "\n"
     atomic_write_text(out / "report.md", text)
-    atomic_write_text(out / "report.html", to_html(text, out))
+    atomic_write_text(out / "report.html", to_html(text, plots))
     return out / "report.md"
 
 
-def to_html(markdown: str, folder: Path) -> str:
-    """A self-contained page: the markdown's headings, lists, tables and paragraphs, images inlined."""
+_IMAGE = re.compile(r"^!\[([^\]]*)\]\(([A-Za-z0-9_]+\.png)\)$")
+
+
+def to_html(markdown: str, images: dict[str, Path]) -> str:
+    """A self-contained page: the markdown's headings, lists, tables and paragraphs; an image line is inlined only
+    when it names one of `images` (the plots written for this report, by file name)."""
+    files = {Path(p).name: Path(p) for p in images.values()}
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>mhgpo report</title><style>"
              "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
@@ -333,18 +376,19 @@ def to_html(markdown: str, folder: Path) -> str:
 
     for line in markdown.splitlines():
         if line.startswith("|"):
-            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            protected, literals = _protect(line.strip().strip("|"))
+            cells = [c.strip() for c in protected.split("|")]
             if not all(set(c) <= {"-"} for c in cells):
-                table.append(cells)
+                table.append([_format(c, literals) for c in cells])
             continue
         flush()
-        if line.startswith("!["):
-            name = line[line.index("(") + 1 : line.rindex(")")]
-            data = base64.b64encode((folder / name).read_bytes()).decode()
-            parts.append(f"<img alt='{html.escape(name)}' src='data:image/png;base64,{data}'>")
+        image = _IMAGE.match(line)
+        if image and image.group(2) in files:
+            data = base64.b64encode(files[image.group(2)].read_bytes()).decode()
+            parts.append(f"<img alt='{html.escape(image.group(1))}' src='data:image/png;base64,{data}'>")
         elif line.startswith("#"):
             level = len(line) - len(line.lstrip("#"))
-            parts.append(f"<h{level}>{html.escape(line[level:].strip())}</h{level}>")
+            parts.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
         elif line.startswith("- "):
             parts.append(f"<div>• {_inline(line[2:])}</div>")
         elif line.strip():
@@ -354,10 +398,24 @@ def to_html(markdown: str, folder: Path) -> str:
     return "\n".join(parts)
 
 
-def _inline(text: str) -> str:
-    import re
+def _protect(text: str) -> tuple[str, list[str]]:
+    """Set backslash-escaped characters apart (as numbered placeholders) so that no formatting rule sees them."""
+    literals: list[str] = []
 
+    def stash(m: re.Match) -> str:
+        literals.append(m.group(1))
+        return f"\x00{len(literals) - 1}\x00"
+
+    return re.sub(r"\\(.)", stash, text.replace("\x00", "")), literals
+
+
+def _format(text: str, literals: list[str]) -> str:
     text = html.escape(text)
     text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
     text = re.sub(r"`(.+?)`", r"<code>\1</code>", text)
-    return re.sub(r"\*(.+?)\*", r"<i>\1</i>", text)
+    text = re.sub(r"\*(.+?)\*", r"<i>\1</i>", text)
+    return re.sub("\x00(\\d+)\x00", lambda m: html.escape(literals[int(m.group(1))]), text)
+
+
+def _inline(text: str) -> str:
+    return _format(*_protect(text))

@@ -357,13 +357,17 @@ def _replace_dir(tmp: Path, target: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def check_index_target(index_dir: Path, kind: str = "retrieval") -> None:
+    """Raise InputError unless `index_dir` is absent, empty, or an index (which saving would replace)."""
+    if not _is_ours_or_empty(Path(index_dir)):
+        raise InputError(f"{index_dir}: exists and is not a {kind} index; refusing to overwrite it")
+
+
 def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "") -> None:
     """Save `retriever` into `index_dir` atomically (a temporary folder beside it, then a rename), replacing an
     older index there; a folder that holds anything else is left alone (InputError)."""
     index_dir = Path(index_dir)
-    if not _is_ours_or_empty(index_dir):
-        kind = label or retriever.kind
-        raise InputError(f"{index_dir}: exists and is not a {kind} index; refusing to overwrite it")
+    check_index_target(index_dir, label or retriever.kind)
     index_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.", suffix=".tmp", dir=index_dir.parent))
     try:

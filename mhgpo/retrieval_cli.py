@@ -44,13 +44,15 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     """Build a BM25 or dense index of a corpus and save it in a folder that `--index` can reuse."""
     from mhgpo.config import IndexConfig, load_config
     from mhgpo.factory import load_corpus
+    from mhgpo.io import check_output_dir
     from mhgpo.records import InputError
-    from mhgpo.retrieval import BM25Retriever, save_index
+    from mhgpo.retrieval import BM25Retriever, check_index_target, save_index
 
     cfg = load_config(IndexConfig, args.config, _overrides(args, INDEX_FLAGS))
     if not cfg.out:
         raise InputError("out: where to write the index is not set (pass --out DIR)")
-    out = Path(cfg.out).expanduser()
+    out = check_output_dir(Path(cfg.out), "index folder")
+    check_index_target(out)  # before the corpus is read and the index built
     retrieval = cfg.retrieval
     retrieval.index = None
     passages, _ = load_corpus(cfg.data, retrieval)
@@ -76,10 +78,12 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
     from mhgpo.config import RetrievalEvalConfig, dump_config, load_config
     from mhgpo.factory import build_retriever, load_examples
-    from mhgpo.io import atomic_write_json, atomic_write_jsonl
+    from mhgpo.io import atomic_write_json, atomic_write_jsonl, check_output_dir
     from mhgpo.retrieval_eval import evaluate_retrieval, recall_table, rewriter_queries
 
     cfg = load_config(RetrievalEvalConfig, args.config, _overrides(args, EVAL_FLAGS))
+    if cfg.output_dir:
+        check_output_dir(Path(cfg.output_dir))
     console = Console(highlight=False)
     examples = load_examples(cfg.data, cfg.limit)
     started = time.perf_counter()

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mhgpo.io import atomic_write_jsonl
+from mhgpo.io import atomic_write_jsonl, read_jsonl
 from mhgpo.rollout import RolloutBatch
 
 
@@ -25,19 +25,21 @@ class RunLog:
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop the lines of steps after the checkpoint (they will be run again)."""
-        if not self.metrics_path.exists():
-            return
-        keep = []
-        for line in self.metrics_path.read_text().splitlines():
-            if line.strip() and json.loads(line).get("step", 0) <= step:
-                keep.append(line + "\n")
-        self.metrics_path.write_text("".join(keep))
+        """On resume, drop the lines and rollout records of steps after the checkpoint (they will be run again),
+        and a last line cut short by a killed process."""
+        rows, cut = read_jsonl(self.metrics_path)
+        keep = [r for r in rows if r.get("step", 0) <= step]
+        if cut or len(keep) != len(rows):
+            atomic_write_jsonl(self.metrics_path, keep)
+        for path in (self.run_dir / "rollouts").glob("step_*.jsonl"):
+            if path.stem[5:].isdigit() and int(path.stem[5:]) > step:
+                path.unlink()
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         with self.metrics_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+            f.flush()
         if self.writer is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)) and v is not None:
@@ -56,10 +58,8 @@ def _clean(v: Any) -> Any:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of `metrics.jsonl` (a last line cut short by a killed process left out)."""
+    return read_jsonl(Path(run_dir) / "metrics.jsonl")[0]
 
 
 def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:

@@ -33,10 +33,13 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from mhgpo.config import TrainConfig, load_config
+    from mhgpo.records import InputError
     from mhgpo.trainer import resume, train
 
+    if args.from_step is not None and not args.resume:
+        raise InputError("--from-step: only with --resume RUN_DIR")
     if args.resume:
-        trainer = resume(Path(args.resume), _overrides(args))
+        trainer = resume(Path(args.resume), _overrides(args), from_step=args.from_step)
     elif getattr(args, "scale", None):  # the row's switches at a smaller scale (mhgpo/experiments.py)
         from mhgpo.experiments import scaled_tree
 
@@ -58,16 +61,26 @@ def demo_config_path() -> Path:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Evaluate the untrained team on the dev set, train with MHGPO (RR), evaluate again, compare."""
+    from mhgpo.config import TrainConfig, load_config
+    from mhgpo.rundir import RunLock, require_empty_run_dir
+
+    cfg = load_config(TrainConfig, args.config or demo_config_path(), _overrides(args))
+    run_dir = Path(cfg.output_dir)
+    require_empty_run_dir(run_dir)
+    with RunLock(run_dir, "demo"):
+        require_empty_run_dir(run_dir)
+        return _demo(cfg, run_dir)
+
+
+def _demo(cfg, run_dir: Path) -> int:
     from rich.console import Console
 
-    from mhgpo.config import TrainConfig, dump_config, load_config
+    from mhgpo.config import dump_config
     from mhgpo.evaluate import evaluate_examples, metrics_table, write_eval
     from mhgpo.trained import portable_model_spec
     from mhgpo.trainer import Trainer, build_team
 
     console = Console(highlight=False)
-    cfg = load_config(TrainConfig, args.config or demo_config_path(), _overrides(args))
-    run_dir = Path(cfg.output_dir)
     cfg.model = portable_model_spec(cfg.model, run_dir)
     started = time.perf_counter()
     console.print(f"[bold]mhgpo demo[/]: MHGPO-{cfg.sampler.upper()} on {cfg.data}, model {cfg.model}, "
@@ -131,6 +144,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
         p.add_argument("--output-dir", help="the run directory")
         if name == "train":
             p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+            p.add_argument("--from-step", type=int, metavar="N",
+                           help="with --resume: continue from the checkpoint of step N (later ones are set aside)")
             p.add_argument("--algo", choices=["mhgpo", "mappo", "grpo", "ppo"],
                            help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm")
             p.add_argument("--scale", choices=["demo"],

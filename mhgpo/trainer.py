@@ -25,13 +25,16 @@ import torch
 
 from mhgpo.advantages import group_advantages, propagate_rewards, total_rewards
 from mhgpo.behaviour import agent_behaviour
-from mhgpo.checkpoint import list_checkpoints, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from mhgpo.checkpoint import (CheckpointError, CheckpointMismatch, check_checkpoint, checkpoint_step, clean_leftovers,
+                              Live, list_checkpoints, load_checkpoint, previous_complete, save_checkpoint)
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, load_config
 from mhgpo.evaluate import evaluate_examples
 from mhgpo.policy import Policy, Sample, peak_memory_mb
-from mhgpo.records import Example, InputError
+from mhgpo.records import Example, InputError, RunError
 from mhgpo.rollout import RolloutBatch, RolloutSpec, run_rollouts
+from mhgpo.rundir import RunLock, require_empty_run_dir
 from mhgpo.runlog import RunLog, write_rollouts
+from mhgpo.statecodec import rng_states
 from mhgpo.workflow import Workflow
 
 
@@ -188,12 +191,28 @@ class Trainer:
     def _extras(self) -> dict[str, Any]:
         return {"critic": self.team.critic.state()} if self.team.critic is not None else {}
 
-    def restore(self, path: Path) -> None:
+    def live(self) -> Live:
+        """What a checkpoint of this run restores."""
         p = self.team.policy
-        state, rng = load_checkpoint(path, p.model, p.optimizer, p.scheduler, self._extras())
+        return Live(p.model, p.optimizer, p.scheduler, self.rng, self._extras())
+
+    def restore(self, path: Path) -> None:
+        """Load a checkpoint; every file is checked against the model before anything changes."""
+        state = load_checkpoint(path, self.live())
         self.step, self.position = int(state["step"]), int(state["position"])
         self.val_history = list(state.get("val_history", []))
-        restore_rng_states(rng, self.rng)
+
+    def _save_or_stop(self) -> Path:
+        """Save a checkpoint; if the disk refuses (full, read-only), stop the run saying what is kept."""
+        try:
+            return self.save()
+        except OSError as e:
+            kept = list_checkpoints(self.run_dir)
+            last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
+            what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+            raise RunError(f"could not write the checkpoint of step {self.step} ({what}); the run stops at step "
+                           f"{self.step}; {last}; free space and continue with: mhgpo train --resume "
+                           f"{self.run_dir}") from e
 
     # -------------------------------------------------------------------------------------------------- loop
 
@@ -299,7 +318,7 @@ class Trainer:
                         log.log(step, metrics)
                         self.step = step
                         if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
-                            self.save()
+                            self._save_or_stop()
                             saved_step = step
                     bar.update(1)
                     post = {"reward": f"{metrics['reward/mean']:.3f}"}
@@ -307,7 +326,6 @@ class Trainer:
                         post["val_f1"] = f"{last_val['val/f1']:.1f}"
                     bar.set_postfix(post)
         except KeyboardInterrupt:
-            bar.close()
             if guard is not None and guard.aborted:
                 print("mhgpo: aborted; nothing saved", flush=True)
             elif saved_step != self.step:
@@ -318,10 +336,10 @@ class Trainer:
                 path = self.save(rng)
                 print(f"mhgpo: interrupted; saved {path} (resume with: mhgpo train --resume {self.run_dir})",
                       flush=True)
-            log.close()
             raise
-        bar.close()
-        log.close()
+        finally:
+            bar.close()
+            log.close()
         return {"steps": self.step, "val": self.val_history}
 
     def _position_after(self, step: int) -> int:
@@ -381,26 +399,77 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> Trainer:
+    """A new run into `cfg.output_dir`, which must be empty or new (a run is continued with :func:`resume`)."""
     from mhgpo.trained import portable_model_spec
 
     run_dir = Path(cfg.output_dir)
-    if list_checkpoints(run_dir):
-        raise InputError(f"{run_dir} already holds checkpoints; resume with --resume {run_dir} or pick another "
-                         f"--output-dir")
-    cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (mhgpo/trained.py)
-    trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
-    trainer.run()
+    require_empty_run_dir(run_dir)
+    with RunLock(run_dir, "train"):
+        require_empty_run_dir(run_dir)  # again, now that no other run can write into it
+        cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
+        trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
+        trainer.run()
     return trainer
 
 
-def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True) -> Trainer:
-    run_dir = Path(run_dir)
-    cfg = load_config(TrainConfig, run_dir / "config.yaml", list(overrides))
+def choose_checkpoint(run_dir: Path, from_step: int | None = None) -> Path:
+    """The checkpoint to resume from (the last one, or step `from_step`), after the checks that need no model."""
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:
         raise InputError(f"{run_dir}: no checkpoint to resume from (checkpoints/step_N/)")
+    if from_step is None:
+        chosen = checkpoints[-1]
+    else:
+        steps = [checkpoint_step(p) for p in checkpoints]
+        if from_step not in steps:
+            raise InputError(f"--from-step {from_step}: {run_dir} has no checkpoint of step {from_step} "
+                             f"(its checkpoints: {', '.join(p.name for p in checkpoints)})")
+        chosen = checkpoints[steps.index(from_step)]
+    return chosen
+
+
+def _with_fallback(error: CheckpointError, run_dir: Path, chosen: Path) -> CheckpointError:
+    if isinstance(error, CheckpointMismatch):  # the config, not the checkpoint, is at fault
+        return error
+    prev = previous_complete(run_dir, checkpoint_step(chosen))
+    if prev is None:
+        return CheckpointError(f"{error}; there is no earlier complete checkpoint")
+    return CheckpointError(f"{error}; the previous complete checkpoint is {prev.name}: mhgpo train --resume "
+                           f"{run_dir} --from-step {checkpoint_step(prev)}")
+
+
+def _set_aside_later(run_dir: Path, step: int) -> None:
+    """Resuming from an earlier checkpoint: the later ones leave the run's history (kept in checkpoints/discarded/)."""
+    later = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) > step]
+    if not later:
+        return
+    aside = Path(run_dir) / "checkpoints" / "discarded"
+    aside.mkdir(exist_ok=True)
+    for p in later:
+        target = aside / p.name
+        if target.exists():
+            target = aside / f"{p.name}.{int(time.time())}"
+        p.rename(target)
+    print(f"mhgpo: resuming from step {step}; the later checkpoints ({', '.join(p.name for p in later)}) moved to "
+          f"{aside}", flush=True)
+
+
+def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from_step: int | None = None) -> Trainer:
+    """Continue the run in `run_dir` from its last checkpoint (or step `from_step`)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise InputError(f"{run_dir}: not a run directory (no config.yaml)")
+    cfg = load_config(TrainConfig, run_dir / "config.yaml", list(overrides))
     cfg.output_dir = str(run_dir)
-    trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
-    trainer.restore(checkpoints[-1])
-    trainer.run()
+    with RunLock(run_dir, "train --resume"):
+        clean_leftovers(run_dir)  # of a save that was cut short
+        chosen = choose_checkpoint(run_dir, from_step)
+        try:
+            check_checkpoint(chosen)  # fail before the model loads
+            trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
+            trainer.restore(chosen)  # every file checked against the model before any state changes
+        except CheckpointError as e:
+            raise _with_fallback(e, run_dir, chosen) from None
+        _set_aside_later(run_dir, trainer.step)
+        trainer.run()
     return trainer

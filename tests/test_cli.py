@@ -243,7 +243,7 @@ def test_train_command_completes_a_run_directory(cli, world, dev_file, tiny_mode
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1"]
     assert sorted(p.name for p in (run / "checkpoints" / "step_1").iterdir()) == [
-        "model.safetensors", "state.json", "trainer.pt"]
+        "model.safetensors", "optimizer.safetensors", "state.json"]
 
 
 def _table_row(stdout: str, label: str) -> list[str]:

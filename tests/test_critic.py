@@ -211,8 +211,13 @@ def test_mappo_resume_restores_the_critic(tiny_model_dir, world, tmp_path) -> No
     train(mappo_config(tiny_model_dir, world, reference), progress=False)
     step = reference / "checkpoints" / "step_3"
     assert sorted(p.name for p in step.iterdir()) == [
-        "critic.safetensors", "model.safetensors", "state.json", "trainer.pt"]
-    assert "critic" in torch.load(step / "trainer.pt", weights_only=False)["extras"]
+        "critic.safetensors", "model.safetensors", "optimizer.safetensors", "state.json"]
+    from safetensors.torch import load_file
+
+    optimizer = load_file(str(step / "optimizer.safetensors"))
+    state = json.loads((step / "state.json").read_text())
+    assert set(state["optimizers"]) == {"actor", "critic"}
+    assert any(k.startswith("critic/") for k in optimizer) and any(k.startswith("actor/") for k in optimizer)
 
     out = tmp_path / "resumed"
     train(mappo_config(tiny_model_dir, world, out, steps=1), progress=False)
@@ -224,7 +229,6 @@ def test_mappo_resume_restores_the_critic(tiny_model_dir, world, tmp_path) -> No
 
     assert comparable(out) == comparable(reference)
     assert [r["actor_updated"] for r in read_metrics(out)] == [0.0, 1.0, 1.0]
-    from safetensors.torch import load_file
 
     for name in ("model.safetensors", "critic.safetensors"):
         a, b = load_file(str(out / "checkpoints/step_3" / name)), load_file(str(step / name))

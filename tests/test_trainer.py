@@ -293,10 +293,16 @@ def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(refe
     assert [p.name for p in list_checkpoints(out)] == ["step_3", "step_4"]  # keep_checkpoints=2
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_3", "step_4"]  # no temporaries
     for ckpt in list_checkpoints(out):
-        assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "state.json", "trainer.pt"]
+        assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "optimizer.safetensors", "state.json"]
         state = json.loads((ckpt / "state.json").read_text())
         step = int(ckpt.name.split("_")[1])
         assert state["step"] == step and state["position"] == step * cfg.questions_per_step
+        assert state["format"] == 2
+        assert state["files"] == {p.name: p.stat().st_size for p in ckpt.glob("*.safetensors")}
+        umask = os.umask(0)
+        os.umask(umask)
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in ckpt.iterdir()} == {
+            p.name: oct(0o666 & ~umask) for p in ckpt.iterdir()}  # the usual permissions, as any file
 
 
 def test_tensorboard_scalars_match_metrics(reference_run) -> None:
@@ -315,8 +321,10 @@ def test_tensorboard_scalars_match_metrics(reference_run) -> None:
 # ------------------------------------------------------------------------------------------------- resume
 
 
-def assert_same_run(run: Path, reference: Path) -> None:
+def assert_same_run(run: Path, reference: Path, upto: int | None = None) -> None:
+    """`run` logged, recorded and saved what `reference` did (in its first `upto` steps)."""
     got, want = comparable(read_metrics(run)), comparable(read_metrics(reference))
+    want = [w for w in want if upto is None or w["step"] <= upto]
     assert [r["step"] for r in got] == [r["step"] for r in want]
     for g, w in zip(got, want):
         diff = {k: (g.get(k), w.get(k)) for k in set(g) | set(w) if g.get(k) != w.get(k)}
@@ -458,7 +466,8 @@ def test_unknown_or_mistyped_config_keys_name_the_key(tmp_path: Path) -> None:
 def test_train_refuses_a_directory_with_checkpoints_and_resume_needs_one(reference_run, tmp_path) -> None:
     cfg, out, _ = reference_run
     again = load_config(TrainConfig, out / "config.yaml")
-    with pytest.raises(InputError, match="already holds checkpoints; resume with --resume"):
+    with pytest.raises(InputError, match=r"already holds a run \(checkpoints/ \(step_3, step_4\), config\.yaml, "
+                                         r"metrics\.jsonl \(4 lines\), .*continue it with: mhgpo train --resume"):
         train(again, progress=False)
     assert [p.name for p in list_checkpoints(out)] == ["step_3", "step_4"]
     empty = tmp_path / "empty"
