@@ -244,6 +244,41 @@ def group_advantages_reference(
     return adv, stats
 
 
+def drop_zero_variance(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Untrain the groups whose rewards are all equal (DAPO's dynamic-sampling filter): they carry no gradient
+    but would count in the loss's means. Returns ``(new_group_ids (N,), n_dropped_groups)``: -1 for the members
+    of a zero-variance group, other ids unchanged. Not in the paper (a switch: ``filter_zero_variance``)."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    group_ids = np.asarray(group_ids)
+    _check_groups(rewards, group_ids)
+    out = group_ids.copy()
+    trained = np.flatnonzero(group_ids >= 0)  # (M,)
+    if trained.shape[0] == 0:
+        return out, 0
+    uniq, inv = np.unique(group_ids[trained], return_inverse=True)  # (K,) (M,)
+    inv = inv.reshape(-1)
+    r_max = np.full(uniq.shape[0], -np.inf)  # (K,)
+    r_min = np.full(uniq.shape[0], np.inf)  # (K,)
+    np.maximum.at(r_max, inv, rewards[trained])
+    np.minimum.at(r_min, inv, rewards[trained])
+    constant = r_max == r_min  # (K,)
+    out[trained[constant[inv]]] = -1
+    return out, int(constant.sum())
+
+
+def drop_zero_variance_reference(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Loop version of :func:`drop_zero_variance`, for the tests."""
+    out = np.asarray(group_ids).copy()
+    dropped = 0
+    for g in sorted({int(x) for x in out if x >= 0}):
+        members = [i for i in range(out.shape[0]) if group_ids[i] == g]
+        if len({float(rewards[i]) for i in members}) == 1:
+            dropped += 1
+            for i in members:
+                out[i] = -1
+    return out, dropped
+
+
 def regroup_singletons(
     group_ids: np.ndarray,
     pool_keys: Sequence[str] | np.ndarray,

@@ -446,6 +446,10 @@ class TrainConfig:
     rr_regroup: str = "fork"  # RR's singletons pooled by: fork | role | all (see mhgpo/advantages.py)
     # fp32 | bf16-mixed | bf16 | auto (see mhgpo/precision.py); the run's config.yaml records the resolved one
     precision: str = "auto"
+    # Untrain groups whose rewards are all equal and draw more questions until the step holds as many informative
+    # groups as a plain draw forms, at most `filter_max_questions` questions a step (None: 4 × questions_per_step).
+    filter_zero_variance: bool = False
+    filter_max_questions: int | None = None
     seed: int = 0
     output_dir: str = "runs/train"
     eval_every: int = 10  # 0: never during training
@@ -501,4 +505,57 @@ class TrainConfig:
                              f"(sum {sum(self.rr_probs):g})")
         if self.rr_regroup not in RR_REGROUP:
             raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
+        check_precision(self.precision)
+        if self.filter_zero_variance and self.algo in CRITIC_ALGOS:
+            raise InputError(f"filter_zero_variance: {self.algo} forms no groups (its critic is the baseline)")
+        if self.filter_max_questions is not None and self.filter_max_questions < self.questions_per_step:
+            raise InputError(f"filter_max_questions: must be at least questions_per_step ({self.questions_per_step}),"
+                             f" got {self.filter_max_questions}")
+
+
+# --------------------------------------------------------------------------------------------- warm start
+
+
+def _sft_optim() -> OptimConfig:
+    return OptimConfig(lr=5e-4, kl_beta=0.0, warmup_steps=0, schedule="constant")
+
+
+@dataclasses.dataclass
+class SFTConfig:
+    """`mhgpo sft`: supervised warm start of every role on its gold outputs (`mhgpo/sft.py`). The `search` and
+    `retrieval` sections must match the RL run's, so that the prompts are the same."""
+
+    model: str = "smollm2-135m"
+    data: str = "synthetic:train"
+    val_data: str = "synthetic:dev"
+    system: str = "mas"
+    roles: list[str] | None = None  # None: every role with demonstrations
+    steps: int = 40
+    batch_size: int = 16  # demonstrations per optimiser step (all roles mixed)
+    limit: int | None = None  # training questions to draw demonstrations from (None: all)
+    seed: int = 0
+    output_dir: str = "runs/sft"
+    eval_every: int = 0  # validation every N steps; 0: at the end only
+    val_limit: int = 40  # validation questions for the team's Acc / EM / F1 (0: none)
+    format_limit: int = 16  # held-out demonstrations per role for the format accuracy
+    eval_batch_size: int = 40
+    gen_batch_size: int = 16
+    save_every: int = 0  # 0: at the end only
+    keep_checkpoints: int = 1
+    max_rounds: int = 64
+    precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/precision.py)
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=_sft_optim)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+
+    def validate(self) -> None:
+        for key in ("steps", "batch_size"):
+            if getattr(self, key) < 1:
+                raise InputError(f"{key}: must be at least 1, got {getattr(self, key)}")
+        for key in ("eval_every", "val_limit", "format_limit", "save_every"):
+            if getattr(self, key) < 0:
+                raise InputError(f"{key}: must be >= 0, got {getattr(self, key)}")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"limit: must be at least 1, got {self.limit}")
         check_precision(self.precision)

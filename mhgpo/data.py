@@ -270,6 +270,34 @@ def _load(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> 
     return [example for _, example in _parsed(path, parse)]
 
 
+def _decomposition(record: dict, where: str) -> tuple[str, ...]:
+    """The optional `decomposition` list of a record (the hops as sub-questions; the synthetic world writes it)."""
+    value = record.get("decomposition")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InputError(f"{where}: 'decomposition' must be a list of strings")
+    return tuple(_text(q, "decomposition", where).strip() for q in value if str(q).strip())
+
+
+def _musique_hops(record: dict, where: str) -> tuple[str, ...]:
+    """MuSiQue's `question_decomposition` as search queries: `>>` becomes a space and a reference `#k` to an earlier
+    hop is replaced by that hop's query without its question mark (never by its answer, which a query rewriter
+    cannot know)."""
+    value = record.get("question_decomposition")
+    if not isinstance(value, list):
+        return ()
+    hops: list[str] = []
+    for i, item in enumerate(value):
+        text = item.get("question") if isinstance(item, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(f"{where}: question_decomposition[{i}]: missing key 'question'")
+        text = re.sub(r"#(\d+)", lambda m: hops[int(m.group(1)) - 1].rstrip("?") if 0 < int(m.group(1)) <= len(hops)
+                      else m.group(0), text)
+        hops.append(" ".join(text.replace(">>", " ").split()))
+    return tuple(hops)
+
+
 def _titled_example(record: dict, where: str, ordinal: int, answer_key: str, titles_key: str,
                     id_keys: tuple[str, ...]) -> Example:
     """An `Example` from a record whose gold paragraphs are named by title (HotpotQA layout, generic JSONL)."""
@@ -285,6 +313,7 @@ def _titled_example(record: dict, where: str, ordinal: int, answer_key: str, tit
         supporting_titles=titles,
         context=context,
         supporting_context=_by_title(titles, context),
+        decomposition=_decomposition(record, where),
     )
 
 
@@ -360,6 +389,7 @@ def musique_example(record: dict, where: str, ordinal: int) -> Example | None:
         supporting_titles=tuple(paragraphs[j][0] for j in gold),
         context=tuple((title, text) for title, text, _ in paragraphs),
         supporting_context=tuple((j,) for j in gold),
+        decomposition=_musique_hops(record, where),
     )
 
 

@@ -75,9 +75,10 @@ class Policy:
     """The trainable model, its optimiser and scheduler, and its reference."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, optim: OptimConfig, lora: LoraConfig, total_steps: int,
-                 reference: Reference | None = None, precision: str = "fp32"):
+                 reference: Reference | None = None, precision: str = "fp32", keep_reference: bool = True):
         """``model`` comes stored as ``precision`` asks (:func:`mhgpo.precision.weight_dtype`: its frozen base
-        under LoRA, all of it under full fine-tuning); ``precision`` is a resolved one (not ``auto``)."""
+        under LoRA, all of it under full fine-tuning); ``precision`` is a resolved one (not ``auto``).
+        ``keep_reference=False``: no frozen copy under full fine-tuning (a warm start has no KL term)."""
         self.cfg = optim
         self.pad_id = pad_id
         self.lora = lora.enabled
@@ -96,7 +97,7 @@ class Policy:
                                    autocast_adapter_dtype=precision != "bf16")
             self.reference_adapters = _add_negated_adapters(model, reference.adapters)
         self.ref_model = reference.model
-        if self.ref_model is None and not lora.enabled:
+        if self.ref_model is None and not lora.enabled and keep_reference:
             # the reference copy keeps the actor's dtype: the same forward on the same weights, so KL starts at 0
             self.ref_model = copy.deepcopy(model)
         if self.ref_model is not None:
@@ -127,6 +128,10 @@ class Policy:
                 chunk_size=self.cfg.logprob_chunk,
                 pad_id=self.pad_id,
             )
+
+    def logprobs(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current policy's log-probs of every sample's output tokens: (b, T) float32 and the (b, T) mask."""
+        return self._logprobs(self.model, batch)
 
     @torch.no_grad()
     def reference_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:

@@ -30,6 +30,9 @@ class Example:
     # indices in `context` of the paragraphs that count as it. A title repeated in `context` (2WikiMultihopQA)
     # gives several; a MuSiQue gold paragraph gives exactly its own; a title absent from `context` gives none.
     supporting_context: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    # The question's hops as search queries, when the data knows them (the synthetic world's `decomposition`,
+    # MuSiQue's `question_decomposition`): what a query rewriter should output. Empty when unknown.
+    decomposition: tuple[str, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)

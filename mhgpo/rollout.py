@@ -199,6 +199,33 @@ def run_rollouts(
     return RolloutBatch(examples, nodes, fork_agents, stats)
 
 
+def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
+    """One batch holding the trees of `batches` in order: node ids, parent ids, question indices and group ids
+    are shifted so that they stay distinct (group ids stay per batch: groups never span batches); stats add up."""
+    if len(batches) == 1:
+        return batches[0]
+    examples: list[Example] = []
+    nodes: list[Node] = []
+    fork_agents: list[list[str | None]] = []
+    stats: dict[str, float] = {}
+    next_group = 0
+    for b in batches:
+        node_shift, question_shift = len(nodes), len(examples)
+        groups = [n.group_id for n in b.nodes if n.group_id >= 0]
+        for n in b.nodes:
+            n.node_id += node_shift
+            n.parent_id = n.parent_id + node_shift if n.parent_id >= 0 else -1
+            n.question_index += question_shift
+            n.group_id = n.group_id + next_group if n.group_id >= 0 else -1
+            nodes.append(n)
+        next_group += max(groups) + 1 if groups else 0
+        examples.extend(b.examples)
+        fork_agents.extend(b.fork_agents)
+        for k, v in b.stats.items():
+            stats[k] = stats.get(k, 0.0) + v
+    return RolloutBatch(examples, nodes, fork_agents, stats)
+
+
 def _first_llm_agent(nodes: list[Node], q: int) -> str | None:
     return next((n.agent for n in nodes if n.question_index == q and n.kind == "llm"), None)
 

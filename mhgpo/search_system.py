@@ -11,12 +11,13 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 import yaml
 
 from mhgpo.config import AgentSampling, SystemConfig
-from mhgpo.records import Passage
+from mhgpo.metrics import normalize_answer
+from mhgpo.records import Example, Passage
 from mhgpo.workflow import State, StepResult, Workflow
 
 REWRITER, RETRIEVER, RERANKER, ANSWERER = "rewriter", "retriever", "reranker", "answerer"
@@ -75,13 +76,18 @@ class RerankerParse:
     reason: str = ""
 
 
+_NONE = re.compile(r"^\W*none\W*$", re.IGNORECASE)
+
+
 def parse_reranker(output: str, num_candidates: int) -> RerankerParse:
     """The integers in the output, in order, are the selected document ids.
 
     Duplicates and out-of-range ids are dropped and penalised; text that holds no integer at all is penalised
-    (non-numeric words around the ids are ignored).
+    (non-numeric words around the ids are ignored), except the single word `None`: no document is useful.
     """
     ids = [int(m) for m in _INT.findall(output) if len(m) <= 6]
+    if not ids and _NONE.match(output):
+        return RerankerParse((), 0, False)
     if not ids:
         return RerankerParse((), 0, True, "no document id")
     selected: list[int] = []
@@ -104,6 +110,55 @@ def parse_answer(output: str, max_words: int = 30) -> tuple[str, bool]:
     stripped = _ANSWER_PREFIX.sub("", text, count=1).strip()
     answer = stripped or text
     return answer, len(answer.split()) > max_words
+
+
+def _title_stem(title: str) -> str:
+    """A title without a trailing disambiguation in brackets: `Big Stone Gap (film)` → `Big Stone Gap`."""
+    return re.sub(r"\s*\([^)]*\)\s*$", "", title).strip() or title
+
+
+def gold_queries(example: Example, max_queries: int = 4) -> tuple[str, ...]:
+    """The sub-queries a good Rewriter writes for `example`: its `decomposition` when the data has one; else the
+    supporting titles that the question itself names (without a bracketed disambiguation), in the question's
+    order, followed by the question when fewer than two titles are named. Titles the question does not name are
+    never used: they are hidden intermediate answers the Rewriter cannot know."""
+    if example.decomposition:
+        return tuple(example.decomposition[:max_queries])
+    lowered = example.question.lower()
+    named = []
+    for stem in dict.fromkeys(_title_stem(t) for t in example.supporting_titles):
+        at = lowered.find(stem.lower())
+        if stem and at >= 0:
+            named.append((at, stem))
+    queries = [stem for _, stem in sorted(named)][:max_queries]
+    if len(queries) < 2:
+        queries = (queries + [example.question])[:max_queries]
+    return tuple(queries)
+
+
+def format_queries(queries: Sequence[str]) -> str:
+    """The Rewriter's output format: `### q1; q2 ###`."""
+    return f"### {'; '.join(queries)} ###"
+
+
+def format_ids(ids: Sequence[int]) -> str:
+    """The Reranker's output format: `2, 5`, or `None` for an empty selection."""
+    return ", ".join(str(i) for i in ids) if ids else "None"
+
+
+def gold_ids(candidates: Sequence[Passage], supporting_titles: Sequence[str]) -> tuple[int, ...]:
+    """The candidates whose title is a supporting title, in retrieval order."""
+    gold = set(supporting_titles)
+    return tuple(i for i, p in enumerate(candidates) if p.title in gold)
+
+
+def grounded(answer: str, question: str, passages: Sequence[Passage]) -> bool:
+    """Whether `answer` can be read off the question or the passages (or is yes / no): the condition for an
+    Answerer demonstration, so that a warm start never teaches answering from nothing."""
+    norm = normalize_answer(answer)
+    if norm in ("yes", "no"):
+        return True
+    return bool(norm) and any(norm in normalize_answer(text) for text in [question, *(p.text for p in passages)])
 
 
 def format_documents(passages: list[Passage], template: str, snippet_words: int) -> str:
@@ -219,6 +274,22 @@ class SearchSystem(Workflow):
     def final_answer(self, state: State) -> str:
         return state.get("answer", "")
 
+    def demonstration(self, state: State, agent: str) -> str | None:
+        """Gold outputs for a warm start: the Rewriter's `gold_queries`; the Reranker's gold candidates (the
+        retrieved passages whose title is a supporting title, in retrieval order; `None` when none was retrieved);
+        the Answerer's first gold answer when it can be read off the documents it is shown (else no
+        demonstration)."""
+        example = state.example
+        if agent == REWRITER:
+            return format_queries(gold_queries(example, self.config.max_subqueries))
+        candidates = state.get("candidates") or ()
+        if agent == RERANKER:
+            return format_ids(gold_ids(candidates, example.supporting_titles))
+        if agent == ANSWERER and example.answers:
+            shown = [candidates[i] for i in state.get("selected") or ()]
+            return example.answers[0] if grounded(example.answers[0], example.question, shown) else None
+        return None
+
     def sampling(self, agent: str) -> AgentSampling:
         return getattr(self.config, agent)
 
@@ -259,6 +330,9 @@ class LLMOnly(Workflow):
 
     def final_answer(self, state: State) -> str:
         return state.get("answer", "")
+
+    def demonstration(self, state: State, agent: str) -> str | None:
+        return state.example.answers[0] if state.example.answers else None
 
     def sampling(self, agent: str) -> AgentSampling:
         return self.config.answerer

@@ -40,7 +40,7 @@ from mhgpo.records import InputError
 __all__ = ["Entity", "World", "generate_world", "write_world", "default_world_dir", "ensure_default_world",
            "VERSION", "DEFAULT_N_TRAIN", "DEFAULT_N_DEV"]
 
-VERSION = 1
+VERSION = 2  # 2: records carry `decomposition` (the sub-questions of each hop)
 DEFAULT_N_TRAIN = 2000
 DEFAULT_N_DEV = 200
 MIN_ENTITIES = 60
@@ -143,6 +143,14 @@ _YESNO_TEMPLATES = {
     "genre": "Do the {kind}s {a} and {b} belong to the same genre?|Are the {kind}s {a} and {b} of the same genre?",
     "hq": "Are {a} and {b} based in the same city?|Do {a} and {b} have their headquarters in the same city?"}
 _HQ_VERBS = {"company": "headquartered", "band": "based", "university": "located"}
+# The sub-questions of each hop (a record's `decomposition`): what a query rewriter should search for. A hop that
+# depends on an earlier answer is phrased through the question's own words, never through the hidden answer.
+_BRIDGE_HOPS = {"birth_city": "Where was {p} born?", "birth_year": "When was {p} born?",
+                "nationality": "What is the nationality of {p}?"}
+_DATE_HOPS = {"film": "When was {} released?", "novel": "When was {} published?", "album": "When was {} released?",
+              "person": "When was {} born?", "org": "When was {} founded?"}
+_SAME_HOPS = {"nationality": "What is the nationality of {}?", "city": "Where was {} born?",
+              "genre": "What is the genre of {}?", "hq": "In which city is {} based?"}
 _WORK_KINDS = ("film", "novel", "album")
 _ORG_KINDS = ("company", "band", "university")
 # Which sentence of a paragraph states a fact (the templates above fix it).
@@ -435,14 +443,18 @@ class _Builder:
         template = _pick(self.rng, _BRIDGE_TEMPLATES[relation])
         if relation == "hq_country":
             city = self.by_name[host.city]
-            question = template.format(o=host.name, verb=_HQ_VERBS[host.kind])
-            return self._record(question, city.country, "bridge", [(host, HQ_SENTENCE), (city, 0)])
+            verb = _HQ_VERBS[host.kind]
+            question = template.format(o=host.name, verb=verb)
+            hops = [f"In which city is {host.name} {verb}?",
+                    f"In which country is the city where {host.name} is {verb}?"]
+            return self._record(question, city.country, "bridge", [(host, HQ_SENTENCE), (city, 0)], hops)
         person = self.by_name[host.person]
         phrase = _pick(self.rng, _ROLES[host.kind if host.kind in _WORK_KINDS else "org"]).format(host.name)
         question = template.format(p=phrase, P=phrase[0].upper() + phrase[1:])
         answer = {"birth_city": person.city, "birth_year": str(person.year), "nationality": person.nationality}
         gold = [(host, CREATOR_SENTENCE[host.kind]), (person, 0)]
-        return self._record(question, answer[relation], "bridge", gold)
+        hops = [f"Who is {phrase}?", _BRIDGE_HOPS[relation].format(p=phrase)]
+        return self._record(question, answer[relation], "bridge", gold, hops)
 
     def _choice(self) -> dict | None:
         family = self.rng.choice(("film", "novel", "album", "person", "person", "org"))
@@ -450,7 +462,8 @@ class _Builder:
         if a.year == b.year or not self._fresh(("choice", *sorted((a.name, b.name)))):
             return None
         question = _pick(self.rng, _CHOICE_TEMPLATES[family]).format(a=a.name, b=b.name)
-        return self._record(question, a.name if a.year < b.year else b.name, "comparison", [(a, 0), (b, 0)])
+        hops = [_DATE_HOPS[family].format(a.name), _DATE_HOPS[family].format(b.name)]
+        return self._record(question, a.name if a.year < b.year else b.name, "comparison", [(a, 0), (b, 0)], hops)
 
     def _yesno(self) -> dict | None:
         """A yes/no comparison; the answers alternate yes, no, yes, ... so that they stay balanced."""
@@ -472,7 +485,8 @@ class _Builder:
         question = _pick(self.rng, _YESNO_TEMPLATES[family]).format(a=a.name, b=b.name, kind=kind)
         sentence = HQ_SENTENCE if family == "hq" else 0
         answer, self.yes_next = ("yes" if self.yes_next else "no"), not self.yes_next
-        return self._record(question, answer, "comparison", [(a, sentence), (b, sentence)])
+        hops = [_SAME_HOPS[family].format(a.name), _SAME_HOPS[family].format(b.name)]
+        return self._record(question, answer, "comparison", [(a, sentence), (b, sentence)], hops)
 
     def _groups(self, key: str, pool: list[Entity], attr: str) -> list[list[Entity]]:
         """The entities of `pool` that share a value of `attr`, in groups of two or more (cached)."""
@@ -483,7 +497,8 @@ class _Builder:
             self.groups[key] = [g for g in by_value.values() if len(g) > 1]
         return self.groups[key]
 
-    def _record(self, question: str, answer: str, qtype: str, gold: list[tuple[Entity, int]]) -> dict:
+    def _record(self, question: str, answer: str, qtype: str, gold: list[tuple[Entity, int]],
+                hops: list[str]) -> dict:
         distractors, hard = self._distractors([e for e, _ in gold])
         paragraphs = [e for e, _ in gold] + distractors
         self.rng.shuffle(paragraphs)
@@ -491,7 +506,7 @@ class _Builder:
         return {"_id": digest, "question": question, "answer": answer, "type": qtype,
                 "supporting_facts": [[e.name, i] for e, i in gold],
                 "context": [[e.name, _hotpot_sentences(e.sentences)] for e in paragraphs],
-                "level": "hard" if hard else "medium"}
+                "level": "hard" if hard else "medium", "decomposition": hops}
 
     def _distractors(self, gold: list[Entity]) -> tuple[list[Entity], bool]:
         """Confusable names of the gold entities first, then entities of the same kinds, then any."""
@@ -586,7 +601,7 @@ def write_world(out_dir: str | os.PathLike[str], seed: int = 0, n_train: int = D
 
 
 def default_world_dir() -> Path:
-    """The cache folder of the default world: `$MHGPO_CACHE` (else `~/.cache/mhgpo`) / `world-seed0-v1`."""
+    """The cache folder of the default world: `$MHGPO_CACHE` (else `~/.cache/mhgpo`) / `world-seed0-v<VERSION>`."""
     root = os.environ.get("MHGPO_CACHE") or str(Path("~") / ".cache" / "mhgpo")
     return Path(root).expanduser() / f"world-seed0-v{VERSION}"
 

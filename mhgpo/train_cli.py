@@ -55,6 +55,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+SFT_FLAGS = {"steps": "steps", "batch_size": "batch_size", "model": "model", "data": "data", "seed": "seed",
+             "output_dir": "output_dir", "corpus": "retrieval.corpus", "retriever": "retrieval.retriever",
+             "index": "retrieval.index", "system": "system"}
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """Supervised warm start of every role on its gold outputs (`mhgpo/sft.py`)."""
+    from mhgpo.cli import _flag_overrides
+    from mhgpo.config import SFTConfig, load_config
+    from mhgpo.sft import resume_sft, run_sft
+
+    from mhgpo.records import InputError
+
+    overrides = _flag_overrides(args, SFT_FLAGS) + list(args.overrides)
+    if args.from_step is not None and not args.resume:
+        raise InputError("--from-step: only with --resume RUN_DIR")
+    if args.resume:
+        trainer = resume_sft(Path(args.resume), overrides, from_step=args.from_step)
+    else:
+        trainer = run_sft(load_config(SFTConfig, args.config, overrides))
+    print(f"finished {trainer.step} steps; run directory: {trainer.run_dir} (start from it with --model "
+          f"{trainer.run_dir})")
+    if trainer.val_history:
+        last = trainer.val_history[-1]
+        print(f"val F1 {last['val/f1']:.1f}  EM {last['val/em']:.1f}  Acc {last['val/acc']:.1f} (step {last['step']})")
+    return 0
+
+
 def demo_config_path() -> Path:
     return Path(str(resources.files("mhgpo").joinpath("demo.yaml")))
 
@@ -129,6 +157,16 @@ def _print_behaviour(console, before: dict, after: dict) -> None:
 
 def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register the training sub-commands on the `mhgpo` parser."""
+    sft = sub.add_parser("sft", help="supervised warm start: every role learns its gold outputs (then --model DIR)")
+    sft.add_argument("--steps", type=int)
+    sft.add_argument("--batch-size", type=int, help="demonstrations per optimiser step")
+    sft.add_argument("--data", help="synthetic:train (default), hotpotqa:PATH, 2wiki:PATH, musique:PATH")
+    sft.add_argument("--seed", type=int)
+    sft.add_argument("--output-dir", help="the run directory")
+    sft.add_argument("--resume", metavar="RUN_DIR", help="continue the warm start in RUN_DIR from its last checkpoint")
+    sft.add_argument("--from-step", type=int, metavar="N", help="with --resume: continue from step N's checkpoint")
+    common(sft)
+    sft.set_defaults(func=cmd_sft)
     for name, func, help_text in (
         ("train", cmd_train, "train the team with MHGPO (or a baseline: --algo mappo, --system llm --algo grpo|ppo)"),
         ("demo", cmd_demo, "evaluate, train with MHGPO (RR) on CPU, evaluate again (the embedded default)"),

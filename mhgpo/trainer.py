@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from mhgpo.advantages import group_advantages, propagate_rewards, total_rewards
+from mhgpo.advantages import drop_zero_variance, group_advantages, propagate_rewards, total_rewards
 from mhgpo.behaviour import agent_behaviour
 from mhgpo.checkpoint import (CheckpointError, CheckpointMismatch, check_checkpoint, checkpoint_step, clean_leftovers,
                               Live, list_checkpoints, load_checkpoint, previous_complete, save_checkpoint)
@@ -31,7 +31,7 @@ from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, load_config
 from mhgpo.evaluate import evaluate_examples
 from mhgpo.policy import Policy, Sample, peak_memory_mb
 from mhgpo.records import Example, InputError, RunError
-from mhgpo.rollout import RolloutBatch, RolloutSpec, run_rollouts
+from mhgpo.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
 from mhgpo.rundir import RunLock, require_empty_run_dir
 from mhgpo.runlog import RunLog, write_rollouts
 from mhgpo.statecodec import rng_states
@@ -162,10 +162,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------- data
 
-    def _next_questions(self) -> list[Example]:
+    def _next_questions(self, count: int) -> list[Example]:
         n = len(self.team.train)
         out = []
-        for _ in range(self.cfg.questions_per_step):
+        for _ in range(count):
             epoch, idx = divmod(self.position, n)
             order = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
             out.append(self.team.train[int(order[idx])])
@@ -227,16 +227,8 @@ class Trainer:
         ids for MHGPO / GRPO; the critic's GAE for MAPPO / PPO)."""
         cfg, team = self.cfg, self.team
         t0 = time.perf_counter()
-        questions = self._next_questions()
         team.policy.model.eval()
-        batch = run_rollouts(questions, team.workflow, team.generator, team.encode, self._spec(), self.rng,
-                             max_rounds=cfg.max_rounds)
-        if team.critic is None:
-            adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
-        else:
-            assign_shared_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
-            adv_stats = {"n_groups": 0.0, "n_zero_variance_groups": 0.0}
-        untrained = apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
+        batch, adv_stats, untrained, filter_stats = self._sample()
         trained = [n for n in batch.llm_nodes() if n.trained]
         samples = [
             Sample(n.prompt_ids, n.output_ids, n.logprobs, n.advantage, n.agent,
@@ -254,12 +246,62 @@ class Trainer:
             zero_variance_groups=adv_stats["n_zero_variance_groups"],
             singletons_dropped=batch.stats["singletons_dropped"],
             frozen_samples=float(untrained),
+            **filter_stats,
             llm_calls=batch.stats["llm_calls"],
             tokens_generated=batch.stats["tokens_generated"],
             **critic_stats,
             **{"seconds/rollout": time.perf_counter() - t0},
         )
         return batch, samples, metrics
+
+    def _rollout(self, questions: list[Example]) -> tuple[RolloutBatch, dict[str, float], int]:
+        """Rollout trees of `questions`, their rewards and advantages (group ids for MHGPO / GRPO; the critic's
+        GAE later, for MAPPO / PPO), and the role switches; returns the batch, group counts and untrained count."""
+        cfg, team = self.cfg, self.team
+        batch = run_rollouts(questions, team.workflow, team.generator, team.encode, self._spec(), self.rng,
+                             max_rounds=cfg.max_rounds)
+        if team.critic is None:
+            adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
+        else:
+            assign_shared_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
+            adv_stats = {"n_groups": 0.0, "n_zero_variance_groups": 0.0}
+        return batch, adv_stats, apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
+
+    def _sample(self) -> tuple[RolloutBatch, dict[str, float], int, dict[str, float]]:
+        """The step's rollouts. With `filter_zero_variance`, the groups whose rewards are all equal are untrained
+        and more questions are drawn, `questions_per_step` at a time, until the step holds as many informative
+        groups as its first draw formed groups, or `filter_max_questions` questions have been drawn."""
+        cfg = self.cfg
+        batch, adv_stats, untrained = self._rollout(self._next_questions(cfg.questions_per_step))
+        if not cfg.filter_zero_variance:
+            return batch, adv_stats, untrained, {}
+        cap = cfg.filter_max_questions or 4 * cfg.questions_per_step
+        batches, drawn, groups, dropped = [], 0, 0, 0
+        target = None
+        while True:
+            drawn += len(batch.examples)
+            ids = np.array([n.group_id for n in batch.nodes], dtype=np.int64)  # (N,)
+            rewards = np.array([n.reward for n in batch.nodes], dtype=np.float64)  # (N,)
+            kept, zero = drop_zero_variance(rewards, ids)
+            for n, g in zip(batch.nodes, kept):
+                if g < 0 and n.group_id >= 0:
+                    n.group_id, n.advantage = -1, 0.0
+            n_groups = len({int(g) for g in ids if g >= 0})
+            target = n_groups if target is None else target
+            groups, dropped = groups + n_groups, dropped + zero
+            batches.append(batch)
+            if groups - dropped >= target or drawn >= cap:
+                break
+            count = min(cfg.questions_per_step, cap - drawn)
+            more, _, extra_untrained = self._rollout(self._next_questions(count))
+            batch, untrained = more, untrained + extra_untrained
+        merged = merge_batches(batches)
+        stats = {"n_groups": float(groups - dropped), "n_zero_variance_groups": float(dropped)}
+        return merged, stats, untrained, {
+            "groups/zero_variance_frac": dropped / groups if groups else 0.0,
+            "filter/questions": float(drawn),
+            "filter/extra_questions": float(drawn - cfg.questions_per_step),
+        }
 
     def learn(self, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
         """The step's second phase: the critic's update (MAPPO / PPO), then the policy's, except during the
@@ -293,19 +335,19 @@ class Trainer:
                    dynamic_ncols=True)
         last_val = self.val_history[-1] if self.val_history else {}
         completed_rng = rng_states(self.rng)
+        completed_position = self.position
         saved_step = self.step
         guard: _StopGuard | None = None
         try:
             with _StopGuard() as guard:
                 while self.step < cfg.steps:
-                    completed_rng = rng_states(self.rng)
                     batch, samples, metrics = self.collect()
                     # From the first weight change on, the step is completed (logged, saved) before a signal
                     # stops the run: an interrupted update would leave weights that belong to no step.
                     with guard.critical():
                         metrics = self.learn(samples, metrics)
                         step = self.step + 1
-                        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                        if self._validates_at(step):
                             t = time.perf_counter()
                             res = self.validate()
                             self.last_eval = (step, res)
@@ -314,14 +356,17 @@ class Trainer:
                             metrics.update(last_val)
                             metrics["seconds/eval"] = time.perf_counter() - t
                         metrics["memory/peak_mb"] = peak_memory_mb()
-                        write_rollouts(self.run_dir, step, batch)
+                        if batch is not None:
+                            write_rollouts(self.run_dir, step, batch)
                         log.log(step, metrics)
                         self.step = step
-                        if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
+                        completed_rng, completed_position = rng_states(self.rng), self.position
+                        if self._saves_at(step):
                             self._save_or_stop()
                             saved_step = step
                     bar.update(1)
-                    post = {"reward": f"{metrics['reward/mean']:.3f}"}
+                    post = ({"reward": f"{metrics['reward/mean']:.3f}"} if "reward/mean" in metrics
+                            else {"loss": f"{metrics.get('loss', 0.0):.3f}"})
                     if last_val:
                         post["val_f1"] = f"{last_val['val/f1']:.1f}"
                     bar.set_postfix(post)
@@ -330,8 +375,8 @@ class Trainer:
                 print("mhgpo: aborted; nothing saved", flush=True)
             elif saved_step != self.step:
                 rng = None
-                if self.position != self._position_after(self.step):  # stopped inside a step: rewind it
-                    self.position = self._position_after(self.step)
+                if self.position != completed_position:  # stopped inside a step: rewind it
+                    self.position = completed_position
                     rng = completed_rng
                 path = self.save(rng)
                 print(f"mhgpo: interrupted; saved {path} (resume with: mhgpo train --resume {self.run_dir})",
@@ -342,17 +387,37 @@ class Trainer:
             log.close()
         return {"steps": self.step, "val": self.val_history}
 
-    def _position_after(self, step: int) -> int:
-        return step * self.cfg.questions_per_step
+    def _validates_at(self, step: int) -> bool:
+        every = self.cfg.eval_every
+        return bool(every) and (step % every == 0 or step == self.cfg.steps)
+
+    def _saves_at(self, step: int) -> bool:
+        every = self.cfg.save_every
+        return bool(every) and (step % every == 0 or step == self.cfg.steps)
 
 
 # ------------------------------------------------------------------------------------------------- builders
 
 
+def load_team_data(cfg: Any, with_val: bool, val_limit: int | None = None) -> tuple[list[Example], list[Example],
+                                                                                  Workflow, Workflow]:
+    """The training and validation examples of `cfg` (`data`, `val_data`, `val_limit`) and the workflows that
+    answer them (one, or one per data set when each brings its own context corpus)."""
+    from mhgpo.factory import build_workflow, load_examples
+
+    train = load_examples(cfg.data)
+    val = load_examples(cfg.val_data, cfg.val_limit if val_limit is None else val_limit) if with_val else []
+    workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+    same_corpus = (cfg.retrieval.corpus not in (None, "context")  # a corpus file; "context": each data set's own
+                   or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic")
+    val_workflow = workflow if same_corpus or not val else build_workflow(
+        cfg.system, cfg.val_data, cfg.retrieval, cfg.search)
+    return train, val, workflow, val_workflow
+
+
 def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
     """The data, workflows and model pieces of `cfg`; the validation set is loaded when `cfg.eval_every` asks for
     it or `with_val` (the demo evaluates before and after training whatever `eval_every` says)."""
-    from mhgpo.factory import build_workflow, load_examples
     from mhgpo.generation import HFGenerator
     from mhgpo.models import encode_chat
     from mhgpo.precision import announce, default_device, resolve_precision, weight_dtype
@@ -361,13 +426,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    train = load_examples(cfg.data)
-    val = load_examples(cfg.val_data, cfg.val_limit) if cfg.eval_every or with_val else []
-    workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
-    same_corpus = (cfg.retrieval.corpus not in (None, "context")  # a corpus file; "context": each data set's own
-                   or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic")
-    val_workflow = workflow if same_corpus or not val else build_workflow(
-        cfg.system, cfg.val_data, cfg.retrieval, cfg.search)
+    train, val, workflow, val_workflow = load_team_data(cfg, bool(cfg.eval_every) or with_val)
     roles = set(workflow.agents)
     for key, names in (("train_roles", cfg.train_roles or []), ("frozen_roles", cfg.frozen_roles)):
         bad = [r for r in names if r not in roles]
@@ -428,13 +487,13 @@ def choose_checkpoint(run_dir: Path, from_step: int | None = None) -> Path:
     return chosen
 
 
-def _with_fallback(error: CheckpointError, run_dir: Path, chosen: Path) -> CheckpointError:
+def _with_fallback(error: CheckpointError, run_dir: Path, chosen: Path, command: str = "train") -> CheckpointError:
     if isinstance(error, CheckpointMismatch):  # the config, not the checkpoint, is at fault
         return error
     prev = previous_complete(run_dir, checkpoint_step(chosen))
     if prev is None:
         return CheckpointError(f"{error}; there is no earlier complete checkpoint")
-    return CheckpointError(f"{error}; the previous complete checkpoint is {prev.name}: mhgpo train --resume "
+    return CheckpointError(f"{error}; the previous complete checkpoint is {prev.name}: mhgpo {command} --resume "
                            f"{run_dir} --from-step {checkpoint_step(prev)}")
 
 
@@ -457,19 +516,31 @@ def _set_aside_later(run_dir: Path, step: int) -> None:
 def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from_step: int | None = None) -> Trainer:
     """Continue the run in `run_dir` from its last checkpoint (or step `from_step`)."""
     run_dir = Path(run_dir)
+    cfg = run_config(run_dir, TrainConfig, overrides)
+    return continue_run(run_dir, lambda: Trainer(cfg, build_team(cfg), run_dir, progress), from_step, "train")
+
+
+def run_config(run_dir: Path, cls: type, overrides: list[str] = ()) -> Any:
+    """The saved config of the run in `run_dir` (with `overrides`), its output_dir set to `run_dir`."""
     if not (run_dir / "config.yaml").is_file():
         raise InputError(f"{run_dir}: not a run directory (no config.yaml)")
-    cfg = load_config(TrainConfig, run_dir / "config.yaml", list(overrides))
+    cfg = load_config(cls, run_dir / "config.yaml", list(overrides))
     cfg.output_dir = str(run_dir)
-    with RunLock(run_dir, "train --resume"):
+    return cfg
+
+
+def continue_run(run_dir: Path, make: Callable[[], Trainer], from_step: int | None, command: str) -> Trainer:
+    """Lock `run_dir`, check its checkpoint (the last, or step `from_step`) before and after `make()` builds the
+    trainer, restore it, and run on; `command` (train, sft) names how to resume from an earlier checkpoint."""
+    with RunLock(run_dir, f"{command} --resume"):
         clean_leftovers(run_dir)  # of a save that was cut short
         chosen = choose_checkpoint(run_dir, from_step)
         try:
             check_checkpoint(chosen)  # fail before the model loads
-            trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
+            trainer = make()
             trainer.restore(chosen)  # every file checked against the model before any state changes
         except CheckpointError as e:
-            raise _with_fallback(e, run_dir, chosen) from None
+            raise _with_fallback(e, run_dir, chosen, command) from None
         _set_aside_later(run_dir, trainer.step)
         trainer.run()
     return trainer

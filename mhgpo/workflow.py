@@ -86,6 +86,11 @@ class Workflow(ABC):
         """Generation settings of an agent (max new tokens, temperature, top_p)."""
         return AgentSampling()
 
+    def demonstration(self, state: State, agent: str) -> str | None:
+        """The gold output of `agent` in `state`, for supervised warm starts (`mhgpo sft`), or None when the data
+        gives none (the chain stops there). Built from the example's gold fields; the default has none."""
+        return None
+
     def is_tool(self, name: str) -> bool:
         return name in self.tools
 

@@ -7,6 +7,8 @@ import pytest
 
 from mhgpo.advantages import (
     AGGREGATORS,
+    drop_zero_variance,
+    drop_zero_variance_reference,
     gae,
     gae_reference,
     terminal_token_rewards,
@@ -365,3 +367,22 @@ def test_whiten_over_the_masked_entries():
     np.testing.assert_allclose(w[mask], np.array([-1.0, 0.0, 1.0]) / (np.sqrt(2 / 3) + 1e-8), rtol=0, atol=1e-12)
     assert np.all(w[~mask] == 0)
     assert np.all(whiten(x, np.zeros_like(mask)) == 0)
+
+
+def test_drop_zero_variance_by_hand():
+    rewards = np.array([0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.2, 0.7, 3.0])
+    ids = np.array([0, 0, 1, 1, 2, 2, -1, 3, 3])
+    out, dropped = drop_zero_variance(rewards, ids)
+    assert out.tolist() == [-1, -1, 1, 1, -1, -1, -1, 3, 3] and dropped == 2
+    assert ids.tolist() == [0, 0, 1, 1, 2, 2, -1, 3, 3]  # the input is not changed
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_drop_zero_variance_matches_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 40))
+    ids = rng.integers(-1, 6, size=n)
+    rewards = rng.choice([0.0, 0.5, 1.0], size=n)
+    out, dropped = drop_zero_variance(rewards, ids)
+    ref, ref_dropped = drop_zero_variance_reference(rewards, ids)
+    assert out.tolist() == ref.tolist() and dropped == ref_dropped

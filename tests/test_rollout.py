@@ -15,7 +15,7 @@ import pytest
 from mhgpo.config import SystemConfig
 from mhgpo.generation import Generation, SamplingParams
 from mhgpo.records import Example, Passage
-from mhgpo.rollout import RolloutBatch, RolloutSpec, run_rollouts
+from mhgpo.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
 from mhgpo.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchSystem
 from mhgpo.trainer import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
 from mhgpo.workflow import State, StepResult, Workflow
@@ -889,3 +889,25 @@ def test_single_agent_grpo_groups_are_g_answers_to_one_prompt():
         r = np.array([m.terminal for m in members])
         want = (r - r.mean()) / (r.std(ddof=1) + 1e-6) if np.ptp(r) else np.zeros(G)
         np.testing.assert_allclose([m.advantage for m in members], want, rtol=0, atol=1e-12)
+
+
+def test_merge_batches_keeps_trees_groups_and_stats_apart():
+    first, _, _ = rollout("fof", n_questions=2, seed=0)
+    second, _, _ = rollout("rr", n_questions=3, seed=1)
+    parts = [(len(b.nodes), len(b.examples), groups(b), dict(b.stats)) for b in (first, second)]
+    before = [[(n.agent, n.output, n.group_id, n.question_index) for n in b.nodes] for b in (first, second)]
+    merged = merge_batches([first, second])
+    assert len(merged.nodes) == parts[0][0] + parts[1][0] and len(merged.examples) == 5
+    assert [n.node_id for n in merged.nodes] == list(range(len(merged.nodes)))
+    for n in merged.nodes:
+        if n.parent_id >= 0:
+            parent = merged.nodes[n.parent_id]
+            assert parent.node_id < n.node_id and parent.question_index == n.question_index
+    shift = max(parts[0][2]) + 1
+    for i, (agent, output, group, question) in enumerate(before[1]):
+        n = merged.nodes[parts[0][0] + i]
+        assert (n.agent, n.output, n.question_index) == (agent, output, question + 2)
+        assert n.group_id == (group + shift if group >= 0 else -1)
+    assert len(groups(merged)) == len(parts[0][2]) + len(parts[1][2])
+    assert merged.stats == {k: parts[0][3][k] + parts[1][3][k] for k in parts[0][3]}
+    assert merge_batches([first]) is first

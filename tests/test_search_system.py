@@ -17,6 +17,11 @@ from mhgpo.search_system import (
     parse_answer,
     parse_reranker,
     parse_rewriter,
+    format_ids,
+    format_queries,
+    gold_ids,
+    gold_queries,
+    grounded,
 )
 
 Q = "Who directed Blue Harbor?"
@@ -85,6 +90,56 @@ def test_reranker_duplicate_and_out_of_range_dropped_and_penalised():
     assert p.penalised
 
 
+def test_reranker_none_is_a_valid_empty_selection():
+    for text in ("None", " none.", "NONE\n"):
+        p = parse_reranker(text, 5)
+        assert p.selected == () and not p.penalised
+    assert parse_rewriter(format_queries(["a b", "c"]), "Q").queries == ("a b", "c")
+    assert format_ids([2, 0]) == "2, 0" and parse_reranker(format_ids([2, 0]), 3).selected == (2, 0)
+    assert format_ids([]) == "None"
+
+
+def test_gold_queries_use_the_decomposition_else_the_titles_the_question_names():
+    ex = Example("q", "Which was founded first, Arda Motors or Tel Foods?", ("Arda Motors",),
+                 supporting_titles=("Tel Foods", "Arda Motors"))
+    assert gold_queries(ex) == ("Arda Motors", "Tel Foods")  # the question's order
+    bridge = Example("q", "The director of 'Big Stone Gap' is based in what New York city?", ("Greenwich Village",),
+                     supporting_titles=("Big Stone Gap (film)", "Adriana Trigiani"))
+    assert gold_queries(bridge) == ("Big Stone Gap", bridge.question)  # the hidden bridge title is never used
+    nothing = Example("q", "Who?", ("x",), supporting_titles=("Alpha",))
+    assert gold_queries(nothing) == ("Who?",)
+    hops = Example("q", "Q?", ("x",), supporting_titles=("A",), decomposition=("h1?", "h2?", "h3?"))
+    assert gold_queries(hops) == ("h1?", "h2?", "h3?") and gold_queries(hops, max_queries=2) == ("h1?", "h2?")
+
+
+def test_gold_ids_and_grounded_answers():
+    passages = [Passage("a", "Alpha", "Alpha was born in 1918."), Passage("b", "Beta", "beta"),
+                Passage("c", "Gamma", "gamma")]
+    assert gold_ids(passages, ("Gamma", "Alpha")) == (0, 2)  # retrieval order
+    assert gold_ids(passages, ("Delta",)) == ()
+    assert grounded("1918", "When?", passages[:1]) and not grounded("1918", "When?", passages[1:])
+    assert grounded("yes", "Same city?", []) and grounded("Beta", "Alpha or Beta?", [])
+    assert not grounded("", "Q?", passages)
+
+
+def test_demonstrations_walk_the_pipeline_with_gold_outputs():
+    passages = [Passage("a", "Alpha", "Alpha is a film by Beta."), Passage("b", "Beta", "Beta was born in Gam."),
+                Passage("c", "Gamma", "gamma")]
+    system = SearchSystem(FakeRetriever(passages), SystemConfig(top_k=2))
+    ex = Example("q1", "Where was the director of Alpha born?", ("Gam",), supporting_titles=("Alpha", "Beta"),
+                 decomposition=("Who directed Alpha?", "Where was the director of Alpha born?"))
+    s = system.init_state(ex)
+    assert system.demonstration(s, REWRITER) == "### Who directed Alpha?; Where was the director of Alpha born? ###"
+    s = system.apply(s, REWRITER, system.demonstration(s, REWRITER)).state
+    [r] = system.call_tools(RETRIEVER, [s])
+    s = r.state
+    assert system.demonstration(s, RERANKER) == "0, 1"
+    s = system.apply(s, RERANKER, "1").state  # a Reranker that kept only Beta: the answer is still shown
+    assert system.demonstration(s, ANSWERER) == "Gam"
+    s = system.apply(s, RERANKER, "None").state  # nothing shown: no Answerer demonstration
+    assert system.demonstration(s, ANSWERER) is None
+
+
 def test_reranker_nothing_parseable():
     p = parse_reranker("none of them", 10)
     assert p.selected == () and p.penalised
@@ -96,7 +151,9 @@ def test_reranker_never_raises_and_selection_is_valid(text, n):
     p = parse_reranker(text, n)
     assert len(set(p.selected)) == len(p.selected)
     assert all(0 <= i < n for i in p.selected)
-    assert p.penalised == (p.invalid > 0 or not any(c.isdigit() for c in text) or p.reason == "no document id")
+    said_none = text.strip(" .!\n\t").lower() == "none" and not any(c.isdigit() for c in text)
+    no_id = not any(c.isdigit() for c in text) and not said_none
+    assert p.penalised == (p.invalid > 0 or no_id or p.reason == "no document id")
 
 
 def test_answer_prefix_and_length():

@@ -14,7 +14,7 @@ import pytest
 from mhgpo import synth
 from mhgpo.records import InputError
 
-KEYS = {"_id", "question", "answer", "type", "supporting_facts", "context", "level"}
+KEYS = {"_id", "question", "answer", "type", "supporting_facts", "context", "level", "decomposition"}
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +108,19 @@ def test_hotpotqa_layout(small: synth.World) -> None:
         assert len(q["supporting_facts"]) == 2
         for fact in q["supporting_facts"]:
             assert isinstance(fact, list) and isinstance(fact[0], str) and type(fact[1]) is int
+
+
+def test_decomposition_names_only_what_the_question_names(small: synth.World) -> None:
+    """Two hops per question, each a question; a hop never names a gold entity the question does not name (the
+    bridge entity is the hidden intermediate answer), and each entity the question names is searched for."""
+    for q in questions(small):
+        hops = q["decomposition"]
+        assert len(hops) == 2 and all(isinstance(h, str) and h.endswith("?") for h in hops)
+        for title, _ in q["supporting_facts"]:
+            if title in q["question"]:
+                assert any(title in h for h in hops), (q["question"], hops)
+            else:
+                assert not any(title in h for h in hops), (q["question"], hops)
 
 
 def test_context_paragraphs_are_corpus_paragraphs(small: synth.World) -> None:
@@ -286,18 +299,18 @@ def test_write_world_refuses_a_file_as_folder(tmp_path: Path) -> None:
 
 def test_default_world_dir_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
-    assert synth.default_world_dir() == tmp_path / "world-seed0-v1"
+    assert synth.default_world_dir() == tmp_path / "world-seed0-v2"
     monkeypatch.delenv("MHGPO_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert synth.default_world_dir() == tmp_path / "home" / ".cache" / "mhgpo" / "world-seed0-v1"
+    assert synth.default_world_dir() == tmp_path / "home" / ".cache" / "mhgpo" / "world-seed0-v2"
 
 
 def test_ensure_default_world_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
     folder = synth.ensure_default_world()
-    assert folder == tmp_path / "cache" / "world-seed0-v1"
+    assert folder == tmp_path / "cache" / "world-seed0-v2"
     assert sorted(p.name for p in folder.iterdir()) == sorted(synth.FILES)
-    assert [p.name for p in folder.parent.iterdir()] == ["world-seed0-v1"]  # no temporary folder left
+    assert [p.name for p in folder.parent.iterdir()] == ["world-seed0-v2"]  # no temporary folder left
     meta = json.loads((folder / "world.json").read_text("utf-8"))
     assert (meta["seed"], meta["n_train"], meta["n_dev"]) == (0, synth.DEFAULT_N_TRAIN, synth.DEFAULT_N_DEV)
     stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
@@ -312,11 +325,11 @@ def test_ensure_default_world_creates_once_then_reuses(tmp_path: Path, monkeypat
 
 def test_ensure_default_world_replaces_a_partial_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
-    partial = tmp_path / "world-seed0-v1"
+    partial = tmp_path / "world-seed0-v2"
     partial.mkdir()
     (partial / "corpus.jsonl").write_text('{"id": "w0", "ti')
     folder = synth.ensure_default_world()
     assert folder == partial
     assert sorted(p.name for p in folder.iterdir()) == sorted(synth.FILES)
     assert len((folder / "dev.jsonl").read_text("utf-8").splitlines()) == synth.DEFAULT_N_DEV
-    assert [p.name for p in tmp_path.iterdir()] == ["world-seed0-v1"]
+    assert [p.name for p in tmp_path.iterdir()] == ["world-seed0-v2"]

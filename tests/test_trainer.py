@@ -586,3 +586,51 @@ def test_gradient_checkpointing_is_refused_by_a_model_without_it() -> None:
 
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))
+
+
+def test_zero_variance_filter_trains_only_informative_groups_and_draws_more(
+    tiny_model_dir, world, tmp_path, monkeypatch
+) -> None:
+    """With filter_zero_variance, no group whose rewards are all equal reaches the update; questions are drawn
+    `questions_per_step` at a time until the step holds as many informative groups as its first draw formed
+    groups (or the cap); the data position counts every question drawn, so resume stays exact."""
+    from collections import defaultdict
+
+    seen: list[list[Sample]] = []
+    real_update = Policy.update
+
+    def update(self, samples):
+        seen.append(list(samples))
+        return real_update(self, samples)
+
+    monkeypatch.setattr(Policy, "update", update)
+    out = tmp_path / "run"
+    train(make_config(tiny_model_dir, world, out, sampler="fof", steps=2, eval_every=0, save_every=1,
+                      filter_zero_variance=True, filter_max_questions=6), progress=False)
+    metrics = read_metrics(out)
+    drawn = [m["filter/questions"] for m in metrics]
+    for step, m in enumerate(metrics, start=1):
+        rows = [json.loads(line) for line in (out / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        llm = [r for r in rows if r["kind"] == "llm"]
+        assert len({r["question_id"] for r in llm}) == m["filter/questions"]  # every drawn question is recorded
+        assert m["filter/questions"] in (2, 4, 6) and m["filter/extra_questions"] == m["filter/questions"] - 2
+        by_group = defaultdict(list)
+        for r in llm:
+            if r["trained"]:
+                by_group[r["group_id"]].append(r["reward"])
+        assert all(len(set(v)) > 1 for v in by_group.values())  # informative groups only
+        assert m["groups"] == len(by_group) and sum(len(v) for v in by_group.values()) == len(seen[step - 1])
+        groups_drawn = 3 * m["filter/questions"]  # FoF: one group per agent and question
+        assert m["groups/zero_variance_frac"] == pytest.approx(m["zero_variance_groups"] / groups_drawn)
+        assert m["groups"] + m["zero_variance_groups"] == groups_drawn
+        assert m["groups"] >= 6 or m["filter/questions"] == 6  # as many as one draw formed, or the cap
+    state = json.loads((out / "checkpoints" / "step_2" / "state.json").read_text())
+    assert state["position"] == sum(drawn)
+
+
+def test_zero_variance_filter_is_refused_for_critic_algorithms(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="filter_zero_variance"):
+        load_config(TrainConfig, None, ["algo=mappo", "filter_zero_variance=true"])
+    with pytest.raises(InputError, match="filter_max_questions"):
+        load_config(TrainConfig, None, ["questions_per_step=4", "filter_zero_variance=true",
+                                        "filter_max_questions=2"])

@@ -1,0 +1,286 @@
+"""Supervised warm start (`mhgpo sft`): every role of the team is fine-tuned on its own gold outputs.
+
+Gold traces come from the workflow's `demonstration(state, agent)`. Each training question is walked through the
+workflow breadth-first with the gold output of each agent in place of a sample (tools run as usual, batched), so a
+role is trained on exactly the prompts it sees during RL, built from the previous roles' gold outputs. A chain
+stops where the data gives no demonstration (for the default team: an Answerer whose documents do not contain the
+answer). The loss is the cross-entropy of the output tokens only, averaged as the RL objective averages (tokens
+within a demonstration, demonstrations within a role, roles: `mhgpo.losses.token_weights`), one optimiser step per
+`batch_size` demonstrations, accumulated over packed micro-batches.
+
+The run directory has the layout of `mhgpo train` (`config.yaml`, `metrics.jsonl`, `checkpoints/step_N/`), so
+`--model DIR` starts an RL run (or an evaluation) from the warm-started team, and `mhgpo sft --resume DIR`
+continues it. Besides the per-role loss, every `eval_every` steps (and at the end) it logs each role's format
+accuracy on held-out demonstrations (greedy outputs that the workflow accepts without a penalty, and outputs
+equal to the gold one) and the team's validation Acc / EM / F1.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from mhgpo.config import SFTConfig
+from mhgpo.generation import Generator, SamplingParams
+from mhgpo.io import atomic_write_json
+from mhgpo.losses import token_weights
+from mhgpo.metrics import normalize_answer, score
+from mhgpo.policy import Sample, micro_batches
+from mhgpo.records import Example, InputError
+from mhgpo.trainer import Team, Trainer, continue_run, load_team_data, run_config
+from mhgpo.workflow import State, Workflow
+
+
+@dataclass
+class Demonstration:
+    """One gold LLM call: the agent's prompt (token ids) and its gold output (token ids, ending with the stop id)."""
+
+    state: State
+    agent: str
+    prompt_ids: list[int]
+    target_ids: list[int]
+    target: str
+
+
+def collect_demonstrations(
+    examples: list[Example],
+    workflow: Workflow,
+    encode: Callable[[list[dict[str, str]]], list[int]],
+    encode_target: Callable[[str], list[int]],
+    max_rounds: int = 64,
+) -> tuple[list[Demonstration], dict[str, int]]:
+    """Walk every example through `workflow` with gold outputs; returns the demonstrations (in breadth-first
+    order) and, per agent, how many chains stopped at it for want of a demonstration (`skipped/<agent>`)."""
+    demos: list[Demonstration] = []
+    skipped: dict[str, int] = {}
+    live = [workflow.init_state(e) for e in examples]
+    for _ in range(max_rounds):
+        if not live:
+            break
+        pending: dict[str, list[State]] = {}
+        for state in live:
+            step = workflow.next_agent(state)
+            if step is not None:
+                pending.setdefault(step, []).append(state)
+        live = []
+        for step, states in pending.items():
+            if workflow.is_tool(step):
+                live.extend(r.state for r in workflow.call_tools(step, states))
+                continue
+            for state in states:
+                target = workflow.demonstration(state, step)
+                if target is None:
+                    skipped[f"skipped/{step}"] = skipped.get(f"skipped/{step}", 0) + 1
+                    continue
+                prompt = encode(workflow.build_prompt(state, step))
+                demos.append(Demonstration(state, step, prompt, encode_target(target), target))
+                live.append(workflow.apply(state, step, target).state)
+    return demos, skipped
+
+
+def target_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """Token ids of a gold output followed by the id that ends a generation (`<|im_end|>` when the vocabulary
+    has it, else the EOS token), as the sampler records outputs."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if end is None or end == tokenizer.unk_token_id:
+        end = tokenizer.eos_token_id
+
+    def encode(text: str) -> list[int]:
+        return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]] + [int(end)]
+
+    return encode
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted cross-entropy of the output tokens: ``-sum_{i,t} mask * w_i * logp``.
+
+    logp (B, T) log-probs of the gold tokens; mask (B, T); weights (B,) the step-wide token weights, so the
+    micro-batches' losses add up to the step's whatever the cut.
+    """
+    return -(torch.where(mask, logp, torch.zeros((), dtype=logp.dtype)) * weights[:, None]).sum()  # ()
+
+
+def format_accuracy(
+    demos: list[Demonstration], workflow: Workflow, generator: Generator
+) -> dict[str, float]:
+    """Greedy outputs on held-out demonstrations, per agent: `sft/<agent>/format_ok` (the workflow applies it with
+    no penalty) and `sft/<agent>/exact` (equal to the gold output after answer normalisation); the final agent also
+    gets `sft/<agent>/f1` against the gold answers."""
+    out: dict[str, float] = {}
+    for agent in dict.fromkeys(d.agent for d in demos):
+        mine = [d for d in demos if d.agent == agent]
+        params = SamplingParams(workflow.sampling(agent).max_new_tokens, 0.0, 1.0)
+        gens = generator.generate([d.prompt_ids for d in mine], params)
+        ok = [workflow.apply(d.state, agent, g.text).penalty == 0 for d, g in zip(mine, gens)]
+        exact = [normalize_answer(g.text) == normalize_answer(d.target) for d, g in zip(mine, gens)]
+        out[f"sft/{agent}/format_ok"] = float(np.mean(ok))
+        out[f"sft/{agent}/exact"] = float(np.mean(exact))
+        if agent == workflow.terminal_agent:
+            f1 = [score(g.text, d.state.example.answers)["f1"] for d, g in zip(mine, gens)]
+            out[f"sft/{agent}/f1"] = float(np.mean(f1))
+    return out
+
+
+def held_out(demos: list[Demonstration], per_agent: int) -> list[Demonstration]:
+    """The first `per_agent` demonstrations of each agent."""
+    counts: dict[str, int] = {}
+    out = []
+    for d in demos:
+        if counts.get(d.agent, 0) < per_agent:
+            counts[d.agent] = counts.get(d.agent, 0) + 1
+            out.append(d)
+    return out
+
+
+class SFTTrainer(Trainer):
+    """The supervised loop: `steps` optimiser steps of `batch_size` demonstrations each, in a seeded order that is
+    reshuffled every pass over the data; logging, validation, checkpoints, Ctrl-C and resume are the RL trainer's."""
+
+    def __init__(self, cfg: SFTConfig, team: Team, run_dir: Path, demos: list[Demonstration],
+                 held: list[Demonstration], progress: bool = True):
+        super().__init__(cfg, team, run_dir, progress)  # type: ignore[arg-type]
+        self.demos, self.held = demos, held
+
+    def _next_demos(self) -> list[Demonstration]:
+        n = len(self.demos)
+        out = []
+        for _ in range(self.cfg.batch_size):
+            epoch, idx = divmod(self.position, n)
+            order = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
+            out.append(self.demos[int(order[idx])])
+            self.position += 1
+        return out
+
+    def collect(self) -> tuple[None, list[Sample], dict[str, float]]:
+        batch = self._next_demos()
+        samples = [Sample(d.prompt_ids, d.target_ids, [0.0] * len(d.target_ids), 0.0, d.agent) for d in batch]
+        return None, samples, {"samples": float(len(samples))}
+
+    def learn(self, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
+        """One optimiser step (per-agent mean token NLL, grad norm); the held-out format accuracy when the step
+        validates."""
+        t0 = time.perf_counter()
+        metrics.update(sft_update(self.team.policy, samples))
+        metrics["seconds/train"] = time.perf_counter() - t0
+        if self._evaluates_at(self.step + 1) and self.held:
+            metrics.update(format_accuracy(self.held, self.team.workflow, self.team.generator))
+        return metrics
+
+    def _evaluates_at(self, step: int) -> bool:
+        every = self.cfg.eval_every
+        return (every > 0 and step % every == 0) or step == self.cfg.steps
+
+    def _validates_at(self, step: int) -> bool:
+        return bool(self.team.val) and self._evaluates_at(step)
+
+    def _saves_at(self, step: int) -> bool:
+        every = self.cfg.save_every
+        return (every > 0 and step % every == 0) or step == self.cfg.steps
+
+
+def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
+    """One optimiser step of the weighted cross-entropy on `samples`, accumulated over packed micro-batches."""
+    weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (B,)
+    nll: dict[str, list[float]] = {}
+    policy.model.train()
+    policy.optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for idx in micro_batches(samples, policy.cfg.micro_batch_tokens):
+        mb = [samples[i] for i in idx]
+        logp, mask = policy.logprobs(mb)  # (b, T) (b, T)
+        loss = sft_loss(logp, mask, weights[idx].to(logp.device))
+        loss.backward()
+        total += float(loss.detach())
+        with torch.no_grad():
+            for row, s in enumerate(mb):
+                n = int(mask[row].sum())
+                nll.setdefault(s.agent, []).append(-float(logp[row, :n].sum()) / max(n, 1))
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, policy.cfg.max_grad_norm)
+    policy.optimizer.step()
+    policy.scheduler.step()
+    out = {"loss": total, "grad_norm": float(grad_norm), "lr": policy.scheduler.get_last_lr()[0]}
+    out.update({f"sft/{agent}/nll": float(np.mean(v)) for agent, v in nll.items()})
+    out.update({f"sft/{agent}/samples": float(len(v)) for agent, v in nll.items()})
+    return out
+
+
+def build_sft(cfg: SFTConfig) -> tuple[Team, list[Demonstration], list[Demonstration], dict[str, int]]:
+    """The team pieces (data, workflows, model, policy without a reference copy, generator) and the training and
+    held-out demonstrations of `cfg`."""
+    from mhgpo.generation import HFGenerator
+    from mhgpo.models import encode_chat
+    from mhgpo.precision import announce, default_device, resolve_precision, weight_dtype
+    from mhgpo.trained import initial_weights, run_model_spec
+    from mhgpo.policy import Policy
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    n_val = max(cfg.val_limit, cfg.format_limit)
+    train, val, workflow, val_workflow = load_team_data(cfg, n_val > 0, n_val)
+    if cfg.limit is not None:
+        train = train[: cfg.limit]
+    if cfg.roles is not None:
+        bad = [r for r in cfg.roles if r not in workflow.agents]
+        if bad:
+            raise InputError(f"roles: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
+    device = default_device()
+    cfg.precision, reason = resolve_precision(cfg.precision, device)  # config.yaml records the resolved one
+    loaded, _ = initial_weights(run_model_spec(cfg.model, Path(cfg.output_dir)), "init", cfg.lora.enabled,
+                                device=device, dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled))
+    announce(cfg.precision, reason)
+    encode = lambda messages: encode_chat(loaded.tokenizer, messages)  # noqa: E731
+    to_ids = target_encoder(loaded.tokenizer)
+    demos, skipped = collect_demonstrations(train, workflow, encode, to_ids, cfg.max_rounds)
+    held_demos, _ = collect_demonstrations(val, val_workflow, encode, to_ids, cfg.max_rounds) if val else ([], {})
+    if cfg.roles is not None:
+        demos = [d for d in demos if d.agent in cfg.roles]
+        held_demos = [d for d in held_demos if d.agent in cfg.roles]
+    if not demos:
+        raise InputError(f"{cfg.data}: the data gives no demonstration for the roles "
+                         f"{', '.join(cfg.roles or workflow.agents)}")
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, cfg.steps,
+                    precision=cfg.precision, keep_reference=False)
+    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision)
+    team = Team(train, val[: cfg.val_limit], workflow, val_workflow, policy, generator, encode)
+    return team, demos, held_out(held_demos, cfg.format_limit), skipped
+
+
+def run_sft(cfg: SFTConfig, progress: bool = True) -> SFTTrainer:
+    """`mhgpo sft`: build the demonstrations and the model, train, validate, save (a new or empty `output_dir`)."""
+    from mhgpo.rundir import RunLock, require_empty_run_dir
+    from mhgpo.trained import portable_model_spec
+
+    run_dir = Path(cfg.output_dir)
+    require_empty_run_dir(run_dir)
+    with RunLock(run_dir, "sft"):
+        require_empty_run_dir(run_dir)
+        cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
+        team, demos, held, skipped = build_sft(cfg)
+        trainer = SFTTrainer(cfg, team, run_dir, demos, held, progress)
+        counts = {a: sum(d.agent == a for d in demos) for a in team.workflow.agents}
+        atomic_write_json(run_dir / "demonstrations.json", {
+            "questions": len(team.train), "demonstrations": counts,
+            "stopped_at": {k.split("/", 1)[1]: v for k, v in skipped.items()}})
+        trainer.run()
+    return trainer
+
+
+def resume_sft(run_dir: Path, overrides: list[str] = (), progress: bool = True,
+               from_step: int | None = None) -> SFTTrainer:
+    """Continue the warm start in `run_dir` from its last checkpoint (or step `from_step`)."""
+    run_dir = Path(run_dir)
+    cfg = run_config(run_dir, SFTConfig, overrides)
+
+    def make() -> SFTTrainer:
+        team, demos, held, _ = build_sft(cfg)
+        return SFTTrainer(cfg, team, run_dir, demos, held, progress)
+
+    return continue_run(run_dir, make, from_step, "sft")  # type: ignore[return-value]
