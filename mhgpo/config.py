@@ -236,7 +236,15 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
         raise InputError(
             f"unknown config key {prefix}{unknown[0]!s}; valid keys here: {', '.join(prefix + n for n in sorted(names))}"
         )
-    kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
+    defaults: Any = None
+    kwargs = {}
+    for name, value in data.items():
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints[name]):
+            # a partial section starts from this field's own default (its default_factory may differ from the
+            # section class's defaults: `search.reranker.top_p=0.95` keeps the Reranker's max_new_tokens)
+            defaults = cls() if defaults is None else defaults
+            value = _merge(to_dict(getattr(defaults, name)), value)
+        kwargs[name] = _coerce(value, hints[name], prefix + name)
     obj = cls(**kwargs)
     validate = getattr(obj, "validate", None)
     if callable(validate):

@@ -12,6 +12,18 @@ def test_defaults_and_overrides():
     assert cfg.search.rewriter.max_new_tokens == 48  # untouched defaults stay
 
 
+def test_a_partial_section_keeps_its_fields_own_defaults():
+    """A section whose default differs from its class's defaults keeps them when one key is overridden."""
+    from mhgpo.config import SFTConfig, TrainConfig
+
+    cfg = load_config(EvalConfig, None, ["search.reranker.top_p=0.95"])
+    assert (cfg.search.reranker.top_p, cfg.search.reranker.max_new_tokens) == (0.95, 16)  # not AgentSampling's 48
+    sft = load_config(SFTConfig, None, ["optim.gradient_checkpointing=false"])
+    assert (sft.optim.lr, sft.optim.kl_beta, sft.optim.gradient_checkpointing) == (5e-4, 0.0, False)
+    train = load_config(TrainConfig, None, ["search.answerer.temperature=0.7"])
+    assert train.search.answerer.max_new_tokens == 24 and train.search.rewriter.max_new_tokens == 48
+
+
 def test_unknown_key_named():
     with pytest.raises(InputError, match=r"unknown config key search\.topk"):
         load_config(EvalConfig, None, ["search.topk=3"])
