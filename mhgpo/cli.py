@@ -110,7 +110,8 @@ def _team(model: str, gen_batch_size: int, seed: int, precision: str = "fp32", r
     torch.manual_seed(seed)
     loaded = load_model(model, dtype=weight_dtype(precision, trainable=False))
     announce(precision, reason)
-    generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=gen_batch_size, precision=precision)
+    generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=gen_batch_size, precision=precision,
+                            select=loaded.select)
     return loaded, generator, (lambda messages: encode_chat(loaded.tokenizer, messages))
 
 

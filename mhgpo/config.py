@@ -381,6 +381,10 @@ class LoraConfig:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0
+    # One adapter per agent on the shared frozen base: each agent generates with, and is trained through, its own
+    # adapter (no role's updates reach another role's outputs); the reference stays the base. False: one adapter
+    # shared by every agent (the paper's parameter sharing).
+    per_role: bool = False
     target_modules: list[str] = dataclasses.field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
@@ -566,4 +570,7 @@ class SFTConfig:
                 raise InputError(f"{key}: must be >= 0, got {getattr(self, key)}")
         if self.limit is not None and self.limit < 1:
             raise InputError(f"limit: must be at least 1, got {self.limit}")
+        if self.lora.per_role:
+            raise InputError("lora.per_role: a warm start trains one shared adapter (merged into the base when an RL "
+                             "run starts from it); set lora.per_role=true on the RL run instead")
         check_precision(self.precision)

@@ -51,8 +51,9 @@ def export(spec: str, out: Path, dtype: str = "float32", lora_only: bool = False
             loaded = _write_merged(spec, tmp, DTYPES[dtype])
         _save_tokenizer(loaded.tokenizer, tmp)
         atomic_write_text(tmp / "README.md", model_card(spec, out.name, trained, dtype, lora_only))
-        for f in tmp.iterdir():  # some writers make 0600 files; give the usual permissions
-            usual_permissions(f)
+        for f in tmp.rglob("*"):  # some writers make 0600 files; give the usual permissions
+            if f.is_file():
+                usual_permissions(f)
         if out.exists():
             out.rmdir()
         tmp.rename(out)
@@ -79,16 +80,28 @@ def plain_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def _write_merged(spec: str, folder: Path, dtype: torch.dtype) -> LoadedModel:
+    """The merged model in `folder`; a team with one adapter per agent (`lora.per_role`): one merged model per
+    agent, in `folder/<agent>/` (each with the tokenizer)."""
+    loaded = load_model(spec, device="cpu", dtype=torch.float32)  # merged in float32, then rounded once
+    if loaded.select is None:
+        _save_plain(loaded, loaded.model, folder, dtype)
+        return loaded
+    for role in list(loaded.model.peft_config):
+        one = load_model(spec, device="cpu", dtype=torch.float32)  # a fresh copy: merging one unloads the others
+        _save_plain(one, one.model.merge_and_unload(adapter_names=[role]), folder / role, dtype)
+        _save_tokenizer(one.tokenizer, folder / role)
+    return loaded
+
+
+def _save_plain(loaded: LoadedModel, merged: torch.nn.Module, folder: Path, dtype: torch.dtype) -> None:
     from transformers import GenerationConfig
 
-    loaded = load_model(spec, device="cpu", dtype=torch.float32)  # merged in float32, then rounded once
-    model = plain_model(loaded.model.to(dtype), dtype)
+    model = plain_model(merged.to(dtype), dtype)
     tok = loaded.tokenizer
-    bos = tok.bos_token_id if tok.bos_token_id is not None else loaded.model.generation_config.bos_token_id
+    bos = tok.bos_token_id if tok.bos_token_id is not None else merged.generation_config.bos_token_id
     model.generation_config = GenerationConfig(  # token ids only: decoding settings stay the caller's
-        bos_token_id=bos, eos_token_id=stop_token_ids(tok, loaded.model), pad_token_id=tok.pad_token_id)
+        bos_token_id=bos, eos_token_id=stop_token_ids(tok, merged), pad_token_id=tok.pad_token_id)
     model.save_pretrained(folder)
-    return loaded
 
 
 def _write_adapter(spec: str, trained: TrainedSpec | None, folder: Path, dtype: torch.dtype) -> LoadedModel:
@@ -103,7 +116,8 @@ def _write_adapter(spec: str, trained: TrainedSpec | None, folder: Path, dtype: 
                          f"{trained.stages[-2].run_dir}'s weights, not on a base model; export it without --lora-only")
     loaded = load_model(trained.base, device="cpu", dtype=torch.float32)
     wrapped = with_adapter(loaded.model, stage, read_weights(stage), trained.base).to(dtype)
-    wrapped.peft_config["default"].base_model_name_or_path = _base_location(trained.base)
+    for config in wrapped.peft_config.values():  # one adapter, or one per agent (saved in sub-folders by name)
+        config.base_model_name_or_path = _base_location(trained.base)
     wrapped.save_pretrained(folder)
     return loaded
 
@@ -176,6 +190,9 @@ def model_card(spec: str, name: str, trained: TrainedSpec | None, dtype: str, lo
              f"| base model | `{base}`{origin} |"]
     lines += _stage_rows(trained) if trained else ["| training | none (the base model as it is) |"]
     merged = not lora_only and trained is not None and any(stage.lora.enabled for stage in trained.stages)
+    if trained is not None and trained.last.lora.per_role:
+        lines += ["| agents | one adapter per agent (`lora.per_role`): " + ("one sub-folder per agent, each adapter"
+                  if lora_only else "one model per agent, in the sub-folder named after it") + " |"]
     lines += [f"| weights | {dtype}" + (", LoRA merged into the base weights" if merged else "") + " |", ""]
     lines += ["## Use", "", "The agents' prompts are chat messages rendered with the tokenizer's chat template (plain "
               "ChatML, no default system message); decode greedily for evaluation.", ""]

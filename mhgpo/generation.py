@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 from transformers import LogitsProcessor
@@ -35,6 +36,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 0.9
+    agent: str | None = None  # whose call it is (a model with one adapter per agent generates with that agent's)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -155,13 +157,16 @@ class HFGenerator:
     """:class:`Generator` over a Hugging Face causal LM (plain or peft-wrapped) and its tokenizer; ``precision`` is a
     resolved one (:mod:`mhgpo.precision`): ``bf16-mixed`` decodes under bfloat16 autocast."""
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, precision: str = "fp32") -> None:
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, precision: str = "fp32",
+                 select: Callable[[str | None], ContextManager[None]] | None = None) -> None:
+        """``select(agent)``: a context in which ``model`` acts as that agent (its own adapter, `lora.per_role`)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.precision = precision
+        self.select = select
         self.eos_ids = stop_token_ids(tokenizer, model)
         if not self.eos_ids:
             raise ValueError("the tokenizer has no EOS token: generation could never finish")
@@ -181,8 +186,9 @@ class HFGenerator:
         results: list[Generation | None] = [None] * len(prompts)
         was_training = self.model.training
         self.model.eval()
+        as_agent = self.select(params.agent) if self.select is not None else nullcontext()
         try:
-            with torch.inference_mode(), autocast(self.precision, self.device):
+            with as_agent, torch.inference_mode(), autocast(self.precision, self.device):
                 for start in range(0, len(order), self.batch_size):
                     chunk = order[start : start + self.batch_size]
                     for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], params)):

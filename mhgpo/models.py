@@ -75,6 +75,9 @@ class LoadedModel:
     dtype: Any  # torch.dtype
     name: str
     trained: Any = None  # mhgpo.trained.TrainedSpec when a run or checkpoint was loaded
+    # a run trained with one adapter per agent (`lora.per_role`): `select(agent)` is a context in which the model
+    # acts as that agent (its adapter active); None: one model for every agent
+    select: Any = None
 
 
 def _smollm2_source() -> ModelSource:

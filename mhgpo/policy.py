@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from mhgpo.config import LoraConfig, OptimConfig
+
+LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft's default name)
 from mhgpo.logprobs import output_logprobs
 from mhgpo.losses import mhgpo_policy_loss, token_weights
 from mhgpo.precision import autocast, module_device
@@ -75,15 +77,20 @@ class Policy:
     """The trainable model, its optimiser and scheduler, and its reference."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, optim: OptimConfig, lora: LoraConfig, total_steps: int,
-                 reference: Reference | None = None, precision: str = "fp32", keep_reference: bool = True):
+                 reference: Reference | None = None, precision: str = "fp32", keep_reference: bool = True,
+                 roles: tuple[str, ...] = ()):
         """``model`` comes stored as ``precision`` asks (:func:`mhgpo.precision.weight_dtype`: its frozen base
         under LoRA, all of it under full fine-tuning); ``precision`` is a resolved one (not ``auto``).
-        ``keep_reference=False``: no frozen copy under full fine-tuning (a warm start has no KL term)."""
+        ``keep_reference=False``: no frozen copy under full fine-tuning (a warm start has no KL term).
+        ``roles``: the agents, which get one LoRA adapter each under ``lora.per_role`` (named after them)."""
         self.cfg = optim
         self.pad_id = pad_id
         self.lora = lora.enabled
         self.precision = precision
         self.reference_adapters: list[str] = []
+        if lora.enabled and lora.per_role and not roles:
+            raise ValueError("lora.per_role needs the agents' names (roles)")
+        self.roles: tuple[str, ...] = tuple(roles) if lora.enabled and lora.per_role else ()
         reference = reference or Reference()
         if reference.adapters and not lora.enabled:
             raise ValueError("reference adapters need a LoRA policy")
@@ -93,9 +100,13 @@ class Policy:
             from peft import get_peft_model
 
             # the adapter's weights: float32 (peft casts them up from a bfloat16 base), except under pure bf16
-            model = get_peft_model(model, peft_lora_config(lora, model),
+            names = self.roles or (LORA_ADAPTER,)
+            model = get_peft_model(model, peft_lora_config(lora, model), adapter_name=names[0],
                                    autocast_adapter_dtype=precision != "bf16")
+            for name in names[1:]:
+                model.add_adapter(name, peft_lora_config(lora, model))
             self.reference_adapters = _add_negated_adapters(model, reference.adapters)
+            _set_active(model, names[0], self._adapter_params(model, names, precision))
         self.ref_model = reference.model
         if self.ref_model is None and not lora.enabled and keep_reference:
             # the reference copy keeps the actor's dtype: the same forward on the same weights, so KL starts at 0
@@ -106,6 +117,7 @@ class Policy:
                 p.requires_grad_(False)
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
+        self.params = params
         self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim, total_steps))
 
@@ -118,8 +130,30 @@ class Policy:
             return _only_adapters(self.model, self.reference_adapters)
         return self.model.disable_adapter()
 
+    @staticmethod
+    def _adapter_params(model: Any, names: tuple[str, ...], precision: str) -> list[torch.nn.Parameter]:
+        """The trainable adapters' parameters, in float32 unless the precision is pure bf16 (an adapter added after
+        the first is made in the base's dtype)."""
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        params = [p for n, p in model.named_parameters()
+                  if any(f".lora_A.{a}." in n or f".lora_B.{a}." in n for a in names)]
+        for p in params:
+            p.data = p.data.to(dtype)
+        return params
+
+    @contextmanager
+    def acting_as(self, agent: str | None) -> Iterator[None]:
+        """Forward passes (generation, log-probs) as `agent`: with its own adapter under ``lora.per_role``, else
+        unchanged. The other roles' adapters stay trainable (they take no part in these passes)."""
+        if self.roles and agent is not None:
+            if agent not in self.roles:
+                raise ValueError(f"no adapter for agent {agent!r} (adapters: {', '.join(self.roles)})")
+            _set_active(self.model, agent, self.params)
+        yield
+
     def _logprobs(self, model: torch.nn.Module, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-        with autocast(self.precision, module_device(model)):
+        as_agent = self.acting_as(batch[0].agent) if model is self.model else nullcontext()
+        with as_agent, autocast(self.precision, module_device(model)):
             return output_logprobs(
                 model,
                 [s.prompt_ids for s in batch],
@@ -142,7 +176,11 @@ class Policy:
         model = self.model if self.ref_model is None else self.ref_model
         with self._reference_context():
             for idx in micro_batches(samples, self.cfg.micro_batch_tokens):
-                logp, mask = self._logprobs(model, [samples[i] for i in idx])
+                with autocast(self.precision, module_device(model)):  # the base, or a frozen model: no roles
+                    logp, mask = output_logprobs(model, [samples[i].prompt_ids for i in idx],
+                                                 [samples[i].output_ids for i in idx],
+                                                 temperature=samples[idx[0]].temperature,
+                                                 chunk_size=self.cfg.logprob_chunk, pad_id=self.pad_id)
                 for row, i in enumerate(idx):
                     out[i] = logp[row, : int(mask[row].sum())].detach()
         self.model.train(was_training)
@@ -158,7 +196,7 @@ class Policy:
             return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "ratio": 1.0}
         ref = self.reference_logprobs(samples) if self.cfg.kl_beta != 0 else None
         weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
-        batches = micro_batches(samples, self.cfg.micro_batch_tokens)
+        batches = micro_batches(samples, self.cfg.micro_batch_tokens, by_agent=bool(self.roles))
         with no_dropout(self.model):
             totals = self._epochs(samples, batches, ref, weights)
         self.scheduler.step()
@@ -188,8 +226,7 @@ class Policy:
                 tok += n
                 for k in acc:
                     acc[k] += stats.get(k, 0.0) * n
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
             self.optimizer.step()
             totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **{k: v / max(tok, 1) for k, v in acc.items()}}
         return totals
@@ -208,18 +245,29 @@ def _add_negated_adapters(model: Any, adapters: list[tuple[LoraConfig, dict[str,
                 target = params[re.sub(r"\.(lora_[AB])\.default\.", rf".\1.{name}.", key)]
                 target.copy_((-value if ".lora_B." in key else value).to(target.device, target.dtype))
         names.append(name)
-    model.base_model.set_adapter("default")  # active and trainable: `default` alone
     return names
+
+
+def _set_active(model: Any, name: str, trainable: list[torch.nn.Parameter]) -> None:
+    """Make adapter `name` the active one; peft then marks only its weights trainable, so `trainable` (every trained
+    adapter's weights) is marked again."""
+    model.base_model.set_adapter(name)
+    for p in trainable:
+        p.requires_grad_(True)
 
 
 @contextmanager
 def _only_adapters(model: Any, names: list[str]) -> Iterator[None]:
     """Forward passes with the adapters `names` alone (no gradients flow to them: they are frozen)."""
+    active = list(model.base_model.active_adapters)
+    trainable = [p for p in model.parameters() if p.requires_grad]
     model.base_model.set_adapter(names)
     try:
         yield
     finally:
-        model.base_model.set_adapter("default")
+        model.base_model.set_adapter(active[0] if len(active) == 1 else active)
+        for p in trainable:
+            p.requires_grad_(True)
 
 
 @contextmanager
@@ -277,17 +325,20 @@ def _advantages(batch: list[Sample], width: int, dtype: torch.dtype) -> torch.Te
     return _pad(rows, width)  # (b, T)
 
 
-def micro_batches(samples: list[Sample], max_tokens: int) -> list[list[int]]:
-    """Indices of samples packed by length (same temperature together) so that
+def micro_batches(samples: list[Sample], max_tokens: int, by_agent: bool = False) -> list[list[int]]:
+    """Indices of samples packed by length (same temperature together, and the same agent with `by_agent`) so that
     rows × longest (prompt + output) ≤ max_tokens; a longer single sample gets a batch of its own."""
-    order = sorted(range(len(samples)), key=lambda i: (samples[i].temperature, _len(samples[i])))
+
+    def group(i: int) -> tuple:
+        return (samples[i].agent if by_agent else "", samples[i].temperature)
+
+    order = sorted(range(len(samples)), key=lambda i: (*group(i), _len(samples[i])))
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
         if current:
             longest = max(_len(samples[j]) for j in current + [i])
-            same_temp = samples[current[0]].temperature == samples[i].temperature
-            if not same_temp or longest * (len(current) + 1) > max_tokens:
+            if group(current[0]) != group(i) or longest * (len(current) + 1) > max_tokens:
                 batches.append(current)
                 current = []
         current.append(i)

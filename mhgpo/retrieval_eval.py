@@ -91,7 +91,7 @@ def rewriter_queries(
     from mhgpo.generation import SamplingParams
 
     system = SearchSystem(retriever=_NoRetriever(), config=search)
-    params = SamplingParams(search.rewriter.max_new_tokens, 0.0, search.rewriter.top_p)
+    params = SamplingParams(search.rewriter.max_new_tokens, 0.0, search.rewriter.top_p, "rewriter")
     queries: list[tuple[str, ...]] = []
     with tqdm(total=len(examples), desc="rewriter", unit="q", disable=not progress, dynamic_ncols=True) as bar:
         for lo in range(0, len(examples), chunk):

@@ -107,7 +107,7 @@ class RolloutSpec:
 
 def _sampling_params(workflow: Workflow, agent: str, greedy: bool) -> SamplingParams:
     s = workflow.sampling(agent)
-    return SamplingParams(s.max_new_tokens, 0.0 if greedy else s.temperature, s.top_p)
+    return SamplingParams(s.max_new_tokens, 0.0 if greedy else s.temperature, s.top_p, agent)
 
 
 def initial_branches(

@@ -115,7 +115,7 @@ def format_accuracy(
     out: dict[str, float] = {}
     for agent in dict.fromkeys(d.agent for d in demos):
         mine = [d for d in demos if d.agent == agent]
-        params = SamplingParams(workflow.sampling(agent).max_new_tokens, 0.0, 1.0)
+        params = SamplingParams(workflow.sampling(agent).max_new_tokens, 0.0, 1.0, agent)
         gens = generator.generate([d.prompt_ids for d in mine], params)
         ok = [workflow.apply(d.state, agent, g.text).penalty == 0 for d, g in zip(mine, gens)]
         exact = [normalize_answer(g.text) == normalize_answer(d.target) for d, g in zip(mine, gens)]
@@ -191,7 +191,7 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
     total = 0.0
-    for idx in micro_batches(samples, policy.cfg.micro_batch_tokens):
+    for idx in micro_batches(samples, policy.cfg.micro_batch_tokens, by_agent=bool(policy.roles)):
         mb = [samples[i] for i in idx]
         logp, mask = policy.logprobs(mb)  # (b, T) (b, T)
         loss = sft_loss(logp, mask, weights[idx].to(logp.device))
@@ -201,8 +201,7 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
             for row, s in enumerate(mb):
                 n = int(mask[row].sum())
                 nll.setdefault(s.agent, []).append(-float(logp[row, :n].sum()) / max(n, 1))
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, policy.cfg.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.params, policy.cfg.max_grad_norm)
     policy.optimizer.step()
     policy.scheduler.step()
     out = {"loss": total, "grad_norm": float(grad_norm), "lr": policy.scheduler.get_last_lr()[0]}

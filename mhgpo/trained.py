@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,25 +211,42 @@ def copy_exactly(module: torch.nn.Module, tensors: dict[str, torch.Tensor], stag
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
 
 
+def adapter_names(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The LoRA adapters a checkpoint's tensors belong to: `default`, or one per agent (`lora.per_role`)."""
+    return sorted({m.group(1) for key in tensors if (m := _ADAPTER_OF.search(key))})
+
+
 def with_adapter(model: torch.nn.Module, stage: Stage, tensors: dict[str, torch.Tensor], base: str) -> Any:
-    """`model` wrapped in the PEFT adapter of a LoRA stage, its weights loaded (not merged)."""
+    """`model` wrapped in the PEFT adapter(s) of a LoRA stage, their weights loaded (not merged): one adapter
+    `default`, or one per agent for a `lora.per_role` run (the first active)."""
     from peft import get_peft_model
 
-    names = sorted({m.group(1) for key in tensors if (m := _ADAPTER_OF.search(key))})
-    if names and names != [LORA_ADAPTER]:
+    names = adapter_names(tensors)
+    if stage.lora.per_role:
+        if not names or LORA_ADAPTER in names:
+            raise TrainedModelError(f"{stage.weights}: holds the adapters {names}; a lora.per_role run has one "
+                                    f"adapter per agent")
+    elif names and names != [LORA_ADAPTER]:
         raise TrainedModelError(f"{stage.weights}: holds the adapters {names}; one adapter named "
                                 f"{LORA_ADAPTER!r} is expected")
+    names = names or [LORA_ADAPTER]
     try:
         config = peft_lora_config(stage.lora, model)
     except ValueError as err:
         raise TrainedModelError(f"{stage.run_dir / RUN_CONFIG}: {err} {base!r}") from None
-    wrapped = get_peft_model(model, config)
+    wrapped = get_peft_model(model, config, adapter_name=names[0])
+    for name in names[1:]:
+        wrapped.add_adapter(name, peft_lora_config(stage.lora, model))
     copy_exactly(wrapped, tensors, stage, base, adapter_only=True)
+    wrapped.base_model.set_adapter(names[0])
     return wrapped
 
 
 def apply_stage(model: torch.nn.Module, stage: Stage, base: str) -> torch.nn.Module:
     """`model` with the stage's checkpoint applied: LoRA merged into the weights, or full weights in place."""
+    if stage.lora.per_role:
+        raise TrainedModelError(f"{stage.run_dir}: trained one adapter per agent (lora.per_role), so it has no single "
+                                f"set of weights to start another run from; start from its own starting model")
     tensors = read_weights(stage)
     if stage.lora.enabled:
         return with_adapter(model, stage, tensors, base).merge_and_unload()
@@ -235,12 +254,28 @@ def apply_stage(model: torch.nn.Module, stage: Stage, base: str) -> torch.nn.Mod
     return model
 
 
+@contextmanager
+def _acting_as(model: Any, roles: list[str], agent: str | None) -> Iterator[None]:
+    """A per-role model acting as `agent` (its adapter active); every call names its agent."""
+    if agent not in roles:
+        raise ValueError(f"this team has no adapter for agent {agent!r} (adapters: {', '.join(roles)})")
+    model.base_model.set_adapter(agent)
+    yield
+
+
 def load_trained(spec: TrainedSpec, device: Any = None, dtype: Any = None) -> LoadedModel:
-    """The base model with every stage applied in order (a plain model, in eval mode)."""
+    """The base model with every stage applied in order (a plain model, in eval mode). A last stage with one
+    adapter per agent stays unmerged: `LoadedModel.select(agent)` switches to that agent's adapter."""
     loaded = load_model(spec.base, device=device, dtype=dtype)
     model = loaded.model
-    for stage in spec.stages:
+    for stage in spec.stages[:-1]:
         model = apply_stage(model, stage, spec.base)
+    if spec.last.lora.per_role:
+        model = with_adapter(model, spec.last, read_weights(spec.last), spec.base)
+        roles = adapter_names(read_weights(spec.last))
+        loaded.select = lambda agent: _acting_as(model, roles, agent)
+    else:
+        model = apply_stage(model, spec.last, spec.base)
     for param in model.parameters():  # as `from_pretrained` gives them (merging LoRA leaves them frozen)
         param.requires_grad_(True)
     model.eval()
@@ -255,6 +290,9 @@ def initial_weights(spec: str, reference: str, lora_enabled: bool, device: Any =
     stage is LoRA, else a frozen copy of the base model (one more model in memory)."""
     loaded = load_model(spec, device=device, dtype=dtype)
     trained: TrainedSpec | None = loaded.trained
+    if loaded.select is not None:
+        raise TrainedModelError(f"{trained.last.run_dir}: trained one adapter per agent (lora.per_role), so it has no "
+                                f"single set of weights to start another run from; start from its own starting model")
     if reference != "base" or trained is None:
         return loaded, None
     if lora_enabled and all(stage.lora.enabled for stage in trained.stages):

@@ -451,8 +451,10 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
 
         critic = Critic(loaded.model, pad_id, cfg.critic, cfg.optim, cfg.lora, cfg.precision)
         actor_steps = max(cfg.steps - cfg.critic.warmup_steps, 1)  # the actor's schedule starts after warm-up
-    policy = Policy(loaded.model, pad_id, cfg.optim, cfg.lora, actor_steps, reference, cfg.precision)
-    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision)
+    policy = Policy(loaded.model, pad_id, cfg.optim, cfg.lora, actor_steps, reference, cfg.precision,
+                    roles=workflow.agents)
+    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision,
+                            select=policy.acting_as if policy.roles else None)
     return Team(train, val, workflow, val_workflow, policy, generator,
                 lambda messages: encode_chat(loaded.tokenizer, messages), critic)
 

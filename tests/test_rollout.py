@@ -226,7 +226,8 @@ def test_fof_breadth_first_one_generate_call_per_agent_and_one_tool_call():
     batch, system, gen = rollout("fof", n_questions=3)
     assert [c.agents for c in gen.calls] == [[REWRITER] * 12, [RERANKER] * 12, [ANSWERER] * 12]
     assert [c.params for c in gen.calls] == [
-        SamplingParams(48, 1.0, 0.9), SamplingParams(16, 1.0, 0.9), SamplingParams(24, 1.0, 0.9)]
+        SamplingParams(48, 1.0, 0.9, REWRITER), SamplingParams(16, 1.0, 0.9, RERANKER),
+        SamplingParams(24, 1.0, 0.9, ANSWERER)]  # each call names its agent
     assert system.tool_calls == [(RETRIEVER, 12)]
     rewriter_queries = [q for n in batch.llm_nodes() if n.agent == REWRITER for q in n.info["queries"]]
     assert system.retriever.calls == [rewriter_queries]
@@ -262,7 +263,8 @@ def test_rr_mixed_forks_still_one_call_per_agent_per_round():
 def test_greedy_spec_decodes_at_temperature_zero():
     _, _, gen = rollout("none", n_questions=2, greedy=True)
     assert [c.params for c in gen.calls] == [
-        SamplingParams(48, 0.0, 0.9), SamplingParams(16, 0.0, 0.9), SamplingParams(24, 0.0, 0.9)]
+        SamplingParams(48, 0.0, 0.9, REWRITER), SamplingParams(16, 0.0, 0.9, RERANKER),
+        SamplingParams(24, 0.0, 0.9, ANSWERER)]
     assert [len(c.agents) for c in gen.calls] == [2, 2, 2]
 
 
