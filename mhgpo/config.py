@@ -429,6 +429,30 @@ class CriticConfig:
             raise InputError(f"critic.value_clip: must be positive, got {self.value_clip}")
 
 
+@dataclasses.dataclass
+class WarmStartConfig:
+    """A supervised warm start before RL (`mhgpo/pipeline.py`): every role first learns its gold outputs, in
+    `RUN/warm_start/` (an `mhgpo sft` run with the RL run's model, data, team, precision and LoRA settings)."""
+
+    steps: int = 0  # optimiser steps; 0: no warm start
+    batch_size: int = 16  # demonstrations per step (all roles mixed)
+    lr: float = 5e-4
+    limit: int | None = None  # training questions to draw demonstrations from (None: all of `data`)
+    data: str | None = None  # None: the RL run's data
+    format_limit: int = 8  # held-out demonstrations per role for the logged format accuracy
+
+    def validate(self) -> None:
+        for key in ("steps", "format_limit"):
+            if getattr(self, key) < 0:
+                raise InputError(f"warm_start.{key}: must be >= 0, got {getattr(self, key)}")
+        if self.batch_size < 1:
+            raise InputError(f"warm_start.batch_size: must be at least 1, got {self.batch_size}")
+        if self.lr <= 0:
+            raise InputError(f"warm_start.lr: must be positive, got {self.lr}")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"warm_start.limit: must be at least 1, got {self.limit}")
+
+
 ALGOS = ("mhgpo", "grpo", "mappo", "ppo")
 RR_REGROUP = ("fork", "role", "all")
 CRITIC_ALGOS = ("mappo", "ppo")  # actor-critic: GAE advantages from a learned value model
@@ -476,6 +500,7 @@ class TrainConfig:
     # The KL term's reference policy: init (the initial weights: `model`, a trained run's weights included) or base
     # (the base model beneath a trained run given as `model`: what its own first run started from)
     reference: str = "init"
+    warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)

@@ -34,7 +34,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def cmd_train(args: argparse.Namespace) -> int:
     from mhgpo.config import TrainConfig, load_config
     from mhgpo.records import InputError
-    from mhgpo.trainer import resume, train
+    from mhgpo.pipeline import resume, train
 
     if args.from_step is not None and not args.resume:
         raise InputError("--from-step: only with --resume RUN_DIR")
@@ -101,57 +101,69 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(cfg, run_dir: Path) -> int:
+    """The untrained team's validation; the warm start (when `warm_start.steps`) and the warm-started team's
+    validation; MHGPO; the trained team's validation; a table of the three and a report."""
     from rich.console import Console
 
     from mhgpo.config import dump_config
-    from mhgpo.evaluate import evaluate_examples, metrics_table, write_eval
+    from mhgpo.evaluate import metrics_table, write_eval
+    from mhgpo.pipeline import evaluate_model, warm_start
     from mhgpo.trained import portable_model_spec
     from mhgpo.trainer import Trainer, build_team
 
     console = Console(highlight=False)
     cfg.model = portable_model_spec(cfg.model, run_dir)
     started = time.perf_counter()
-    console.print(f"[bold]mhgpo demo[/]: MHGPO-{cfg.sampler.upper()} on {cfg.data}, model {cfg.model}, "
-                  f"{cfg.steps} steps × {cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}")
+    algo = f"MHGPO-{cfg.sampler.upper()}" if cfg.algo == "mhgpo" else cfg.algo.upper()
+    warm = f"a warm start of {cfg.warm_start.steps} steps, then " if cfg.warm_start.steps else ""
+    console.print(f"[bold]mhgpo demo[/]: {warm}{algo} on {cfg.data}, model {cfg.model}, {cfg.steps} steps × "
+                  f"{cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}")
+    dump_config(cfg, run_dir / "config.yaml")
+    rows: dict[str, dict] = {}
+    before = evaluate_model(cfg, run_dir, desc="eval untrained")
+    write_eval(before, run_dir / "eval_before", {"data": cfg.val_data, "model": cfg.model, "label": "untrained"})
+    rows["untrained team"] = before.metrics
+    console.print(metrics_table({"untrained team": before.metrics}))
+    if cfg.warm_start.steps:
+        cfg.model = warm_start(cfg, run_dir)
     with console.status("loading the model, data and index ..."):
         team = build_team(cfg, with_val=True)
     trainer = Trainer(cfg, team, run_dir)
-    dump_config(cfg, run_dir / "config.yaml")
-    before = evaluate_examples(team.val, team.val_workflow, team.generator, team.encode, cfg.eval_batch_size,
-                               desc="eval before")
-    write_eval(before, run_dir / "eval_before", {"data": cfg.val_data, "model": cfg.model, "label": "untrained"})
-    console.print(metrics_table({"untrained team": before.metrics}))
+    if cfg.warm_start.steps:  # the RL team before its first update: the warm-started team
+        warmed = trainer.validate(desc="eval warm start")
+        write_eval(warmed, run_dir / "eval_warm_start", {"data": cfg.val_data, "model": cfg.model,
+                                                        "label": "warm start"})
+        rows[f"warm start ({cfg.warm_start.steps} steps)"] = warmed.metrics
+        console.print(metrics_table({"warm start": warmed.metrics}))
     trainer.run()
     if trainer.last_eval is not None and trainer.last_eval[0] == cfg.steps:  # validated on the last step
         after = trainer.last_eval[1]
     else:
-        after = evaluate_examples(team.val, team.val_workflow, team.generator, team.encode, cfg.eval_batch_size,
-                                  desc="eval after")
+        after = trainer.validate(desc="eval after")
     write_eval(after, run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
-    table = metrics_table(
-        {"untrained team": before.metrics, f"after MHGPO-{cfg.sampler.upper()} ({cfg.steps} steps)": after.metrics},
-        title=f"{cfg.val_data}, {len(team.val)} questions",
-    )
-    console.print(table)
-    _print_behaviour(console, before.metrics, after.metrics)
+    rows[f"{'+ ' if cfg.warm_start.steps else 'after '}{algo} ({cfg.steps} steps)"] = after.metrics
+    console.print(metrics_table(rows, title=f"{cfg.val_data}, {len(team.val)} questions"))
+    _print_behaviour(console, rows)
     from mhgpo.report import build_report
 
     report = build_report([run_dir], run_dir / "report")
     console.print(f"report: {report} and {report.with_suffix('.html')}")
     console.print(f"total {(time.perf_counter() - started) / 60:.1f} min; run directory {run_dir} "
-                  f"(metrics.jsonl, rollouts/, checkpoints/, eval_before/, eval_after/)")
+                  f"(metrics.jsonl, rollouts/, checkpoints/, eval_*/)")
     return 0
 
 
-def _print_behaviour(console, before: dict, after: dict) -> None:
+def _print_behaviour(console, rows: dict[str, dict]) -> None:
     from rich.table import Table
 
-    keys = [k for k in before if "/" in k and k in after]
+    first = next(iter(rows.values()))
+    keys = [k for k in first if "/" in k and all(k in m for m in rows.values())]
     table = Table(title="agent behaviour (dev set)")
-    for col in ("", "before", "after"):
-        table.add_column(col, justify="right" if col else "left")
+    table.add_column("")
+    for name in rows:
+        table.add_column(name, justify="right")
     for k in keys:
-        table.add_row(k, f"{before[k]:.2f}", f"{after[k]:.2f}")
+        table.add_row(k, *(f"{m[k]:.2f}" for m in rows.values()))
     console.print(table)
 
 

@@ -32,7 +32,7 @@ from mhgpo.evaluate import evaluate_examples
 from mhgpo.policy import Policy, Sample, peak_memory_mb
 from mhgpo.records import Example, InputError, RunError
 from mhgpo.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
-from mhgpo.rundir import RunLock, require_empty_run_dir
+from mhgpo.rundir import RunLock
 from mhgpo.runlog import RunLog, write_rollouts
 from mhgpo.statecodec import rng_states
 from mhgpo.workflow import Workflow
@@ -216,11 +216,12 @@ class Trainer:
 
     # -------------------------------------------------------------------------------------------------- loop
 
-    def validate(self) -> Any:
-        """Greedy evaluation of the team on the fixed validation subset (an `EvalResult`)."""
+    def validate(self, desc: str = "") -> Any:
+        """Greedy evaluation of the team on the fixed validation subset (an `EvalResult`); a progress bar with
+        `desc`."""
         t = self.team
         return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
-                                 progress=False)
+                                 progress=bool(desc) and self.progress, desc=desc or "eval")
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
         """The step's first phase (no weight changes, safe to interrupt): rollouts, rewards, advantages (group
@@ -459,20 +460,6 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
                 lambda messages: encode_chat(loaded.tokenizer, messages), critic)
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> Trainer:
-    """A new run into `cfg.output_dir`, which must be empty or new (a run is continued with :func:`resume`)."""
-    from mhgpo.trained import portable_model_spec
-
-    run_dir = Path(cfg.output_dir)
-    require_empty_run_dir(run_dir)
-    with RunLock(run_dir, "train"):
-        require_empty_run_dir(run_dir)  # again, now that no other run can write into it
-        cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
-        trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
-        trainer.run()
-    return trainer
-
-
 def choose_checkpoint(run_dir: Path, from_step: int | None = None) -> Path:
     """The checkpoint to resume from (the last one, or step `from_step`), after the checks that need no model."""
     checkpoints = list_checkpoints(run_dir)
@@ -513,13 +500,6 @@ def _set_aside_later(run_dir: Path, step: int) -> None:
         p.rename(target)
     print(f"mhgpo: resuming from step {step}; the later checkpoints ({', '.join(p.name for p in later)}) moved to "
           f"{aside}", flush=True)
-
-
-def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from_step: int | None = None) -> Trainer:
-    """Continue the run in `run_dir` from its last checkpoint (or step `from_step`)."""
-    run_dir = Path(run_dir)
-    cfg = run_config(run_dir, TrainConfig, overrides)
-    return continue_run(run_dir, lambda: Trainer(cfg, build_team(cfg), run_dir, progress), from_step, "train")
 
 
 def run_config(run_dir: Path, cls: type, overrides: list[str] = ()) -> Any:

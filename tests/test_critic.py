@@ -18,7 +18,8 @@ from mhgpo.critic import Critic, build_value_model
 from mhgpo.models import load_model
 from mhgpo.policy import Sample, micro_batches
 from mhgpo.runlog import read_metrics
-from mhgpo.trainer import Trainer, build_team, resume, train
+from mhgpo.pipeline import resume, train
+from mhgpo.trainer import Trainer, build_team
 
 VOLATILE = ("seconds/", "memory/")
 

@@ -28,7 +28,8 @@ from mhgpo.config import TrainConfig, load_config
 from mhgpo.rundir import LOCK_FILE, RunLock
 from mhgpo.runlog import read_metrics
 from mhgpo.statecodec import decode_rng_states, restore_rng_states, rng_states
-from mhgpo.trainer import Trainer, build_team, resume, train
+from mhgpo.pipeline import resume, train
+from mhgpo.trainer import Trainer, build_team
 from test_trainer import (REPO, assert_same_run, cache_dir, make_config, reference_run,  # noqa: F401  (fixtures)
                           train_overrides, world)
 

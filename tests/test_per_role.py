@@ -16,7 +16,7 @@ from mhgpo.logprobs import output_logprobs
 from mhgpo.models import encode_chat, load_model
 from mhgpo.policy import Policy, Sample, micro_batches
 from mhgpo.records import InputError
-from mhgpo.trainer import resume, train
+from mhgpo.pipeline import resume, train
 
 from test_trainer import cache_dir, make_config, world  # noqa: F401 - shared fixtures and helpers
 

@@ -10,7 +10,7 @@ import pytest
 
 from mhgpo.evaluate import EvalResult, write_eval
 from mhgpo.report import build_report, intra_group_similarity, results_table, load_run, token_f1
-from mhgpo.trainer import train
+from mhgpo.pipeline import train
 from test_trainer import cache_dir, make_config, world  # noqa: F401  (shared fixtures)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

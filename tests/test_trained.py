@@ -23,7 +23,8 @@ from mhgpo.config import TrainConfig, load_config
 from mhgpo.logprobs import output_logprobs
 from mhgpo.models import CHATML_TEMPLATE, encode_chat, load_model
 from mhgpo.policy import Sample
-from mhgpo.trainer import Trainer, build_team, resume, train
+from mhgpo.pipeline import resume, train
+from mhgpo.trainer import Trainer, build_team
 from conftest import TINY_SPECIAL_TOKENS
 from test_trainer import cache_dir, hand_samples, world  # noqa: F401 - shared fixtures and helpers
 from test_trainer import make_config as _make_config

@@ -24,7 +24,7 @@ from mhgpo.logprobs import _backbone_and_head, output_logprobs
 from mhgpo.policy import Policy, Sample, micro_batches
 from mhgpo.records import InputError
 from mhgpo.runlog import read_metrics
-from mhgpo.trainer import resume, train
+from mhgpo.pipeline import resume, train
 
 REPO = Path(__file__).resolve().parents[1]
 VOLATILE = ("seconds/", "memory/")  # wall-clock and memory: the only metrics that may differ between runs
