@@ -95,7 +95,7 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
     with tempfile.TemporaryDirectory() as run_dir:
         extra = (ALGOS.get(algo, []) + [x for o in options for x in OPTIONS[o]] + overrides + model
                  + [f"seed={seed}", "steps=100000", "eval_every=0", "save_every=0", f"val_limit={val_limit}",
-                    "warm_start.steps=0", f"output_dir={run_dir}"])
+                    "warm_start.enabled=false", f"output_dir={run_dir}"])
         cfg = load_config(TrainConfig, demo_config_path(), extra)
         rows: list[dict] = []
         start_wall, start_cpu = time.perf_counter(), time.process_time()

@@ -434,7 +434,8 @@ class WarmStartConfig:
     """A supervised warm start before RL (`mhgpo/pipeline.py`): every role first learns its gold outputs, in
     `RUN/warm_start/` (an `mhgpo sft` run with the RL run's model, data, team, precision and LoRA settings)."""
 
-    steps: int = 0  # optimiser steps; 0: no warm start
+    enabled: bool = False
+    steps: int = 20  # optimiser steps
     batch_size: int = 16  # demonstrations per step (all roles mixed)
     lr: float = 5e-4
     limit: int | None = None  # training questions to draw demonstrations from (None: all of `data`)
@@ -442,11 +443,11 @@ class WarmStartConfig:
     format_limit: int = 8  # held-out demonstrations per role for the logged format accuracy
 
     def validate(self) -> None:
-        for key in ("steps", "format_limit"):
-            if getattr(self, key) < 0:
-                raise InputError(f"warm_start.{key}: must be >= 0, got {getattr(self, key)}")
-        if self.batch_size < 1:
-            raise InputError(f"warm_start.batch_size: must be at least 1, got {self.batch_size}")
+        if self.format_limit < 0:
+            raise InputError(f"warm_start.format_limit: must be >= 0, got {self.format_limit}")
+        for key in ("steps", "batch_size"):
+            if getattr(self, key) < 1:
+                raise InputError(f"warm_start.{key}: must be at least 1, got {getattr(self, key)}")
         if self.lr <= 0:
             raise InputError(f"warm_start.lr: must be positive, got {self.lr}")
         if self.limit is not None and self.limit < 1:

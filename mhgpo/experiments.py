@@ -24,8 +24,9 @@ SCALE_KEYS = (
     "search.snippet_words", "search.rewriter", "search.reranker", "search.answerer",
     "optim.lr", "optim.warmup_steps", "optim.schedule", "optim.micro_batch_tokens", "optim.logprob_chunk",
     "optim.gradient_checkpointing",
-    "lora",
+    "lora.enabled", "lora.r", "lora.alpha", "lora.dropout", "lora.target_modules",
     "critic.lr", "critic.warmup_steps",
+    "warm_start.steps", "warm_start.batch_size", "warm_start.lr", "warm_start.limit",
 )
 
 

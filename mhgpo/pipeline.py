@@ -1,6 +1,6 @@
 """Training runs end to end: an optional supervised warm start, then reinforcement learning.
 
-`train(cfg)` starts a run in `cfg.output_dir`. With `warm_start.steps > 0` it first fine-tunes every role on its gold
+`train(cfg)` starts a run in `cfg.output_dir`. With `warm_start.enabled` it first fine-tunes every role on its gold
 outputs (an `mhgpo sft` run, `mhgpo/sft.py`) in `RUN/warm_start/`, then starts RL from those weights: the run's
 `model` becomes that folder, so loading the run (`--model RUN`) applies the warm start and then the RL weights, and
 the KL reference is the warm-started team (`reference=init`; `reference=base` keeps the model beneath it). The warm
@@ -66,13 +66,13 @@ def _is_warm_start(cfg: TrainConfig, run_dir: Path) -> bool:
 
 def train(cfg: TrainConfig, progress: bool = True) -> Trainer:
     """A new run into `cfg.output_dir`, which must be empty or new (a run is continued with :func:`resume`): the
-    warm start when `warm_start.steps > 0`, then RL."""
+    warm start when `warm_start.enabled`, then RL."""
     run_dir = Path(cfg.output_dir)
     require_empty_run_dir(run_dir)
     with RunLock(run_dir, "train"):
         require_empty_run_dir(run_dir)  # again, now that no other run can write into it
         cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
-        if cfg.warm_start.steps:
+        if cfg.warm_start.enabled:
             dump_config(cfg, run_dir / "config.yaml")  # what `resume` continues if the warm start is cut short
             cfg.model = warm_start(cfg, run_dir, progress)
         trainer = Trainer(cfg, build_team(cfg), run_dir, progress)
@@ -85,7 +85,7 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from
     the warm start and then RL from its start."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir, TrainConfig, overrides)
-    if cfg.warm_start.steps and not list_checkpoints(run_dir) and from_step is None:
+    if cfg.warm_start.enabled and not list_checkpoints(run_dir) and from_step is None:
         with RunLock(run_dir, "train --resume"):
             if not _is_warm_start(cfg, run_dir):
                 cfg.model = warm_start(cfg, run_dir, progress)

@@ -101,7 +101,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(cfg, run_dir: Path) -> int:
-    """The untrained team's validation; the warm start (when `warm_start.steps`) and the warm-started team's
+    """The untrained team's validation; the warm start (when `warm_start.enabled`) and the warm-started team's
     validation; MHGPO; the trained team's validation; a table of the three and a report."""
     from rich.console import Console
 
@@ -115,7 +115,7 @@ def _demo(cfg, run_dir: Path) -> int:
     cfg.model = portable_model_spec(cfg.model, run_dir)
     started = time.perf_counter()
     algo = f"MHGPO-{cfg.sampler.upper()}" if cfg.algo == "mhgpo" else cfg.algo.upper()
-    warm = f"a warm start of {cfg.warm_start.steps} steps, then " if cfg.warm_start.steps else ""
+    warm = f"a warm start of {cfg.warm_start.steps} steps, then " if cfg.warm_start.enabled else ""
     console.print(f"[bold]mhgpo demo[/]: {warm}{algo} on {cfg.data}, model {cfg.model}, {cfg.steps} steps × "
                   f"{cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}")
     dump_config(cfg, run_dir / "config.yaml")
@@ -124,12 +124,12 @@ def _demo(cfg, run_dir: Path) -> int:
     write_eval(before, run_dir / "eval_before", {"data": cfg.val_data, "model": cfg.model, "label": "untrained"})
     rows["untrained team"] = before.metrics
     console.print(metrics_table({"untrained team": before.metrics}))
-    if cfg.warm_start.steps:
+    if cfg.warm_start.enabled:
         cfg.model = warm_start(cfg, run_dir)
     with console.status("loading the model, data and index ..."):
         team = build_team(cfg, with_val=True)
     trainer = Trainer(cfg, team, run_dir)
-    if cfg.warm_start.steps:  # the RL team before its first update: the warm-started team
+    if cfg.warm_start.enabled:  # the RL team before its first update: the warm-started team
         warmed = trainer.validate(desc="eval warm start")
         write_eval(warmed, run_dir / "eval_warm_start", {"data": cfg.val_data, "model": cfg.model,
                                                         "label": "warm start"})
@@ -141,7 +141,7 @@ def _demo(cfg, run_dir: Path) -> int:
     else:
         after = trainer.validate(desc="eval after")
     write_eval(after, run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
-    rows[f"{'+ ' if cfg.warm_start.steps else 'after '}{algo} ({cfg.steps} steps)"] = after.metrics
+    rows[f"{'+ ' if cfg.warm_start.enabled else 'after '}{algo} ({cfg.steps} steps)"] = after.metrics
     console.print(metrics_table(rows, title=f"{cfg.val_data}, {len(team.val)} questions"))
     _print_behaviour(console, rows)
     from mhgpo.report import build_report

@@ -34,6 +34,10 @@ ROWS: dict[str, dict[str, object]] = {
     "rr_final_only": {"reward.penalties": False},
     "mappo_final_only": {"algo": "mappo", "sampler": "chains", "reward.penalties": False},
     **{f"fof_g{g}": {"sampler": "fof", "group_size": g} for g in (3, 5, 6)},
+    "warm_mhgpo_rr": {"warm_start.enabled": True},
+    "warm_mappo": {"warm_start.enabled": True, "algo": "mappo", "sampler": "chains"},
+    "rr_per_role": {"lora.enabled": True, "lora.per_role": True},
+    "rr_filter": {"filter_zero_variance": True},
 }
 
 

@@ -1,4 +1,4 @@
-"""A training run with a warm start (`warm_start.steps`): the warm start's run in RUN/warm_start, RL from its weights
+"""A training run with a warm start (`warm_start.enabled`): the warm start's run in RUN/warm_start, RL from its weights
 with it as the reference, the run loading as a chain, and resuming from an interruption in either stage."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mhgpo.sft import SFTTrainer
 
 from test_trainer import cache_dir, hand_samples, make_config, world  # noqa: F401 - shared fixtures and helpers
 
-WARM = {"warm_start.steps": 2, "warm_start.batch_size": 4, "warm_start.limit": 6, "warm_start.lr": 0.01,
+WARM = {"warm_start.enabled": True, "warm_start.steps": 2, "warm_start.batch_size": 4, "warm_start.limit": 6, "warm_start.lr": 0.01,
         "warm_start.format_limit": 1, "search.snippet_words": 8, "search.max_candidates": 4, "precision": "fp32"}
 
 
