@@ -33,9 +33,14 @@ OPTIONS = {"per_role": ["lora.per_role=true"], "filter": ["filter_zero_variance=
 LABELS = {"rr": "MHGPO-RR", "fof": "MHGPO-FoF", "is": "MHGPO-IS", "fof_os": "MHGPO-FoF(os)", "mappo": "MAPPO"}
 
 
+def row_overrides(row: str) -> list[str]:
+    """A row's own `key=value` settings: `warm+rr@optim.lr=3e-5,group_size=8`."""
+    return [kv for kv in row.partition("@")[2].split(",") if kv]
+
+
 def parse_row(row: str) -> tuple[bool, str | None, list[str]]:
     """(starts from the warm start, algorithm or None, option names) of a row name."""
-    parts = row.split("+")
+    parts = row.partition("@")[0].split("+")
     warm = "warm" in parts
     algos = [p for p in parts if p in ALGOS]
     options = [p for p in parts if p in OPTIONS]
@@ -50,7 +55,8 @@ def label(row: str) -> str:
     warm, algo, options = parse_row(row)
     if algo is None:
         return "warm start only" if warm else "untrained team"
-    return ("warm start + " if warm else "") + LABELS[algo] + "".join(f" ({o.replace('_', '-')})" for o in options)
+    extra = f" [{', '.join(row_overrides(row))}]" if row_overrides(row) else ""
+    return ("warm start + " if warm else "") + LABELS[algo] + "".join(f" ({o.replace('_', '-')})" for o in options) + extra
 
 
 def demo_tree(overrides: list[str]) -> dict:
@@ -93,7 +99,7 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
     warm, algo, options = parse_row(row)
     model = [f"model={warm_start_dir(out, seed).resolve()}"] if warm else []
     with tempfile.TemporaryDirectory() as run_dir:
-        extra = (ALGOS.get(algo, []) + [x for o in options for x in OPTIONS[o]] + overrides + model
+        extra = (ALGOS.get(algo, []) + [x for o in options for x in OPTIONS[o]] + overrides + row_overrides(row) + model
                  + [f"seed={seed}", "steps=100000", "eval_every=0", "save_every=0", f"val_limit={val_limit}",
                     "warm_start.enabled=false", f"output_dir={run_dir}"])
         cfg = load_config(TrainConfig, demo_config_path(), extra)
@@ -124,7 +130,8 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
               "val_n": res.metrics["n"],
               "answers_starting_with_document": float(np.mean([a.lower().startswith("document") for a in answers])),
               **{k: v for k, v in res.metrics.items() if "/" in k}}
-    (out / f"{row}-seed{seed}.json").write_text(json.dumps({**result, "steps_metrics": rows}, indent=1))
+    name = row.replace("/", "_").replace("@", "__").replace(",", "_")
+    (out / f"{name}-seed{seed}.json").write_text(json.dumps({**result, "steps_metrics": rows}, indent=1))
     return result
 
 
@@ -176,7 +183,8 @@ def summary(results: list[dict], minutes: float, clock: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="untrained,warm,warm+rr,warm+mappo")
+    parser.add_argument("--rows", nargs="+", default=["untrained,warm,warm+rr,warm+mappo"],
+                        help="rows, comma- or space-separated; a row's own settings after @: warm+rr@optim.lr=3e-5")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="cpu")
@@ -198,7 +206,7 @@ def main() -> None:
             one(args.one, args.seed, args.minutes, args.clock, args.val_limit, out, args.overrides)
         print(json.dumps(result))
         return
-    rows = args.rows.split(",")
+    rows = [r for item in args.rows for r in ([item] if "@" in item else item.split(","))]
     for row in rows:
         try:
             parse_row(row)
