@@ -18,9 +18,10 @@ from mhgpo.search_system import format_documents, merge_candidates, parse_answer
 from mhgpo.workflow import State, StepResult, Workflow, mean_of
 
 SEARCH = re.compile(r"^\W*search\s*(for)?\s*[:\-]?\s*", re.IGNORECASE)
-ANSWER = re.compile(r"^\W*(the\s+)?(final\s+)?answer\s*(is)?\s*[:\-]?\s*", re.IGNORECASE)
-SYSTEM = ("You answer questions with a search engine. If the documents contain the answer, reply 'Answer: ' and "
-          "the answer in a few words. Otherwise reply 'Search: ' and a query for what is missing.")
+ANSWER = re.compile(r"^\W*(the\s+)?(final\s+)?answer\b(?:[^:\n]*:|\s*(?:is\b)?)\s*", re.IGNORECASE)
+SYSTEM = ("You answer questions with a search engine. Reply with one line: 'Search: <query>' to look for what is "
+          "missing, or 'Answer: <answer>' in a few words once the documents give it. For example 'Search: birthplace "
+          "of Ann Lee' or 'Answer: Paris'.")
 
 
 @dataclass
@@ -80,11 +81,12 @@ class IterativeSearch(Workflow):
             query = output[search.end():].strip() or state.example.question
             return StepResult(state.with_values(queries=state.get("queries") + (query,), turns=turns),
                               0.0, {"action": "search", "query": query})
-        if ANSWER.match(output) or turns >= cfg.max_rounds:  # the last turn answers whatever it says
-            answer, too_long = parse_answer(output[search.end():] if search else output, cfg.max_answer_words)
-            bad = too_long or not ANSWER.match(output)
-            return StepResult(state.with_values(answer=answer, turns=turns), cfg.format_penalty if bad else 0.0,
-                              {"action": "answer", "answer": answer})
+        answer = ANSWER.match(output)
+        if answer or turns >= cfg.max_rounds:  # the last turn answers whatever it says
+            prefix = answer or search
+            text, too_long = parse_answer(output[prefix.end() if prefix else 0:], cfg.max_answer_words)
+            return StepResult(state.with_values(answer=text, turns=turns),
+                              cfg.format_penalty if too_long or not answer else 0.0, {"action": "answer", "answer": text})
         query = output.strip() or state.example.question  # no format: searched as it is, penalised
         return StepResult(state.with_values(queries=state.get("queries") + (query,), turns=turns),
                           cfg.format_penalty, {"action": "search", "query": query, "reason": "no Search:/Answer:"})
