@@ -432,3 +432,28 @@ def test_importing_the_package_stays_light() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_the_documented_example_is_a_working_team(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (REPO / "docs" / "python-api.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) <= 40
+    (tmp_path / "draft_and_edit.py").write_text(code)
+    monkeypatch.chdir(tmp_path)
+    cls = load_workflow_class("draft_and_edit.py:DraftAndEdit")
+    outputs = ["It is Paris, I think.", "Rome?", "Paris", "the city of Paris in France"]
+
+    def agent_of(text: str) -> str:
+        return "editor" if "Draft:" in text else "drafter"
+
+    from test_rollout import FakeGenerator
+
+    gen = FakeGenerator(agent_of, lambda agent, k, text: outputs[k])
+    batch = run_rollouts([Example("q", "Which city?", ("Paris",)), Example("r", "Which city?", ("Paris",))], cls(),
+                         gen, encode, RolloutSpec(greedy=True), np.random.default_rng(0))
+    assert [(n.agent, n.output) for n in batch.llm_nodes()] == [("drafter", outputs[0]), ("drafter", outputs[1]),
+                                                                ("editor", outputs[2]), ("editor", outputs[3])]
+    assert "Draft: It is Paris, I think." in decode(gen.calls[1].prompts[0])
+    assert [n.penalty for n in batch.llm_nodes()] == [0.0, 0.0, 0.0, -0.5]
+    assert [leaf.terminal for leaf in batch.leaves()] == [1.0, 0.0]  # exact match, not F1: no partial credit
+    assert "mhgpo.train(" in code and "mhgpo.evaluate(" in code
