@@ -85,8 +85,8 @@ class IterativeSearch(Workflow):
         if answer or turns >= cfg.max_rounds:  # the last turn answers whatever it says
             prefix = answer or search
             text, too_long = parse_answer(output[prefix.end() if prefix else 0:], cfg.max_answer_words)
-            return StepResult(state.with_values(answer=text, turns=turns),
-                              cfg.format_penalty if too_long or not answer else 0.0, {"action": "answer", "answer": text})
+            penalty = cfg.format_penalty if too_long or not answer else 0.0
+            return StepResult(state.with_values(answer=text, turns=turns), penalty, {"action": "answer", "answer": text})
         query = output.strip() or state.example.question  # no format: searched as it is, penalised
         return StepResult(state.with_values(queries=state.get("queries") + (query,), turns=turns),
                           cfg.format_penalty, {"action": "search", "query": query, "reason": "no Search:/Answer:"})

@@ -198,7 +198,8 @@ class RolloutFailure:
     def message(self) -> str:
         about = ([f"question {self.question_id}"] if self.question_id is not None else []) + (
             [f"agent {self.agent}"] if self.agent else [])
-        return f"{self.where}: {self.workflow}.{self.method}: {self.error}" + (f" ({', '.join(about)})" if about else "")
+        text = f"{self.where}: {self.workflow}.{self.method}: {self.error}"
+        return f"{text} ({', '.join(about)})" if about else text
 
     def record(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -143,7 +143,8 @@ def main() -> int:
     for f in files:
         rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
         trained_roles = cfg.get("train_roles")
-        frozen = frozen_roles | ({r["agent"] for r in rows} - set(trained_roles) if trained_roles is not None else set())
+        untrained = {r["agent"] for r in rows} - set(trained_roles) if trained_roles is not None else set()
+        frozen = frozen_roles | untrained
         try:
             summary = check_step(rows, group_size, aggr, cfg["reward"]["penalties"], cfg.get("sampler") or "fof",
                                  exact, frozen, cfg.get("regroup_within_role", True))

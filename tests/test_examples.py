@@ -170,7 +170,8 @@ def test_check_rollouts_catches_wrong_group_ids_and_visits(runs) -> None:
     check.check_step([dict(r) for r in rows], *args)  # as written: fine
     second = [r for r in rows if r["trained"] and r["visit"] == 1]
     split = [dict(r) for r in rows]
-    moved = next(r for r in split if r["node_id"] == second[0]["node_id"] and r["question_id"] == second[0]["question_id"])
+    moved = next(r for r in split if (r["node_id"], r["question_id"]) == (second[0]["node_id"],
+                                                                         second[0]["question_id"]))
     moved["group_id"] = max(r["group_id"] for r in rows) + 1
     with pytest.raises(AssertionError, match="members, expected 2..3|not all the nodes"):
         check.check_step(split, *args)
@@ -187,7 +188,9 @@ def test_check_rollouts_catches_wrong_group_ids_and_visits(runs) -> None:
         check.check_step(dropped, *args)
 
 
-def test_system_errors_on_the_command_line(cli, tiny_model_dir: Path, world: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_system_errors_on_the_command_line(
+    cli, tiny_model_dir: Path, world: Path, tmp_path: Path  # noqa: F811
+) -> None:
     out = tmp_path / "out"
     res = cli("train", "--system", "examples/nope.py:Team", "--model", tiny_model_dir, "--output-dir", out)
     assert (res.returncode, res.stderr) == (2, "mhgpo: error: system: examples/nope.py: file not found\n")
