@@ -166,7 +166,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
     console.rule("[bold]answer[/]")
     console.print(leaf.final_answer, markup=False)
     if args.gold:
-        console.print(f"[dim]F1 against the gold answer:[/] {leaf.terminal:.2f}")
+        from mhgpo.metrics import score
+
+        f1 = score(leaf.final_answer, tuple(args.gold))["f1"]
+        console.print(f"[dim]F1 against the gold answer:[/] {f1:.2f}")
+        if leaf.terminal != f1:  # a team that scores itself otherwise
+            console.print(f"[dim]the team's reward:[/] {leaf.terminal:.2f}")
     return 0
 
 
