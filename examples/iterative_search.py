@@ -17,7 +17,7 @@ from mhgpo.records import InputError
 from mhgpo.search_system import format_documents, merge_candidates, parse_answer
 from mhgpo.workflow import State, StepResult, Workflow, mean_of
 
-SEARCH = re.compile(r"^\W*search\s*(for)?\s*[:\-]?\s*", re.IGNORECASE)
+SEARCH = re.compile(r"^\W*search\b\s*(for\b)?\s*[:\-]?\s*", re.IGNORECASE)
 ANSWER = re.compile(r"^\W*(the\s+)?(final\s+)?answer\b(?:[^:\n]*:|\s*(?:is\b)?)\s*", re.IGNORECASE)
 SYSTEM = ("You answer questions with a search engine. Reply with one line: 'Search: <query>' to look for what is "
           "missing, or 'Answer: <answer>' in a few words once the documents give it. For example 'Search: birthplace "
@@ -69,9 +69,9 @@ class IterativeSearch(Workflow):
         docs = format_documents(list(shown), "Document{index} ({title}): {snippet}", self.config.snippet_words)
         last = state.get("turns") + 1 >= self.config.max_rounds
         ask = "This is your last turn: reply 'Answer: <answer>'." if last else "Reply 'Answer: ...' or 'Search: ...'."
-        searched = "; ".join(state.get("queries"))
+        queries = "; ".join(state.get("queries"))
         return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"{docs}\n\nSearched so far: {searched}\n\n"
+                {"role": "user", "content": f"{docs}\n\nQueries so far: {queries}\n\n"
                                             f"Question: {state.example.question}\n{ask}"}]
 
     def apply(self, state: State, agent: str, output: str) -> StepResult:

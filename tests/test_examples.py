@@ -56,12 +56,14 @@ def test_iterative_search_searches_until_it_answers_or_runs_out_of_turns() -> No
     leaf = batch.leaves()[0]
     assert leaf.final_answer == "Paris" and leaf.terminal == 1.0
     assert leaf.trace["queries"] == ["Where was Ann Lee born?", "Ann Lee birthplace"]
-    assert "Searched so far: Where was Ann Lee born?; Ann Lee birthplace" in prompts[1]
+    assert "Queries so far: Where was Ann Lee born?; Ann Lee birthplace" in prompts[1]
     assert "last turn" not in prompts[0] and "last turn" not in prompts[1]
     # no format: searched as it is, penalised; the last turn answers whatever it says, penalised without "Answer:"
-    batch, prompts = scripted(example("iterative_search", max_rounds=3), ["Lee?", "Search: Lee", "Paris, France"])
+    batch, prompts = scripted(example("iterative_search", max_rounds=3), ["Searched: Lee", "search for Lee",
+                                                                          "Paris, France"])
     assert [(n.agent, n.visit) for n in batch.llm_nodes()] == [("planner", 0), ("planner", 1), ("planner", 2)]
     assert [n.info["action"] for n in batch.llm_nodes()] == ["search", "search", "answer"]
+    assert [n.info.get("query") for n in batch.llm_nodes()] == ["Searched: Lee", "Lee", None]
     assert [n.penalty for n in batch.llm_nodes()] == [-0.5, 0.0, -0.5]
     assert "This is your last turn" in prompts[2] and batch.leaves()[0].final_answer == "Paris, France"
     assert team.behaviour("planner", batch.llm_nodes()) == {"search_rate": 2 / 3, "answer_turn": 3.0}
