@@ -17,6 +17,7 @@ or `mhgpo.train(config, workflow=Class)` (docs/python-api.md, examples/).
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -133,7 +134,8 @@ class Workflow(ABC):
         return name in self.tools
 
     def trace(self, state: State) -> dict[str, Any]:
-        """A JSON-able summary of a finished state (written to predictions and rollout files)."""
+        """A JSON-able summary of a finished state (written with the predictions): by default the state's values
+        that JSON can hold as they are."""
         return {k: v for k, v in state.values.items() if _jsonable(v)}
 
 
@@ -143,4 +145,8 @@ def mean_of(calls: list[Call], measure: Callable[[Call], float]) -> float:
 
 
 def _jsonable(v: Any) -> bool:
-    return isinstance(v, (str, int, float, bool, type(None), list, tuple, dict))
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -219,6 +219,24 @@ def test_system_errors_on_the_command_line(
     assert not out.exists()
 
 
+def test_eval_writes_the_examples_predictions(cli, tiny_model_dir: Path, world: Path, tmp_path: Path) -> None:  # noqa
+    out = tmp_path / "eval"
+    res = cli("eval", "--system", "examples/solver_verifier.py:SolverVerifier", "--model", tiny_model_dir, "--data",
+              f"hotpotqa:{world / 'dev.jsonl'}", "--corpus", world / "corpus.jsonl", "--limit", 3, "--output-dir", out,
+              "team.solver.max_new_tokens=6", "team.verifier.max_new_tokens=6")
+    assert res.returncode == 0, res.stderr
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(predictions) == metrics["n"] == 3
+    assert metrics["f1"] == pytest.approx(100 * np.mean([p["f1"] for p in predictions]), abs=1e-9)
+    for p in predictions:
+        steps = p["trace"]["steps"]
+        assert [s["agent"] for s in steps][:3] == ["retriever", "solver", "verifier"]
+        assert p["trace"]["attempts"][-1] == p["prediction"] and "documents" not in p["trace"]
+    assert metrics["system"] == "examples/solver_verifier.py:SolverVerifier"
+    assert {"solver/answer_words", "verifier/reject_rate"} <= set(metrics)
+
+
 def test_ask_shows_each_turn_of_the_planner(cli, tiny_model_dir: Path, world: Path) -> None:  # noqa: F811
     res = cli("ask", "Where was Ann Lee born?", "--system", "examples/iterative_search.py:IterativeSearch",
               "--model", tiny_model_dir, "--corpus", world / "corpus.jsonl", "team.max_rounds=2",

@@ -457,3 +457,11 @@ def test_the_documented_example_is_a_working_team(tmp_path: Path, monkeypatch: p
     assert [n.penalty for n in batch.llm_nodes()] == [0.0, 0.0, 0.0, -0.5]
     assert [leaf.terminal for leaf in batch.leaves()] == [1.0, 0.0]  # exact match, not F1: no partial credit
     assert "mhgpo.train(" in code and "mhgpo.evaluate(" in code
+
+
+def test_the_default_trace_keeps_what_json_can_hold() -> None:
+    from mhgpo.records import Passage
+
+    state = State(GOOD[0]).with_values(attempts=("x", "y"), n=2, info={"a": [1, 2]},
+                                       documents=(Passage("p", "T", "text"),), mixed=["ok", Passage("q", "U", "")])
+    assert SolverJudge().trace(state) == {"attempts": ("x", "y"), "n": 2, "info": {"a": [1, 2]}}
