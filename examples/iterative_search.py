@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from mhgpo.config import AgentSampling
+from mhgpo.metrics import normalize_answer
 from mhgpo.records import InputError
 from mhgpo.search_system import format_documents, merge_candidates, parse_answer
 from mhgpo.workflow import State, StepResult, Workflow, mean_of
@@ -31,7 +32,7 @@ class IterativeSearchConfig:
     max_documents: int = 6  # passages shown to the Planner (the first found)
     snippet_words: int = 40
     max_answer_words: int = 10
-    format_penalty: float = -0.5  # neither "Search: ..." nor "Answer: ...", or too long an answer
+    format_penalty: float = -0.5  # neither "Search: ..." nor "Answer: ...", or an empty or too long answer
     planner: AgentSampling = field(default_factory=lambda: AgentSampling(max_new_tokens=32))
 
     def validate(self) -> None:
@@ -85,7 +86,8 @@ class IterativeSearch(Workflow):
         if answer or turns >= cfg.max_rounds:  # the last turn answers whatever it says
             prefix = answer or search
             text, too_long = parse_answer(output[prefix.end() if prefix else 0:], cfg.max_answer_words)
-            penalty = cfg.format_penalty if too_long or not answer else 0.0
+            hollow = not set(normalize_answer(text).split()) - {"answer"}  # "Answer:", "Answer: answer."
+            penalty = cfg.format_penalty if too_long or hollow or not answer else 0.0
             return StepResult(state.with_values(answer=text, turns=turns), penalty, {"action": "answer", "answer": text})
         query = output.strip() or state.example.question  # no format: searched as it is, penalised
         return StepResult(state.with_values(queries=state.get("queries") + (query,), turns=turns),
