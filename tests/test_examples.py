@@ -66,9 +66,9 @@ def test_iterative_search_searches_until_it_answers_or_runs_out_of_turns() -> No
     assert [n.info.get("query") for n in batch.llm_nodes()] == ["Searched: Lee", "Lee", None]
     assert [n.penalty for n in batch.llm_nodes()] == [-0.5, 0.0, -0.5]
     assert "This is your last turn" in prompts[2] and batch.leaves()[0].final_answer == "Paris, France"
+    assert team.behaviour("planner", batch.llm_nodes()) == {"search_rate": 2 / 3, "answer_turn": 3.0}
     batch, _ = scripted(example("iterative_search"), ["The answer is 'Answer:"])  # the format, but no answer
     assert [n.penalty for n in batch.llm_nodes()] == [-0.5] and batch.leaves()[0].terminal == 0.0
-    assert team.behaviour("planner", batch.llm_nodes()) == {"search_rate": 2 / 3, "answer_turn": 3.0}
 
 
 def test_solver_verifier_sends_the_answer_back_once() -> None:
