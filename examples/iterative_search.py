@@ -88,7 +88,8 @@ class IterativeSearch(Workflow):
             text, too_long = parse_answer(output[prefix.end() if prefix else 0:], cfg.max_answer_words)
             hollow = not set(normalize_answer(text).split()) - {"answer"}  # "Answer:", "Answer: answer."
             penalty = cfg.format_penalty if too_long or hollow or not answer else 0.0
-            return StepResult(state.with_values(answer=text, turns=turns), penalty, {"action": "answer", "answer": text})
+            info = {"action": "answer", "answer": text}
+            return StepResult(state.with_values(answer=text, turns=turns), penalty, info)
         query = output.strip() or state.example.question  # no format: searched as it is, penalised
         return StepResult(state.with_values(queries=state.get("queries") + (query,), turns=turns),
                           cfg.format_penalty, {"action": "search", "query": query, "reason": "no Search:/Answer:"})

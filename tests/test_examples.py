@@ -16,6 +16,7 @@ import pytest
 
 from mhgpo.records import Example
 from mhgpo.rollout import RolloutSpec, run_rollouts
+from mhgpo.report import md_text
 from mhgpo.teams import construct, load_workflow_class, team_config
 from test_rollout import FakeGenerator, FakeRetriever, encode
 from test_trainer import cache_dir, world  # noqa: F401  (shared fixtures)
@@ -153,7 +154,7 @@ def test_report_names_the_examples_agents(runs, cli, name: str, tmp_path: Path) 
     for agent in agents:
         assert f"- *{agent}* (agent):" in md
     assert "- *retriever* (tool):" in md
-    assert f"({EXAMPLES[name]}) [{name}]" in md and "behaviour.png" in md
+    assert md_text(f"({EXAMPLES[name]}) [{name}]") in md and "behaviour.png" in md  # the run's label, escaped
     metrics = json.loads((runs[name] / "metrics.jsonl").read_text().splitlines()[0])
     own = {"iterative_search": ["planner/search_rate"], "solver_verifier": ["verifier/reject_rate",
                                                                             "solver/second_attempts"]}[name]

@@ -24,8 +24,9 @@ from mhgpo.losses import token_weights
 from mhgpo.records import Example, InputError
 from mhgpo.rollout import RolloutSpec, run_rollouts
 from mhgpo.search_system import SearchSystem
+from mhgpo.pipeline import resume, train
 from mhgpo.teams import WorkflowError, construct, display_path, load_workflow_class, system_spec, team_config
-from mhgpo.trainer import TooManyFailures, assign_rewards, resume, train
+from mhgpo.trainer import TooManyFailures, assign_rewards
 from mhgpo.workflow import State, StepResult, Workflow
 from test_rollout import G, LookupSolverJudge, SolverJudge, decode, loop_agent_of
 from test_trainer import cache_dir, world  # noqa: F401  (shared fixtures)
