@@ -232,7 +232,6 @@ def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[Team, list[Demonstr
     held-out demonstrations of `cfg`. `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or a
     built instance; it must define `demonstration`."""
     from mhgpo.factory import prepare_system
-
     from mhgpo.generation import HFGenerator
     from mhgpo.models import encode_chat
     from mhgpo.precision import announce, default_device, resolve_precision, weight_dtype
