@@ -8,34 +8,39 @@ from typing import Any, Iterable
 import numpy as np
 
 from mhgpo.rollout import Node
+from mhgpo.workflow import Call, Workflow
 
 
 def call_record(node: Node) -> dict[str, Any]:
-    """What the behaviour measures need of one LLM call (kept in each prediction's trace)."""
-    return {"agent": node.agent, "penalty": node.penalty, "output_tokens": len(node.output_ids), "info": node.info}
+    """What the behaviour measures need of one LLM call (kept in each prediction's trace): a `Call` as a dict."""
+    return {"agent": node.agent, "penalty": node.penalty, "output_tokens": len(node.output_ids), "info": node.info,
+            "visit": node.visit, "output": node.output}
 
 
-def agent_behaviour(calls: Iterable[Node | dict[str, Any]], agents: Iterable[str]) -> dict[str, float]:
-    """`<agent>/penalty_rate` for every agent, plus the search system's own measures when its agents appear:
-    `rewriter/num_subqueries`, `reranker/num_selected`, `reranker/invalid_rate`, `answerer/answer_words`.
-    `calls` are rollout nodes (tool nodes are skipped) or their :func:`call_record`s."""
-    by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
+def _call(n: Node | dict[str, Any]) -> Call:
+    rec = n if isinstance(n, dict) else call_record(n)
+    return Call(rec["agent"], rec.get("output", ""), float(rec["penalty"]), int(rec["output_tokens"]),
+                int(rec.get("visit", 0)), dict(rec.get("info") or {}))
+
+
+def agent_behaviour(calls: Iterable[Node | dict[str, Any]], workflow: Workflow) -> dict[str, float]:
+    """For every agent of `workflow` that was called: `<agent>/penalty_rate` (share of its outputs with a format
+    penalty), `<agent>/output_tokens` (mean output length), and the workflow's own measures
+    (`workflow.behaviour(agent, calls)`, e.g. the default team's `rewriter/num_subqueries`). `calls` are rollout
+    nodes (tool nodes are skipped) or their :func:`call_record`s (an evaluation's prediction lines)."""
+    by_agent: dict[str, list[Call]] = defaultdict(list)
     for n in calls:
         if isinstance(n, dict) or n.kind == "llm":
-            rec = n if isinstance(n, dict) else call_record(n)
-            by_agent[rec["agent"]].append(rec)
+            call = _call(n)
+            by_agent[call.agent].append(call)
     out: dict[str, float] = {}
-    for agent in agents:
-        recs = by_agent.get(agent, [])
-        if not recs:
+    for agent in workflow.agents:
+        mine = by_agent.get(agent, [])
+        if not mine:
             continue
-        out[f"{agent}/penalty_rate"] = float(np.mean([r["penalty"] < 0 for r in recs]))
-        out[f"{agent}/output_tokens"] = float(np.mean([r["output_tokens"] for r in recs]))
-        if agent == "rewriter":
-            out["rewriter/num_subqueries"] = float(np.mean([len(r["info"].get("queries", [])) for r in recs]))
-        elif agent == "reranker":
-            out["reranker/num_selected"] = float(np.mean([len(r["info"].get("selected", [])) for r in recs]))
-            out["reranker/invalid_rate"] = float(np.mean([r["penalty"] < 0 for r in recs]))
-        elif agent in ("answerer", "llm"):
-            out[f"{agent}/answer_words"] = float(np.mean([len(r["info"].get("answer", "").split()) for r in recs]))
+        out[f"{agent}/penalty_rate"] = float(np.mean([c.penalty < 0 for c in mine]))
+        out[f"{agent}/output_tokens"] = float(np.mean([c.output_tokens for c in mine]))
+        for name, value in workflow.behaviour(agent, mine).items():
+            out[f"{agent}/{name}"] = float(value)
     return out
+

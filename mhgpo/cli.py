@@ -19,6 +19,8 @@ RETRIEVER_HELP = "bm25 (default) or dense (sentence-transformers + FAISS; encode
 INDEX_HELP = "a built index folder to reuse (mhgpo index build)"
 MODEL_HELP = ("smollm2-135m (default), a Hugging Face id, a local folder, a .gguf file, or a trained run: a run "
               "directory (its latest checkpoint) or RUN/checkpoints/step_N")
+SYSTEM_HELP = ("mas (the default team), llm (the model alone), or a Workflow class of your own: PATH.py:Class or "
+               "module.path:Class (its config section: team.KEY=value)")
 
 
 def _quiet_libraries() -> None:
@@ -127,7 +129,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     import numpy as np
 
     from mhgpo.config import EvalConfig, load_config
-    from mhgpo.factory import build_workflow
+    from mhgpo.factory import build_workflow, prepare_system
     from mhgpo.records import Example
     from mhgpo.rollout import RolloutSpec, run_rollouts
 
@@ -136,7 +138,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
                                        "system": "system"})
     cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
     console = _console()
-    workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+    workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
     reason = _resolve_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
         loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
@@ -146,14 +148,16 @@ def cmd_ask(args: argparse.Namespace) -> int:
         if node.kind == "tool":
             console.rule(f"[bold]{node.agent}[/] (tool)")
             for i, title in enumerate(node.info.get("titles", [])):
-                console.print(f"  Document{i}: {title}")
+                console.print(f"  Document{i}: {title}", markup=False)
+            for k, v in node.info.items():
+                if k not in ("titles", "ids"):
+                    console.print(f"  {k}: {v}", markup=False)
             continue
         console.rule(f"[bold]{node.agent}[/]")
         console.print(node.output, markup=False)
         details = {k: v for k, v in node.info.items() if v not in ("", [], None)}
-        if node.agent == "reranker":
-            titles = batch.leaves()[0].trace.get("selected_titles", [])
-            details["selected_titles"] = titles
+        if node.agent == "reranker" and batch.leaves()[0].trace.get("selected_titles"):
+            details["selected_titles"] = batch.leaves()[0].trace["selected_titles"]
         if node.penalty:
             details["penalty"] = node.penalty
         for k, v in details.items():
@@ -162,7 +166,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
     console.rule("[bold]answer[/]")
     console.print(leaf.final_answer, markup=False)
     if args.gold:
-        console.print(f"[dim]F1 against the gold answer:[/] {leaf.terminal:.2f}")
+        from mhgpo.metrics import score
+
+        f1 = score(leaf.final_answer, tuple(args.gold))["f1"]
+        console.print(f"[dim]F1 against the gold answer:[/] {f1:.2f}")
+        if leaf.terminal != f1:  # a team that scores itself otherwise
+            console.print(f"[dim]the team's reward:[/] {leaf.terminal:.2f}")
     return 0
 
 
@@ -184,7 +193,7 @@ def _eval_config(args: argparse.Namespace):
     """The evaluation's config; with `--resume DIR`, the saved one, which the command line may repeat but not
     change (the first differing key is named)."""
     from mhgpo.config import EvalConfig, load_config, to_dict
-    from mhgpo.evaluate import CONFIG
+    from mhgpo.evaluation import CONFIG
     from mhgpo.records import InputError
 
     overrides = _flag_overrides(args, EVAL_FLAGS) + list(args.overrides)
@@ -227,9 +236,9 @@ def _lookup(tree: dict, key: str):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from mhgpo.config import dump_config
-    from mhgpo.evaluate import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
-                                metrics_table, summarise, write_eval)
-    from mhgpo.factory import build_workflow, load_examples
+    from mhgpo.evaluation import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
+                                  metrics_table, summarise, write_eval)
+    from mhgpo.factory import build_workflow, load_examples, prepare_system
     from mhgpo.io import append_jsonl, read_jsonl
     from mhgpo.records import InputError
     from mhgpo.rundir import RunLock
@@ -260,8 +269,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             append_jsonl(out / PREDICTIONS, rows)
             done.extend(rows)
 
-        with console.status("preparing retrieval ..."):
-            workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+        with console.status("preparing the team ..."):
+            workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
         reason = _resolve_precision(cfg)
         with console.status(f"loading {cfg.model} ..."):
             loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
@@ -283,7 +292,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return 130
         order = {e.id: i for i, e in enumerate(examples)}
         rows = sorted(done, key=lambda r: order[r["id"]]) if out is not None else result.predictions
-        metrics = summarise(rows, workflow.agents, result.metrics["seconds"])
+        metrics = summarise(rows, workflow, result.metrics["seconds"])
         if len(rows) > len(result.predictions):
             metrics["resumed"] = len(rows) - len(result.predictions)  # finished in earlier sessions
         console.print(metrics_table({f"{cfg.system} / {cfg.data}": metrics}))
@@ -358,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--corpus", help=CORPUS_HELP)
         p.add_argument("--retriever", choices=["bm25", "dense"], help=RETRIEVER_HELP)
         p.add_argument("--index", help=INDEX_HELP)
-        p.add_argument("--system", choices=["mas", "llm"], help="the team (mas, default) or the model alone (llm)")
+        p.add_argument("--system", metavar="SYSTEM", help=SYSTEM_HELP)
         p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
     ask = sub.add_parser("ask", help="run the team on one question and show what each agent did")

@@ -39,7 +39,7 @@ class AgentSampling:
 
 @dataclasses.dataclass
 class SystemConfig:
-    """The default three-agent search system (DESIGN §2): retrieval sizes, format rules and penalties."""
+    """The built-in teams (`system: mas | llm`), section `search:`: retrieval sizes, format rules and penalties."""
 
     top_k: int = 3  # passages retrieved per sub-query
     max_candidates: int = 10  # candidates shown to the Reranker after merging
@@ -103,10 +103,33 @@ class EvalConfig:
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
 
     def validate(self) -> None:
+        check_system(self.system, self.team)
         check_precision(self.precision)
         _check_counts(self, ("batch_size", "gen_batch_size"), "limit")
+
+
+BUILT_IN = ("mas", "llm")  # the built-in teams; any other `system` names a workflow class (mhgpo/teams.py)
+
+
+def is_custom(system: str) -> bool:
+    """True for `PATH.py:Class` and `module.path:Class`; False for the built-in teams (`mas`, `llm`)."""
+    return ":" in system
+
+
+def check_system(system: str, team: dict[str, Any]) -> None:
+    """`system` is mas, llm or a workflow class (`PATH.py:Class`, `module.path:Class`). The `team:` section
+    configures a workflow class: its keys are the fields of the class's `config_class` dataclass, checked when the
+    workflow is built (unknown keys named; the resolved section is written to config.yaml). The built-in teams
+    are configured under `search:`."""
+    if system not in BUILT_IN and not is_custom(system):
+        raise InputError(f"system: unknown system {system!r} (mas, llm, or a workflow class: PATH.py:Class or "
+                         f"module.path:Class)")
+    if team and not is_custom(system):
+        raise InputError(f"team.{sorted(team)[0]}: the team section configures a workflow class "
+                         f"(system: PATH.py:Class); system={system} is configured under search.*")
 
 
 def _at_least(obj: Any, key: str, least: int, prefix: str = "") -> None:
@@ -186,6 +209,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise InputError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return from_dict(tp, value, prefix=key + ".")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise InputError(f"{key}: expected a mapping of keys to values, got {value!r}")
+        return value
     if origin in (list, tuple):
         (inner, *_) = typing.get_args(tp) or (Any,)
         if isinstance(value, str):
@@ -461,11 +488,12 @@ SINGLE_AGENT_ALGOS = ("grpo", "ppo")  # the "LLM + RL" baselines: system=llm onl
 
 
 def default_sampler(algo: str, system: str) -> str:
-    """The rollout sampler an algorithm uses when `sampler` is not set: MHGPO on the team → rr; GRPO, or MHGPO
-    on the single-agent system → fof (G samples of one prompt); MAPPO / PPO → chains (G independent chains)."""
+    """The rollout sampler an algorithm uses when `sampler` is not set: MHGPO on the default team → rr; GRPO, MHGPO
+    on the single-agent system or on a workflow class → fof (G samples of one prompt at the first agent; RR needs
+    `rr_probs` with one probability per agent of the team); MAPPO / PPO → chains (G independent chains)."""
     if algo in CRITIC_ALGOS:
         return "chains"
-    return "fof" if algo == "grpo" or system == "llm" else "rr"
+    return "rr" if algo == "mhgpo" and system == "mas" else "fof"
 
 
 @dataclasses.dataclass
@@ -496,6 +524,9 @@ class TrainConfig:
     save_every: int = 10
     keep_checkpoints: int = 2
     max_rounds: int = 64  # safety bound on workflow steps per rollout
+    # Questions whose rollout may fail in a workflow method (each skipped, logged with its traceback in the run
+    # directory's errors.jsonl) before the run stops; 0: stop at the first.
+    max_failures: int = 10
     train_roles: list[str] | None = None  # None: every role trains
     frozen_roles: list[str] = dataclasses.field(default_factory=list)
     # The KL term's reference policy: init (the initial weights: `model`, a trained run's weights included) or base
@@ -508,8 +539,12 @@ class TrainConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
 
     def validate(self) -> None:
+        check_system(self.system, self.team)
+        if self.max_failures < 0:
+            raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
         if self.reference not in ("init", "base"):
             raise InputError(f"reference: expected init or base, got {self.reference!r}")
         if self.algo not in ALGOS:
@@ -581,13 +616,18 @@ class SFTConfig:
     save_every: int = 0  # 0: at the end only
     keep_checkpoints: int = 1
     max_rounds: int = 64
+    max_failures: int = 10  # validation questions whose rollout may fail in a workflow method (as in training)
     precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/precision.py)
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
     optim: OptimConfig = dataclasses.field(default_factory=_sft_optim)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
 
     def validate(self) -> None:
+        check_system(self.system, self.team)
+        if self.max_failures < 0:
+            raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
         for key in ("steps", "batch_size"):
             if getattr(self, key) < 1:
                 raise InputError(f"{key}: must be at least 1, got {getattr(self, key)}")

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import os
 from pathlib import Path
+from typing import Any
 
-from mhgpo.config import RetrievalConfig, SystemConfig
+from mhgpo.config import BUILT_IN, RetrievalConfig, SystemConfig, is_custom
 from mhgpo.data import context_corpus, load_corpus_jsonl, load_data
 from mhgpo.records import Example, InputError, Passage
+from mhgpo.teams import (check_workflow_class, construct, load_workflow_class, system_spec, team_config,
+                         team_section)
 from mhgpo.workflow import Workflow
 
-SYSTEMS = ("mas", "llm")
 RETRIEVERS = ("bm25", "dense")
 
 
@@ -98,14 +102,53 @@ def build_retriever(data_spec: str, retrieval: RetrievalConfig):
     return load_or_build_bm25(passages, index_dir)
 
 
-def build_workflow(system: str, data_spec: str, retrieval: RetrievalConfig, search: SystemConfig) -> Workflow:
+def prepare_system(cfg: Any, workflow: Any = None) -> Any:
+    """Settle `cfg.system` and `cfg.team` (a train, sft or eval config) for `workflow` and return what
+    `build_workflow` builds from. `workflow`: None (what `cfg.system` names), a `Workflow` subclass, or a built
+    instance (used as it is; its `config`, when it is an instance of its `config_class`, is the team section).
+    `cfg.team` becomes the resolved section (every field of the config class), as config.yaml shows it."""
+    if isinstance(workflow, Workflow):
+        cls = type(workflow)
+        check_workflow_class(cls)
+        config = getattr(workflow, "config", None)
+        own = dataclasses.asdict(config) if cls.config_class and isinstance(config, cls.config_class) else {}
+        if cfg.team and cfg.team != own:  # (the instance's own section: settled by an earlier call)
+            raise InputError(f"team.{sorted(cfg.team)[0]}: the workflow was passed already built; set its config "
+                             f"when constructing it")
+        cfg.system, cfg.team = system_spec(cls), own
+        return workflow
+    if workflow is not None:
+        if not (inspect.isclass(workflow) and issubclass(workflow, Workflow)):
+            raise InputError(f"workflow: expected a Workflow subclass or instance, got {workflow!r}")
+        check_workflow_class(workflow)
+        cls = workflow
+        cfg.system = system_spec(cls)
+    elif is_custom(cfg.system):
+        cls = load_workflow_class(cfg.system)
+    else:
+        return cfg.system
+    cfg.team = team_section(cls, cfg.team)
+    return cls
+
+
+def build_workflow(system: Any, data_spec: str, retrieval: RetrievalConfig, search: SystemConfig,
+                   team: dict[str, Any] | None = None) -> Workflow:
+    """The team `system` names: `mas` (the default team over the data's corpus), `llm` (the model alone), a
+    workflow class (`PATH.py:Class`, `module.path:Class`, or the class itself) built from its `team` section and,
+    when its constructor asks, the retriever; a built `Workflow` is returned as it is."""
     from mhgpo.search_system import LLMOnly, SearchSystem
 
-    if system == "mas":
-        return SearchSystem(build_retriever(data_spec, retrieval), search)
-    if system == "llm":
-        return LLMOnly(search)
-    raise InputError(f"system: unknown system {system!r} (choose one of: {', '.join(SYSTEMS)})")
+    if isinstance(system, Workflow):
+        return system
+    if isinstance(system, str) and not is_custom(system):
+        if system == "mas":
+            return SearchSystem(build_retriever(data_spec, retrieval), search)
+        if system == "llm":
+            return LLMOnly(search)
+        raise InputError(f"system: unknown system {system!r} (choose one of: {', '.join(BUILT_IN)}, or a workflow "
+                         f"class PATH.py:Class)")
+    cls = load_workflow_class(system) if isinstance(system, str) else system
+    return construct(cls, team_config(cls, team), lambda: build_retriever(data_spec, retrieval))
 
 
 def load_examples(spec: str, limit: int | None = None) -> list[Example]:

@@ -1,9 +1,10 @@
 """`mhgpo report`: read run directories and write `report.md`, `report.html` (images embedded) and PNG plots.
 
-What a reader looks for in an RL run of a team of agents: reward and validation F1 over steps, each agent's
-format penalty and behaviour over steps, how similar the outputs inside a group are (the paper's intra-group
-similarity), where the time and memory go, a results table in the layout of the paper's Table 1, and example
-traces from the first and the last step. Anything missing from a run directory is reported as missing.
+What a reader looks for in an RL run of a team of agents: the team (its agents and tools by name, how often each
+is called), reward and validation F1 over steps, each agent's format penalty and behaviour over steps (the
+measures its workflow logs), how similar the outputs inside a group are (the paper's intra-group similarity),
+where the time and memory go, a results table in the layout of the paper's Table 1, and example traces from the
+first and the last step. Anything missing from a run directory is reported as missing.
 
 Run directories may come from anyone: text taken from them (questions, outputs, answers, labels, folder names) is
 escaped so that it cannot make markdown or HTML structure, and the HTML page embeds only the PNG plots this module
@@ -29,12 +30,8 @@ from mhgpo.io import atomic_write_text, read_json, read_jsonl
 from mhgpo.records import InputError
 from mhgpo.runlog import read_metrics
 
-BEHAVIOUR = (
-    ("rewriter/num_subqueries", "sub-queries per question"),
-    ("reranker/num_selected", "documents selected"),
-    ("answerer/answer_words", "answer length (words)"),
-    ("reranker/invalid_rate", "invalid selection rate"),
-)
+# Per-agent metrics that are not behaviour (plotted elsewhere or not at all); the rest of `<agent>/<name>` is.
+NOT_BEHAVIOUR = ("reward", "penalty", "advantage_abs", "samples", "penalty_rate")
 
 
 @dataclass
@@ -53,7 +50,7 @@ def _label(path: Path, config: dict[str, Any]) -> str:
         return path.name
     algo = str(config.get("algo", "mhgpo")).upper()
     sampler = str(config.get("sampler", "")).upper().replace("_OS", "(os)")
-    system = config.get("system", "mas")
+    system = str(config.get("system", "mas")).rpartition(":")[2]  # a workflow class: its name
     name = f"{algo}-{sampler}" if algo == "MHGPO" else algo
     return f"{name}{'' if system == 'mas' else ' (' + system + ')'} [{path.name}]"
 
@@ -158,6 +155,32 @@ def traces(rows: list[dict[str, Any]], limit: int = 2) -> list[dict[str, Any]]:
     return out
 
 
+def run_agents(run: Run) -> list[str]:
+    """The run's agents in the workflow's order (the order its per-agent metrics were logged in)."""
+    return list(dict.fromkeys(k[: -len("/penalty")] for m in run.metrics for k in m if k.endswith("/penalty")))
+
+
+def team_summary(run: Run) -> list[str]:
+    """One line per agent and tool of the run's team: calls per question and the most visits on one path, from
+    the last step's rollout records."""
+    if not run.rollout_files:
+        return []
+    return _checked(run.rollout_files[-1], _team_lines, run_agents(run))
+
+
+def _team_lines(rows: list[dict[str, Any]], agents: list[str]) -> list[str]:
+    questions = max(len({r["question_id"] for r in rows}), 1)
+    calls: dict[str, int] = Counter(r["agent"] for r in rows)
+    visits: dict[str, int] = defaultdict(int)
+    kinds: dict[str, str] = {}
+    for r in rows:
+        visits[r["agent"]] = max(visits[r["agent"]], int(r.get("visit", 0)) + 1)
+        kinds[r["agent"]] = r.get("kind", "llm")
+    order = [a for a in agents if a in calls] + [a for a in calls if a not in agents]
+    return [f"- *{md_text(a)}* ({'agent' if kinds[a] == 'llm' else 'tool'}): {calls[a] / questions:.1f} calls per "
+            f"question, up to {visits[a]} per path" for a in order]
+
+
 # ------------------------------------------------------------------------------------------------ plots
 
 
@@ -172,13 +195,17 @@ def _series(run: Run, key: str) -> tuple[list[int], list[float]]:
 
 
 def _figure(ncols: int):
+    fig, axes = _grid(1, ncols)
+    return fig, axes[0]
+
+
+def _grid(nrows: int, ncols: int):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, ncols, figsize=(5.2 * ncols, 3.6), squeeze=False)
-    return fig, axes[0]
+    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows), squeeze=False)
 
 
 def _save(fig, path: Path) -> Path:
@@ -196,8 +223,7 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
     trained = [r for r in runs if r.metrics]
     if not trained:
         return plots
-    agents = sorted({k.split("/")[0] for r in trained for m in r.metrics for k in m
-                     if k.endswith("/penalty") and "/" in k})
+    agents = list(dict.fromkeys(a for r in trained for a in run_agents(r)))
 
     fig, (ax1, ax2) = _figure(2)
     for r in trained:
@@ -223,14 +249,21 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
             ax.legend(fontsize=7)
         plots["penalties"] = _save(fig, out / "penalties.png")
 
-    present = [(k, t) for k, t in BEHAVIOUR if any(_series(r, k)[0] for r in trained)]
-    if present:
-        fig, axes = _figure(len(present))
-        for ax, (key, title) in zip(axes, present):
-            for r in trained:
-                ax.plot(*_series(r, key), marker=".", label=_plain(r.label))
-            ax.set(title=title, xlabel="step")
-            ax.legend(fontsize=7)
+    measures = {a: list(dict.fromkeys(k.split("/", 1)[1] for r in trained for m in r.metrics for k in m
+                                      if k.startswith(f"{a}/") and k.split("/", 1)[1] not in NOT_BEHAVIOUR))
+                for a in agents}
+    rows = [(a, names) for a, names in measures.items() if names]
+    if rows:
+        fig, axes = _grid(len(rows), max(len(names) for _, names in rows))
+        for ax_row, (agent, names) in zip(axes, rows):
+            for i, ax in enumerate(ax_row):
+                if i >= len(names):
+                    ax.set_visible(False)
+                    continue
+                for r in trained:
+                    ax.plot(*_series(r, f"{agent}/{names[i]}"), marker=".", label=_plain(r.label))
+                ax.set(title=f"{agent}: {names[i].replace('_', ' ')}", xlabel="step")
+                ax.legend(fontsize=7)
         plots["behaviour"] = _save(fig, out / "behaviour.png")
 
     sims = {r.label: [(int(p.stem.split("_")[1]), _checked(p, intra_group_similarity)) for p in r.rollout_files]
@@ -319,6 +352,13 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
     for r in runs:
         if r.missing:
             md.append(f"- {md_text(r.path.name)} has no " + "; no ".join(r.missing) + ".")
+    for r in runs:
+        lines = team_summary(r)
+        if lines:
+            step = int(r.rollout_files[-1].stem.split("_")[1])
+            md += ["", f"## Team: {md_text(r.label)}", "", f"Calls in the rollouts of step {step} (sampler "
+                   f"{md_text(r.config.get('sampler', '?'))}, group size {md_text(r.config.get('group_size', '?'))}):",
+                   "", *lines]
     md += ["", "## Results", ""]
     md.append(_md_table(header, body) if body else "No evaluation results were found.")
     for r in runs:

@@ -1,4 +1,4 @@
-"""Rollout trees, breadth-first over the whole batch, and the four samplers (DESIGN §3, paper Algorithms 1–5).
+"""Rollout trees, breadth-first over the whole batch, and the four samplers (paper Algorithms 1–5).
 
 A rollout for one question is a tree of `Node`s (LLM calls and tool calls). A `Branch` is a live path through a
 tree. `fork_on(q, G, agent)` (paper Algorithm 5) is a branch whose `fork_agent` is set: its first call of that
@@ -19,6 +19,11 @@ one group (homogeneous at the fork agent, heterogeneous downstream); FoF(os)'s t
 form one group. Groups of size 1 never train: RR regroups them (by role and fork agent by default), other samplers
 drop and count them.
 `chains` gives every LLM call an id of its own: it marks the sample as trained, it is not a group.
+
+A question whose rollout fails in a workflow method (an exception, a name `next_agent` should not return, no end
+within `max_rounds`) either stops the batch with a `WorkflowError` naming file, class, method and question
+(`on_error="raise"`), or is left out of the batch whole and reported in `RolloutBatch.failures`
+(`on_error="skip"`): the other questions' trees, group ids and rewards are those of a batch without it.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ import numpy as np
 
 from mhgpo.advantages import regroup_singletons, rr_pool_keys
 from mhgpo.generation import Generator, SamplingParams
-from mhgpo.metrics import score
 from mhgpo.records import Example
-from mhgpo.workflow import State, Workflow
+from mhgpo.teams import RolloutFailure, WorkflowError, failure
+from mhgpo.workflow import State, StepResult, Workflow
 
 SAMPLERS = ("is", "fof", "rr", "fof_os", "chains", "none")
 
@@ -55,6 +60,7 @@ class Node:
     penalty: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     group_key: tuple | None = None  # filled at creation; None for tool nodes
+    fork_id: int = -1  # the fork (start of chains) of its question it belongs to
     fork_sample: bool = False  # one of the G samples at a fork point
     group_id: int = -1  # -1: not trained
     terminal: float = float("nan")  # leaves: the final answer's score
@@ -88,6 +94,7 @@ class RolloutBatch:
     nodes: list[Node]
     fork_agents: list[list[str | None]]  # per question, the fork agent of each of its forks
     stats: dict[str, float]
+    failures: list[RolloutFailure] = field(default_factory=list)  # questions left out (on_error="skip")
 
     def llm_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.kind == "llm"]
@@ -145,112 +152,212 @@ def run_rollouts(
     encode: Callable[[list[dict[str, str]]], list[int]],
     spec: RolloutSpec,
     rng: np.random.Generator,
-    reward_fn: Callable[[str, tuple[str, ...]], float] | None = None,
     max_rounds: int = 64,
+    on_error: str = "raise",
 ) -> RolloutBatch:
-    """Run every tree of the batch breadth-first; assign group ids; score the leaves.
+    """Run every tree of the batch breadth-first; assign group ids; score the leaves (`workflow.reward`).
 
-    `reward_fn(prediction, answers)` gives a leaf's terminal reward (default: F1 best over aliases).
-    """
-    reward_fn = reward_fn or (lambda pred, answers: score(pred, answers)["f1"])
+    `on_error`: "raise" (a failing question stops with a `WorkflowError`) or "skip" (it is left out and listed in
+    the batch's `failures`)."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error: expected raise or skip, got {on_error!r}")
     G = spec.group_size if spec.sampler != "none" else 1
     first_agent_fork = spec.sampler in ("fof", "fof_os")
     starts, fork_agents = initial_branches(len(examples), workflow, spec, rng)
+    guard = _Guard(workflow, examples, on_error)
     nodes: list[Node] = []
-    live = [
-        Branch(q, workflow.init_state(examples[q]), -1, fork_id, fork_agent)
-        for fork_id, (q, fork_agent) in enumerate(starts)
-    ]
+    live = []
+    for fork_id, (q, fork_agent) in enumerate(starts):
+        state = guard.call(q, "init_state", None, workflow.init_state, examples[q])
+        if state is not _FAILED:
+            live.append(Branch(q, state, -1, fork_id, fork_agent))
     llm_calls = 0
     tokens = 0
     for _round in range(max_rounds):
+        live = guard.alive(live)
         if not live:
             break
         pending: dict[str, list[Branch]] = defaultdict(list)
         for b in live:
-            agent = workflow.next_agent(b.state)
+            agent = guard.next_agent(b)
             if agent is None:
-                _finish(b, nodes, workflow, reward_fn)
-            else:
+                _finish(b, nodes, workflow, guard)
+            elif agent is not _FAILED:
                 pending[agent].append(b)
         live = []
         for agent, branches in pending.items():
+            branches = guard.alive(branches)
             if workflow.is_tool(agent):
-                live.extend(_run_tool(agent, branches, nodes, workflow))
+                live.extend(_run_tool(agent, branches, nodes, guard))
                 continue
-            new, calls, toks = _run_agent(agent, branches, nodes, workflow, generator, encode, spec, G, first_agent_fork)
+            new, calls, toks = _run_agent(agent, branches, nodes, guard, generator, encode, spec, G, first_agent_fork)
             live.extend(new)
             llm_calls += calls
             tokens += toks
     else:  # max_rounds steps taken: branches whose workflow is done still finish
-        unfinished = []
-        for b in live:
-            if workflow.next_agent(b.state) is None:
-                _finish(b, nodes, workflow, reward_fn)
-            else:
-                unfinished.append(b)
-        if unfinished:
-            raise RuntimeError(f"workflow did not finish within {max_rounds} rounds")
+        for b in guard.alive(live):
+            agent = guard.next_agent(b)
+            if agent is None:
+                _finish(b, nodes, workflow, guard)
+            elif agent is not _FAILED:
+                guard.fail(b.question_index, "next_agent", agent,
+                           problem=f"did not finish within {max_rounds} rounds (max_rounds)")
 
+    if guard.failures:
+        examples, nodes, fork_agents = _without_questions(set(guard.failures), examples, nodes, fork_agents)
     stats = _assign_groups(nodes, spec, G, rng, fork_agents)
-    stats.update(llm_calls=float(llm_calls), tokens_generated=float(tokens))
+    stats.update(llm_calls=float(llm_calls), tokens_generated=float(tokens),
+                 failed_questions=float(len(guard.failures)))
     if spec.sampler in ("fof", "fof_os"):
         fork_agents = [[_first_llm_agent(nodes, q)] for q in range(len(examples))]
-    return RolloutBatch(examples, nodes, fork_agents, stats)
+    return RolloutBatch(examples, nodes, fork_agents, stats, list(guard.failures.values()))
+
+
+_FAILED = object()  # what a guarded call returns for a question that failed (on_error="skip")
+
+
+class _Guard:
+    """Calls the workflow's methods for one question at a time and turns what goes wrong into a failure of that
+    question: raised at once as a `WorkflowError` (on_error="raise") or recorded (on_error="skip")."""
+
+    def __init__(self, workflow: Workflow, examples: list[Example], on_error: str):
+        self.workflow, self.examples, self.on_error = workflow, examples, on_error
+        self.failures: dict[int, RolloutFailure] = {}
+        self.names = set(workflow.agents) | set(workflow.tools)
+
+    def fail(self, q: int, method: str, agent: str | None, exc: BaseException | None = None, problem: str = ""):
+        if q in self.failures:
+            return _FAILED
+        record = failure(self.workflow, method, self.examples[q].id, agent, exc, problem)
+        if self.on_error == "raise":
+            raise WorkflowError(record.message()) from exc
+        self.failures[q] = record
+        return _FAILED
+
+    def call(self, q: int, method: str, agent: str | None, fn: Callable, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            return self.fail(q, method, agent, e)
+
+    def alive(self, branches: list[Branch]) -> list[Branch]:
+        return [b for b in branches if b.question_index not in self.failures]
+
+    def next_agent(self, b: Branch) -> Any:
+        """The branch's next step (None: done), checked to be one of the workflow's agents or tools."""
+        name = self.call(b.question_index, "next_agent", None, self.workflow.next_agent, b.state)
+        if name is None or name is _FAILED or (isinstance(name, str) and name in self.names):
+            return name
+        return self.fail(b.question_index, "next_agent", None, problem=(
+            f"returned {name!r}, which is neither an agent ({', '.join(self.workflow.agents)}) nor a tool "
+            f"({', '.join(self.workflow.tools) or 'none'})"))
+
+    def step_result(self, q: int, method: str, agent: str, res: Any) -> Any:
+        if res is _FAILED:
+            return res
+        if not isinstance(res, StepResult) or not isinstance(res.state, State):
+            return self.fail(q, method, agent, problem=f"returned {type(res).__name__}, not a StepResult(state, ...)")
+        try:
+            float(res.penalty)
+        except (TypeError, ValueError):
+            return self.fail(q, method, agent, problem=f"returned the penalty {res.penalty!r}, not a number")
+        return res
+
+
+def _without_questions(failed: set[int], examples: list[Example], nodes: list[Node],
+                       fork_agents: list[list[str | None]]) -> tuple[list[Example], list[Node], list[list[str | None]]]:
+    """The batch without the failed questions: the others' nodes renumbered (ids, parents, question indices).
+    Group keys keep the old numbers, which still tell the groups apart."""
+    keep = [q for q in range(len(examples)) if q not in failed]
+    q_map = {q: i for i, q in enumerate(keep)}
+    kept = [n for n in nodes if n.question_index not in failed]
+    id_map = {n.node_id: i for i, n in enumerate(kept)}
+    for n in kept:
+        n.node_id = id_map[n.node_id]
+        n.parent_id = id_map[n.parent_id] if n.parent_id >= 0 else -1
+        n.question_index = q_map[n.question_index]
+    return [examples[q] for q in keep], kept, [fork_agents[q] for q in keep]
 
 
 def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
-    """One batch holding the trees of `batches` in order: node ids, parent ids, question indices and group ids
-    are shifted so that they stay distinct (group ids stay per batch: groups never span batches); stats add up."""
+    """One batch holding the trees of `batches` in order: node ids, parent ids, question indices, fork ids and
+    group ids are shifted so that they stay distinct (group ids stay per batch: groups never span batches); stats
+    add up and failures are listed together."""
     if len(batches) == 1:
         return batches[0]
     examples: list[Example] = []
     nodes: list[Node] = []
     fork_agents: list[list[str | None]] = []
     stats: dict[str, float] = {}
-    next_group = 0
+    failures: list[RolloutFailure] = []
+    next_group = next_fork = 0
     for b in batches:
         node_shift, question_shift = len(nodes), len(examples)
         groups = [n.group_id for n in b.nodes if n.group_id >= 0]
+        forks = [n.fork_id for n in b.nodes if n.fork_id >= 0]
         for n in b.nodes:
             n.node_id += node_shift
             n.parent_id = n.parent_id + node_shift if n.parent_id >= 0 else -1
             n.question_index += question_shift
             n.group_id = n.group_id + next_group if n.group_id >= 0 else -1
+            n.fork_id = n.fork_id + next_fork if n.fork_id >= 0 else -1
             nodes.append(n)
         next_group += max(groups) + 1 if groups else 0
+        next_fork += max(forks) + 1 if forks else 0
         examples.extend(b.examples)
         fork_agents.extend(b.fork_agents)
+        failures.extend(b.failures)
         for k, v in b.stats.items():
             stats[k] = stats.get(k, 0.0) + v
-    return RolloutBatch(examples, nodes, fork_agents, stats)
+    return RolloutBatch(examples, nodes, fork_agents, stats, failures)
 
 
 def _first_llm_agent(nodes: list[Node], q: int) -> str | None:
     return next((n.agent for n in nodes if n.question_index == q and n.kind == "llm"), None)
 
 
-def _finish(b: Branch, nodes: list[Node], workflow: Workflow, reward_fn: Callable) -> None:
+def _finish(b: Branch, nodes: list[Node], workflow: Workflow, guard: _Guard) -> None:
+    q = b.question_index
     if b.parent_id < 0:
-        raise RuntimeError("a workflow finished before calling any agent")
+        guard.fail(q, "next_agent", None, problem="returned None before any agent was called")
+        return
+    example = b.state.example
+    answer = guard.call(q, "final_answer", None, workflow.final_answer, b.state)
+    terminal = guard.call(q, "reward", None, lambda: float(workflow.reward(b.state, example)))
+    trace = guard.call(q, "trace", None, workflow.trace, b.state)
+    if _FAILED in (answer, terminal, trace):
+        return
     leaf = nodes[b.parent_id]
-    answer = workflow.final_answer(b.state)
-    leaf.final_answer = answer
-    leaf.terminal = float(reward_fn(answer, b.state.example.answers))
-    leaf.trace = workflow.trace(b.state)
+    leaf.final_answer = answer if isinstance(answer, str) else str(answer)
+    leaf.terminal = terminal
+    leaf.trace = trace
 
 
 def _child(b: Branch, agent: str, nodes: list[Node], kind: str) -> Node:
     visit = b.visits.get(agent, 0)
-    node = Node(len(nodes), b.question_index, b.parent_id, agent, kind, visit)
+    node = Node(len(nodes), b.question_index, b.parent_id, agent, kind, visit, fork_id=b.fork_id)
     nodes.append(node)
     return node
 
 
-def _run_tool(tool: str, branches: list[Branch], nodes: list[Node], workflow: Workflow) -> list[Branch]:
-    results = workflow.call_tools(tool, [b.state for b in branches])
+def _run_tool(tool: str, branches: list[Branch], nodes: list[Node], guard: _Guard) -> list[Branch]:
+    """One batched call of the tool for every waiting branch; if it raises, each state is tried alone, so that
+    only the questions it fails on are failures."""
+    workflow = guard.workflow
+    try:
+        results = list(workflow.call_tools(tool, [b.state for b in branches]))
+        if len(results) != len(branches):
+            raise ValueError(f"returned {len(results)} results for {len(branches)} states")
+    except Exception:
+        results = []
+        for b in branches:
+            res = guard.call(b.question_index, "call_tools", tool, workflow.call_tools, tool, [b.state])
+            results.append(res[0] if isinstance(res, list) and len(res) == 1 else res)
     out = []
     for b, res in zip(branches, results):
+        res = guard.step_result(b.question_index, "call_tools", tool, res)
+        if res is _FAILED:
+            continue
         node = _child(b, tool, nodes, "tool")
         node.info = dict(res.info)
         visits = dict(b.visits)
@@ -263,17 +370,20 @@ def _run_agent(
     agent: str,
     branches: list[Branch],
     nodes: list[Node],
-    workflow: Workflow,
+    guard: _Guard,
     generator: Generator,
     encode: Callable,
     spec: RolloutSpec,
     G: int,
     first_agent_fork: bool,
 ) -> tuple[list[Branch], int, int]:
+    workflow = guard.workflow
     prompts: list[list[int]] = []
     owners: list[tuple[Branch, bool, bool]] = []  # (branch, fork sample?, over-sample?)
     for b in branches:
-        ids = encode(workflow.build_prompt(b.state, agent))
+        ids = guard.call(b.question_index, "build_prompt", agent, lambda: encode(workflow.build_prompt(b.state, agent)))
+        if ids is _FAILED:
+            continue
         if first_agent_fork and b.fork_agent is None and not b.forked:
             b.fork_agent = agent  # FoF: the fork point is the first agent called
         fork_here = b.fork_agent == agent and not b.forked
@@ -282,13 +392,24 @@ def _run_agent(
         for _ in range(n):
             prompts.append(ids)
             owners.append((b, fork_here, oversample))
-    generations = generator.generate(prompts, _sampling_params(workflow, agent, spec.greedy))
+    kept = [i for i, (b, _, _) in enumerate(owners) if b.question_index not in guard.failures]
+    prompts, owners = [prompts[i] for i in kept], [owners[i] for i in kept]
+    if not prompts:
+        return [], 0, 0
+    try:
+        params = _sampling_params(workflow, agent, spec.greedy)
+    except Exception as e:  # not one question's failure: every question needs it
+        raise WorkflowError(failure(workflow, "sampling", None, agent, e).message()) from e
+    generations = generator.generate(prompts, params)
     out: list[Branch] = []
     for (b, fork_here, oversample), gen in zip(owners, generations):
+        res = guard.step_result(b.question_index, "apply", agent,
+                                guard.call(b.question_index, "apply", agent, workflow.apply, b.state, agent, gen.text))
+        if res is _FAILED:
+            continue
         node = _child(b, agent, nodes, "llm")
         node.prompt_ids, node.output_ids, node.logprobs = gen.prompt_ids, gen.output_ids, gen.logprobs
         node.output = gen.text
-        res = workflow.apply(b.state, agent, gen.text)
         node.penalty = float(res.penalty)
         node.info = dict(res.info)
         node.fork_sample = fork_here

@@ -1,5 +1,6 @@
 """The run directory's logs: `metrics.jsonl` (one line per step), TensorBoard events with the same scalars,
-and `rollouts/step_NNNNNN.jsonl` (one line per rollout node)."""
+`rollouts/step_NNNNNN.jsonl` (one line per rollout node) and `errors.jsonl` (one line per question whose rollout
+failed in a workflow method, with the traceback)."""
 
 from __future__ import annotations
 
@@ -17,23 +18,13 @@ class RunLog:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.errors_path = self.run_dir / "errors.jsonl"
         self._truncate_after(resume_step)
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_step + 1)
-
-    def _truncate_after(self, step: int) -> None:
-        """On resume, drop the lines and rollout records of steps after the checkpoint (they will be run again),
-        and a last line cut short by a killed process."""
-        rows, cut = read_jsonl(self.metrics_path)
-        keep = [r for r in rows if r.get("step", 0) <= step]
-        if cut or len(keep) != len(rows):
-            atomic_write_jsonl(self.metrics_path, keep)
-        for path in (self.run_dir / "rollouts").glob("step_*.jsonl"):
-            if path.stem[5:].isdigit() and int(path.stem[5:]) > step:
-                path.unlink()
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
@@ -46,9 +37,25 @@ class RunLog:
                     self.writer.add_scalar(k, v, step)
             self.writer.flush()
 
+    def error(self, step: int, record: dict[str, Any]) -> None:
+        with self.errors_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop the lines (metrics, errors) and rollout records of steps after the checkpoint (they will
+        be run again), and a last line cut short by a killed process."""
+        for log in (self.metrics_path, self.errors_path):
+            rows, cut = read_jsonl(log)
+            keep = [r for r in rows if r.get("step", 0) <= step]
+            if cut or len(keep) != len(rows):
+                atomic_write_jsonl(log, keep)
+        for path in (self.run_dir / "rollouts").glob("step_*.jsonl"):
+            if path.stem[5:].isdigit() and int(path.stem[5:]) > step:
+                path.unlink()
 
 
 def _clean(v: Any) -> Any:
@@ -73,6 +80,8 @@ def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
             "parent_id": n.parent_id,
             "agent": n.agent,
             "kind": n.kind,
+            "visit": n.visit,
+            "fork": n.fork_id,
             "group_id": n.group_id,
             "trained": n.trained,
             "reward_shared": n.reward_shared,

@@ -1,4 +1,4 @@
-"""The default multi-agent search system (DESIGN §2): Rewriter → Retriever (tool) → Reranker → Answerer.
+"""The default multi-agent search system: Rewriter → Retriever (tool) → Reranker → Answerer.
 
 Prompts come from `prompts.yaml` (the paper's appendix); parsers are pure functions that never raise on model
 output and return what they parsed plus the agent-specific penalty. `LLMOnly` is the single-agent baseline
@@ -18,7 +18,7 @@ import yaml
 from mhgpo.config import AgentSampling, SystemConfig
 from mhgpo.metrics import normalize_answer
 from mhgpo.records import Example, Passage
-from mhgpo.workflow import State, StepResult, Workflow
+from mhgpo.workflow import State, StepResult, Workflow, mean_of
 
 REWRITER, RETRIEVER, RERANKER, ANSWERER = "rewriter", "retriever", "reranker", "answerer"
 LLM = "llm"
@@ -185,6 +185,10 @@ def merge_candidates(results: list[list[Passage]], cap: int) -> list[Passage]:
 # ------------------------------------------------------------------------------------------------ systems
 
 
+def _answer_words(node: Any) -> int:
+    return len(node.info.get("answer", "").split())
+
+
 def _messages(agent: str, **fields: str) -> list[dict[str, str]]:
     prompt = load_prompts()[agent]
     return [
@@ -195,13 +199,14 @@ def _messages(agent: str, **fields: str) -> list[dict[str, str]]:
 
 @dataclass
 class SearchSystem(Workflow):
-    """Rewriter → Retriever → Reranker → Answerer, with the composite (format) rewards of DESIGN §2."""
+    """Rewriter → Retriever → Reranker → Answerer, with the composite (format) rewards of the paper."""
 
     retriever: Retriever
     config: SystemConfig = field(default_factory=SystemConfig)
 
     agents = (REWRITER, RERANKER, ANSWERER)
     tools = (RETRIEVER,)
+    config_class = SystemConfig
 
     def next_agent(self, state: State) -> str | None:
         if "queries" not in state:
@@ -293,6 +298,14 @@ class SearchSystem(Workflow):
     def sampling(self, agent: str) -> AgentSampling:
         return getattr(self.config, agent)
 
+    def behaviour(self, agent: str, calls: list) -> dict[str, float]:
+        if agent == REWRITER:
+            return {"num_subqueries": mean_of(calls, lambda n: len(n.info.get("queries", [])))}
+        if agent == RERANKER:
+            return {"num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
+                    "invalid_rate": mean_of(calls, lambda n: n.penalty < 0)}
+        return {"answer_words": mean_of(calls, _answer_words)}
+
     def trace(self, state: State) -> dict[str, Any]:
         candidates = state.get("candidates") or ()
         selected = state.get("selected") or ()
@@ -313,6 +326,7 @@ class LLMOnly(Workflow):
     config: SystemConfig = field(default_factory=SystemConfig)
 
     agents = (LLM,)
+    config_class = SystemConfig
 
     def next_agent(self, state: State) -> str | None:
         return None if "answer" in state else LLM
@@ -336,6 +350,9 @@ class LLMOnly(Workflow):
 
     def sampling(self, agent: str) -> AgentSampling:
         return self.config.answerer
+
+    def behaviour(self, agent: str, calls: list) -> dict[str, float]:
+        return {"answer_words": mean_of(calls, _answer_words)}
 
     def trace(self, state: State) -> dict[str, Any]:
         return {"answer": state.get("answer", "")}

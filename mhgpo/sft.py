@@ -33,6 +33,7 @@ from mhgpo.losses import token_weights
 from mhgpo.metrics import normalize_answer, score
 from mhgpo.policy import Sample, micro_batches
 from mhgpo.records import Example, InputError
+from mhgpo.teams import WorkflowError, failure, require_demonstrations
 from mhgpo.trainer import Team, Trainer, continue_run, load_team_data, run_config
 from mhgpo.workflow import State, Workflow
 
@@ -56,32 +57,46 @@ def collect_demonstrations(
     max_rounds: int = 64,
 ) -> tuple[list[Demonstration], dict[str, int]]:
     """Walk every example through `workflow` with gold outputs; returns the demonstrations (in breadth-first
-    order) and, per agent, how many chains stopped at it for want of a demonstration (`skipped/<agent>`)."""
+    order) and, per agent, how many chains stopped at it for want of a demonstration (`skipped/<agent>`). A
+    workflow method that raises stops it with a `WorkflowError` naming file, class, method and question."""
     demos: list[Demonstration] = []
     skipped: dict[str, int] = {}
-    live = [workflow.init_state(e) for e in examples]
+    live = [_checked(workflow, "init_state", e, None, workflow.init_state, e) for e in examples]
     for _ in range(max_rounds):
         if not live:
             break
         pending: dict[str, list[State]] = {}
         for state in live:
-            step = workflow.next_agent(state)
+            step = _checked(workflow, "next_agent", state.example, None, workflow.next_agent, state)
             if step is not None:
                 pending.setdefault(step, []).append(state)
         live = []
         for step, states in pending.items():
             if workflow.is_tool(step):
-                live.extend(r.state for r in workflow.call_tools(step, states))
+                try:
+                    results = workflow.call_tools(step, states)
+                except Exception:  # again one state at a time: the error names its question
+                    results = [r for state in states for r in _checked(workflow, "call_tools", state.example, step,
+                                                                       workflow.call_tools, step, [state])]
+                live.extend(r.state for r in results)
                 continue
             for state in states:
-                target = workflow.demonstration(state, step)
+                target = _checked(workflow, "demonstration", state.example, step, workflow.demonstration, state, step)
                 if target is None:
                     skipped[f"skipped/{step}"] = skipped.get(f"skipped/{step}", 0) + 1
                     continue
-                prompt = encode(workflow.build_prompt(state, step))
-                demos.append(Demonstration(state, step, prompt, encode_target(target), target))
-                live.append(workflow.apply(state, step, target).state)
+                messages = _checked(workflow, "build_prompt", state.example, step, workflow.build_prompt, state, step)
+                demos.append(Demonstration(state, step, encode(messages), encode_target(target), target))
+                live.append(_checked(workflow, "apply", state.example, step, workflow.apply, state, step, target).state)
     return demos, skipped
+
+
+def _checked(workflow: Workflow, method: str, example: Example, agent: str | None, fn: Callable, *args: Any) -> Any:
+    """`fn(*args)`, a method of `workflow` on a question; what it raises becomes a one-line `WorkflowError`."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        raise WorkflowError(failure(workflow, method, example.id, agent, e).message()) from e
 
 
 def target_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
@@ -117,7 +132,8 @@ def format_accuracy(
         mine = [d for d in demos if d.agent == agent]
         params = SamplingParams(workflow.sampling(agent).max_new_tokens, 0.0, 1.0, agent)
         gens = generator.generate([d.prompt_ids for d in mine], params)
-        ok = [workflow.apply(d.state, agent, g.text).penalty == 0 for d, g in zip(mine, gens)]
+        ok = [_checked(workflow, "apply", d.state.example, agent, workflow.apply, d.state, agent, g.text).penalty == 0
+              for d, g in zip(mine, gens)]
         exact = [normalize_answer(g.text) == normalize_answer(d.target) for d, g in zip(mine, gens)]
         out[f"sft/{agent}/format_ok"] = float(np.mean(ok))
         out[f"sft/{agent}/exact"] = float(np.mean(exact))
@@ -210,9 +226,12 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
     return out
 
 
-def build_sft(cfg: SFTConfig) -> tuple[Team, list[Demonstration], list[Demonstration], dict[str, int]]:
+def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[Team, list[Demonstration], list[Demonstration],
+                                                              dict[str, int]]:
     """The team pieces (data, workflows, model, policy without a reference copy, generator) and the training and
-    held-out demonstrations of `cfg`."""
+    held-out demonstrations of `cfg`. `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or a
+    built instance; it must define `demonstration`."""
+    from mhgpo.factory import prepare_system
     from mhgpo.generation import HFGenerator
     from mhgpo.models import encode_chat
     from mhgpo.precision import announce, default_device, resolve_precision, weight_dtype
@@ -222,8 +241,9 @@ def build_sft(cfg: SFTConfig) -> tuple[Team, list[Demonstration], list[Demonstra
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    require_demonstrations(prepare_system(cfg, workflow))  # before the data, index and model load
     n_val = max(cfg.val_limit, cfg.format_limit)
-    train, val, workflow, val_workflow = load_team_data(cfg, n_val > 0, n_val)
+    train, val, workflow, val_workflow = load_team_data(cfg, n_val > 0, n_val, workflow)
     if cfg.limit is not None:
         train = train[: cfg.limit]
     if cfg.roles is not None:
@@ -252,8 +272,9 @@ def build_sft(cfg: SFTConfig) -> tuple[Team, list[Demonstration], list[Demonstra
     return team, demos, held_out(held_demos, cfg.format_limit), skipped
 
 
-def run_sft(cfg: SFTConfig, progress: bool = True) -> SFTTrainer:
-    """`mhgpo sft`: build the demonstrations and the model, train, validate, save (a new or empty `output_dir`)."""
+def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None) -> SFTTrainer:
+    """`mhgpo sft`: build the demonstrations and the model, train, validate, save (a new or empty `output_dir`).
+    `workflow`: as for `build_sft`."""
     from mhgpo.rundir import RunLock, require_empty_run_dir
     from mhgpo.trained import portable_model_spec
 
@@ -262,7 +283,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> SFTTrainer:
     with RunLock(run_dir, "sft"):
         require_empty_run_dir(run_dir)
         cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
-        team, demos, held, skipped = build_sft(cfg)
+        team, demos, held, skipped = build_sft(cfg, workflow)
         trainer = SFTTrainer(cfg, team, run_dir, demos, held, progress)
         counts = {a: sum(d.agent == a for d in demos) for a in team.workflow.agents}
         atomic_write_json(run_dir / "demonstrations.json", {
@@ -273,13 +294,13 @@ def run_sft(cfg: SFTConfig, progress: bool = True) -> SFTTrainer:
 
 
 def resume_sft(run_dir: Path, overrides: list[str] = (), progress: bool = True,
-               from_step: int | None = None) -> SFTTrainer:
+               from_step: int | None = None, workflow: Any = None) -> SFTTrainer:
     """Continue the warm start in `run_dir` from its last checkpoint (or step `from_step`)."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir, SFTConfig, overrides)
 
     def make() -> SFTTrainer:
-        team, demos, held, _ = build_sft(cfg)
+        team, demos, held, _ = build_sft(cfg, workflow)
         return SFTTrainer(cfg, team, run_dir, demos, held, progress)
 
     return continue_run(run_dir, make, from_step, "sft")  # type: ignore[return-value]

@@ -89,10 +89,14 @@ def demo_config_path() -> Path:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Evaluate the untrained team on the dev set, train with MHGPO (RR), evaluate again, compare."""
-    from mhgpo.config import TrainConfig, load_config
+    from mhgpo.config import TrainConfig, is_custom, load_config
+    from mhgpo.records import InputError
     from mhgpo.rundir import RunLock, require_empty_run_dir
 
     cfg = load_config(TrainConfig, args.config or demo_config_path(), _overrides(args))
+    if is_custom(cfg.system):
+        raise InputError(f"system: mhgpo demo runs the built-in team; train {cfg.system} with "
+                         f"`mhgpo train --system {cfg.system}`")
     run_dir = Path(cfg.output_dir)
     require_empty_run_dir(run_dir)
     with RunLock(run_dir, "demo"):
@@ -106,7 +110,7 @@ def _demo(cfg, run_dir: Path) -> int:
     from rich.console import Console
 
     from mhgpo.config import dump_config
-    from mhgpo.evaluate import metrics_table, write_eval
+    from mhgpo.evaluation import metrics_table, write_eval
     from mhgpo.pipeline import evaluate_model, warm_start
     from mhgpo.trained import portable_model_spec
     from mhgpo.trainer import Trainer, build_team
@@ -180,7 +184,8 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     common(sft)
     sft.set_defaults(func=cmd_sft)
     for name, func, help_text in (
-        ("train", cmd_train, "train the team with MHGPO (or a baseline: --algo mappo, --system llm --algo grpo|ppo)"),
+        ("train", cmd_train, "train the team (or --system FILE.py:Class, a team of your own) with MHGPO, or a "
+                             "baseline: --algo mappo, --system llm --algo grpo|ppo"),
         ("demo", cmd_demo, "evaluate, train with MHGPO (RR) on CPU, evaluate again (the embedded default)"),
     ):
         p = sub.add_parser(name, help=help_text)

@@ -6,7 +6,11 @@ update the shared policy with the clipped objective and k3 KL; log, evaluate eve
 checkpoints. Ctrl-C or SIGTERM saves a checkpoint of the last completed step before exiting, and
 `resume(run_dir)` continues from the last checkpoint with the same results as an uninterrupted run (on CPU).
 
-The baselines share the loop (DESIGN §5): GRPO is the group-relative path on the single-agent system; MAPPO /
+A question whose rollout fails in a workflow method is left out of its step (the other questions' groups, rewards
+and loss weights are those of a batch without it) and logged with its traceback in `errors.jsonl`; more than
+`max_failures` such questions in a run stop it, with the last completed step saved.
+
+The baselines share the loop: GRPO is the group-relative path on the single-agent system; MAPPO /
 PPO (`algo=mappo|ppo`) replace the group advantages with the critic's GAE (`mhgpo/critic.py`) and update the
 critic before the policy; `train_roles` / `frozen_roles` untrain whole roles after the rewards are assigned.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +33,7 @@ from mhgpo.behaviour import agent_behaviour
 from mhgpo.checkpoint import (CheckpointError, CheckpointMismatch, check_checkpoint, checkpoint_step, clean_leftovers,
                               Live, list_checkpoints, load_checkpoint, previous_complete, save_checkpoint)
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, load_config
-from mhgpo.evaluate import evaluate_examples
+from mhgpo.evaluation import evaluate_examples
 from mhgpo.policy import Policy, Sample, peak_memory_mb
 from mhgpo.records import Example, InputError, RunError
 from mhgpo.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
@@ -74,11 +79,11 @@ def apply_role_switches(batch: RolloutBatch, train_roles: list[str] | None, froz
     return count
 
 
-def step_metrics(batch: RolloutBatch, agents: tuple[str, ...]) -> dict[str, float]:
+def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
     llm = batch.llm_nodes()
     leaves = batch.leaves()
     out: dict[str, float] = {"reward/mean": float(np.mean([n.terminal for n in leaves])) if leaves else 0.0}
-    for agent in agents:
+    for agent in workflow.agents:
         mine = [n for n in llm if n.agent == agent]
         if not mine:
             continue
@@ -87,7 +92,7 @@ def step_metrics(batch: RolloutBatch, agents: tuple[str, ...]) -> dict[str, floa
         out[f"{agent}/penalty"] = float(np.mean([n.penalty for n in mine]))
         out[f"{agent}/advantage_abs"] = float(np.mean([abs(n.advantage) for n in trained])) if trained else 0.0
         out[f"{agent}/samples"] = float(len(trained))
-    out.update(agent_behaviour(llm, agents))
+    out.update(agent_behaviour(llm, workflow))
     return out
 
 
@@ -151,12 +156,17 @@ class _Critical:
             raise KeyboardInterrupt
 
 
+class TooManyFailures(InputError):
+    """More questions failed in the workflow's methods than `max_failures` allows."""
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, team: Team, run_dir: Path, progress: bool = True):
         self.cfg, self.team, self.run_dir, self.progress = cfg, team, Path(run_dir), progress
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
+        self.failures = 0  # questions whose rollout failed so far (training and validation)
         self.val_history: list[dict[str, float]] = []
         self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
 
@@ -184,7 +194,7 @@ class Trainer:
 
     def save(self, rng: dict[str, Any] | None = None) -> Path:
         p = self.team.policy
-        state = {"position": self.position, "val_history": self.val_history}
+        state = {"position": self.position, "val_history": self.val_history, "failures": self.failures}
         return save_checkpoint(self.run_dir, self.step, p.model, p.optimizer, p.scheduler,
                                rng or rng_states(self.rng), state, self.cfg.keep_checkpoints, self._extras())
 
@@ -201,6 +211,7 @@ class Trainer:
         state = load_checkpoint(path, self.live())
         self.step, self.position = int(state["step"]), int(state["position"])
         self.val_history = list(state.get("val_history", []))
+        self.failures = int(state.get("failures", 0))
 
     def _save_or_stop(self) -> Path:
         """Save a checkpoint; if the disk refuses (full, read-only), stop the run saying what is kept."""
@@ -221,7 +232,7 @@ class Trainer:
         `desc`."""
         t = self.team
         return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
-                                 progress=bool(desc) and self.progress, desc=desc or "eval")
+                                 progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip")
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
         """The step's first phase (no weight changes, safe to interrupt): rollouts, rewards, advantages (group
@@ -240,8 +251,9 @@ class Trainer:
         if team.critic is not None:
             for n, s in zip(trained, samples):  # the records show each output's mean token advantage
                 n.advantage = float(np.mean(s.advantage)) if s.output_ids else 0.0
-        metrics = step_metrics(batch, team.workflow.agents)
+        metrics = step_metrics(batch, team.workflow)
         metrics.update(
+            failed_questions=batch.stats["failed_questions"],
             samples=float(len(samples)),
             groups=adv_stats["n_groups"],
             zero_variance_groups=adv_stats["n_zero_variance_groups"],
@@ -260,7 +272,7 @@ class Trainer:
         GAE later, for MAPPO / PPO), and the role switches; returns the batch, group counts and untrained count."""
         cfg, team = self.cfg, self.team
         batch = run_rollouts(questions, team.workflow, team.generator, team.encode, self._spec(), self.rng,
-                             max_rounds=cfg.max_rounds)
+                             max_rounds=cfg.max_rounds, on_error="skip")
         if team.critic is None:
             adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
         else:
@@ -280,7 +292,7 @@ class Trainer:
         batches, drawn, groups, dropped = [], 0, 0, 0
         target = None
         while True:
-            drawn += len(batch.examples)
+            drawn += len(batch.examples) + len(batch.failures)  # failed questions were drawn too
             ids = np.array([n.group_id for n in batch.nodes], dtype=np.int64)  # (N,)
             rewards = np.array([n.reward for n in batch.nodes], dtype=np.float64)  # (N,)
             kept, zero = drop_zero_variance(rewards, ids)
@@ -336,13 +348,15 @@ class Trainer:
                    dynamic_ncols=True)
         last_val = self.val_history[-1] if self.val_history else {}
         completed_rng = rng_states(self.rng)
-        completed_position = self.position
+        completed_position, completed_failures = self.position, self.failures
         saved_step = self.step
         guard: _StopGuard | None = None
         try:
             with _StopGuard() as guard:
                 while self.step < cfg.steps:
                     batch, samples, metrics = self.collect()
+                    if batch is not None:  # (the supervised warm start has no rollouts)
+                        self._failed(log, self.step + 1, "train", batch.failures)
                     # From the first weight change on, the step is completed (logged, saved) before a signal
                     # stops the run: an interrupted update would leave weights that belong to no step.
                     with guard.critical():
@@ -351,6 +365,7 @@ class Trainer:
                         if self._validates_at(step):
                             t = time.perf_counter()
                             res = self.validate()
+                            self._failed(log, step, "val", res.failures, stop=False)
                             self.last_eval = (step, res)
                             last_val = {f"val/{k}": res.metrics[k] for k in ("f1", "em", "acc")}
                             self.val_history.append({"step": step, **last_val})
@@ -362,6 +377,7 @@ class Trainer:
                         log.log(step, metrics)
                         self.step = step
                         completed_rng, completed_position = rng_states(self.rng), self.position
+                        completed_failures = self.failures
                         if self._saves_at(step):
                             self._save_or_stop()
                             saved_step = step
@@ -371,16 +387,18 @@ class Trainer:
                     if last_val:
                         post["val_f1"] = f"{last_val['val/f1']:.1f}"
                     bar.set_postfix(post)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, TooManyFailures) as stop:
+            bar.close()
             if guard is not None and guard.aborted:
                 print("mhgpo: aborted; nothing saved", flush=True)
             elif saved_step != self.step:
                 rng = None
                 if self.position != completed_position:  # stopped inside a step: rewind it
-                    self.position = completed_position
+                    self.position, self.failures = completed_position, completed_failures
                     rng = completed_rng
                 path = self.save(rng)
-                print(f"mhgpo: interrupted; saved {path} (resume with: mhgpo train --resume {self.run_dir})",
+                why = "stopped" if isinstance(stop, TooManyFailures) else "interrupted"
+                print(f"mhgpo: {why}; saved {path} (resume with: mhgpo train --resume {self.run_dir})",
                       flush=True)
             raise
         finally:
@@ -396,29 +414,52 @@ class Trainer:
         every = self.cfg.save_every
         return bool(every) and (step % every == 0 or step == self.cfg.steps)
 
+    def _failed(self, log: RunLog, step: int, phase: str, failures: list, stop: bool = True) -> None:
+        """Log the questions that failed (errors.jsonl, a warning) and count them; more than `max_failures` in the
+        run stop it (`stop`: at once, before the step's update; else at the next step's start)."""
+        for f in failures:
+            self.failures += 1
+            log.error(step, {"phase": phase, **f.record()})
+            _warn(f"{f.message()}; question skipped, traceback in {self.run_dir / 'errors.jsonl'} "
+                  f"({self.failures} failed of max_failures={self.cfg.max_failures})")
+        if stop and self.failures > self.cfg.max_failures:
+            last = failures[-1].message() if failures else "the last failures are in errors.jsonl"
+            raise TooManyFailures(f"{last}; {self.failures} questions failed in the workflow, more than max_failures="
+                                  f"{self.cfg.max_failures} (tracebacks in {self.run_dir / 'errors.jsonl'})")
+
+
+def _warn(text: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"mhgpo: warning: {text}", file=sys.stderr)
+
 
 # ------------------------------------------------------------------------------------------------- builders
 
 
-def load_team_data(cfg: Any, with_val: bool, val_limit: int | None = None) -> tuple[list[Example], list[Example],
-                                                                                  Workflow, Workflow]:
+def load_team_data(cfg: Any, with_val: bool, val_limit: int | None = None,
+                   workflow: Any = None) -> tuple[list[Example], list[Example], Workflow, Workflow]:
     """The training and validation examples of `cfg` (`data`, `val_data`, `val_limit`) and the workflows that
-    answer them (one, or one per data set when each brings its own context corpus)."""
-    from mhgpo.factory import build_workflow, load_examples
+    answer them (one, or one per data set when each brings its own context corpus). `workflow`: None (the team
+    `cfg.system` names), a `Workflow` subclass or a built instance; `cfg.system` and `cfg.team` are settled to
+    name it (`factory.prepare_system`)."""
+    from mhgpo.factory import build_workflow, load_examples, prepare_system
 
     train = load_examples(cfg.data)
     val = load_examples(cfg.val_data, cfg.val_limit if val_limit is None else val_limit) if with_val else []
-    workflow = build_workflow(cfg.system, cfg.data, cfg.retrieval, cfg.search)
+    source = prepare_system(cfg, workflow)
+    workflow = build_workflow(source, cfg.data, cfg.retrieval, cfg.search, cfg.team)
     same_corpus = (cfg.retrieval.corpus not in (None, "context")  # a corpus file; "context": each data set's own
                    or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic")
     val_workflow = workflow if same_corpus or not val else build_workflow(
-        cfg.system, cfg.val_data, cfg.retrieval, cfg.search)
+        source, cfg.val_data, cfg.retrieval, cfg.search, cfg.team)
     return train, val, workflow, val_workflow
 
 
-def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
-    """The data, workflows and model pieces of `cfg`; the validation set is loaded when `cfg.eval_every` asks for
-    it or `with_val` (the demo evaluates before and after training whatever `eval_every` says)."""
+def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -> Team:
+    """The data, workflows (`workflow`: see `load_team_data`) and model pieces of `cfg`; the validation set is
+    loaded when `cfg.eval_every` asks for it or `with_val` (the demo evaluates before and after training whatever
+    `eval_every` says)."""
     from mhgpo.generation import HFGenerator
     from mhgpo.models import encode_chat
     from mhgpo.precision import announce, default_device, resolve_precision, weight_dtype
@@ -427,7 +468,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False) -> Team:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    train, val, workflow, val_workflow = load_team_data(cfg, bool(cfg.eval_every) or with_val)
+    train, val, workflow, val_workflow = load_team_data(cfg, bool(cfg.eval_every) or with_val, workflow=workflow)
     roles = set(workflow.agents)
     for key, names in (("train_roles", cfg.train_roles or []), ("frozen_roles", cfg.frozen_roles)):
         bad = [r for r in names if r not in roles]

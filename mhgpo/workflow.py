@@ -1,6 +1,6 @@
 """The workflow abstraction: how a team of agents (and tools) turns a question into an answer.
 
-A workflow is four functions over an immutable `State` (DESIGN §2):
+A workflow is four functions over an immutable `State`:
 
 - `next_agent(state)` names the next step (an agent or a tool), or None when the answer is final;
 - `build_prompt(state, agent)` gives the chat messages for an agent (the paper's process_prompt);
@@ -9,17 +9,22 @@ A workflow is four functions over an immutable `State` (DESIGN §2):
 - `call_tools(tool, states)` runs one tool for many states at once (batched, so retrieval is batched too).
 
 Agents may be visited several times and routing may depend on outputs: the rollout engine only ever asks
-`next_agent`. To write your own system, subclass `Workflow` in a short Python file and pass it to the trainer.
+`next_agent`. A workflow also says how a finished rollout is scored (`reward`, by default the answer's F1), what
+its config section is (`config_class`) and which behaviour of each agent is worth logging (`behaviour`). To write
+your own system, subclass `Workflow` in a short Python file and train it with `mhgpo train --system FILE.py:Class`
+or `mhgpo.train(config, workflow=Class)` (docs/python-api.md, examples/).
 """
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from mhgpo.config import AgentSampling
+from mhgpo.metrics import score
 from mhgpo.records import Example
 
 
@@ -51,13 +56,34 @@ class StepResult:
     info: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Call:
+    """One LLM call of an agent, as `Workflow.behaviour` sees it: its output text, the format penalty and `info`
+    that `apply` returned, its output length in tokens, and `visit` (0 for the agent's first call on the path)."""
+
+    agent: str
+    output: str
+    penalty: float
+    output_tokens: int
+    visit: int
+    info: Mapping[str, Any]
+
+
 class Workflow(ABC):
-    """Base class of a multi-agent system. `agents` are the LLM roles (shared backbone), `tools` the rest."""
+    """Base class of a multi-agent system. `agents` are the LLM roles (shared backbone), `tools` the rest.
+
+    Built from the command line (`--system FILE.py:Class`), the constructor is called with keyword arguments:
+    `config=` an instance of `config_class` (the config's `team:` section) when the class declares one, and
+    `retriever=` (the configured retriever over the data's corpus, with `search_batch(queries, k)`) when the
+    constructor has a parameter of that name.
+    """
 
     #: LLM roles in their usual order of appearance (used for per-agent metrics and fork choices).
     agents: tuple[str, ...] = ()
     #: names `next_agent` may return that are tools rather than LLM agents.
     tools: tuple[str, ...] = ()
+    #: the dataclass of this workflow's config section (`team:`), or None when it takes no config.
+    config_class: ClassVar[type | None] = None
 
     @property
     def terminal_agent(self) -> str:
@@ -82,22 +108,45 @@ class Workflow(ABC):
     @abstractmethod
     def final_answer(self, state: State) -> str: ...
 
+    def reward(self, state: State, example: Example) -> float:
+        """The terminal reward of a finished rollout, propagated back to every agent on its path (the agents'
+        format penalties come on top, from `apply`). Default: the F1 of `final_answer` against the gold answers,
+        the best over their aliases."""
+        return score(self.final_answer(state), example.answers)["f1"]
+
+    def behaviour(self, agent: str, calls: list[Call]) -> dict[str, float]:
+        """Measures of what `agent` did in `calls` (its `Call`s in a batch of rollouts or an evaluation), logged
+        and plotted as `<agent>/<name>`. The penalty rate and the output
+        length of every agent are always logged; this adds the workflow's own (default: none)."""
+        return {}
+
     def sampling(self, agent: str) -> AgentSampling:
         """Generation settings of an agent (max new tokens, temperature, top_p)."""
         return AgentSampling()
 
     def demonstration(self, state: State, agent: str) -> str | None:
-        """The gold output of `agent` in `state`, for supervised warm starts (`mhgpo sft`), or None when the data
-        gives none (the chain stops there). Built from the example's gold fields; the default has none."""
+        """The gold output of `agent` in `state`, for supervised warm starts (`mhgpo sft`, `warm_start.enabled`),
+        or None when the data gives none (the chain stops there). Built from the example's gold fields. A workflow
+        that does not override it cannot be warm-started."""
         return None
 
     def is_tool(self, name: str) -> bool:
         return name in self.tools
 
     def trace(self, state: State) -> dict[str, Any]:
-        """A JSON-able summary of a finished state (written to predictions and rollout files)."""
+        """A JSON-able summary of a finished state (written with the predictions): by default the state's values
+        that JSON can hold as they are."""
         return {k: v for k, v in state.values.items() if _jsonable(v)}
 
 
+def mean_of(calls: list[Call], measure: Callable[[Call], float]) -> float:
+    """The mean of `measure(call)` over `calls` (0.0 for none): a helper for `Workflow.behaviour`."""
+    return float(sum(measure(c) for c in calls) / len(calls)) if calls else 0.0
+
+
 def _jsonable(v: Any) -> bool:
-    return isinstance(v, (str, int, float, bool, type(None), list, tuple, dict))
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -258,9 +258,10 @@ def test_demo_prints_a_before_and_after_table(cli, world, dev_file, tiny_model_d
               f"data=hotpotqa:{world / 'train.jsonl'}", f"val_data=hotpotqa:{dev_file}",
               f"retrieval.corpus={world / 'corpus.jsonl'}", "val_limit=2", f"output_dir={run}", "lora.r=4",
               "eval_every=0",  # no validation during training: the demo still evaluates before and after
-              *SMALL_SEARCH)
+              "warm_start.steps=2", "warm_start.limit=4", *SMALL_SEARCH)
     assert res.returncode == 0, res.stderr
-    for label, folder in (("untrained team", "eval_before"), ("after MHGPO-RR (1 steps)", "eval_after")):
+    for label, folder in (("untrained team", "eval_before"), ("warm start (2 steps)", "eval_warm_start"),
+                          ("+ MHGPO-RR (1 steps)", "eval_after")):  # the demo's recipe: a warm start, then RL
         m = json.loads((run / folder / "metrics.json").read_text())
         assert m["n"] == 2
         assert _table_row(res.stdout, label) == [label, "2", f"{m['acc']:.1f}", f"{m['em']:.1f}", f"{m['f1']:.1f}"]

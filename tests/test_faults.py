@@ -477,7 +477,7 @@ def assert_same_eval(got: Path, want: Path) -> None:
 def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_them(
     full_eval, tiny_model_dir, world, tmp_path, capsys, monkeypatch  # noqa: F811
 ) -> None:
-    import mhgpo.evaluate as evaluate
+    import mhgpo.evaluation as evaluate
 
     out = tmp_path / "eval"
     real, calls = evaluate.run_rollouts, []

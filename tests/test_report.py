@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.evaluate import EvalResult, write_eval
+from mhgpo.evaluation import EvalResult, write_eval
 from mhgpo.report import build_report, intra_group_similarity, results_table, load_run, token_f1
 from mhgpo.pipeline import train
 from test_trainer import cache_dir, make_config, world  # noqa: F401  (shared fixtures)

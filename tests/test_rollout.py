@@ -17,6 +17,7 @@ from mhgpo.generation import Generation, SamplingParams
 from mhgpo.records import Example, Passage
 from mhgpo.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
 from mhgpo.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchSystem
+from mhgpo.teams import WorkflowError
 from mhgpo.trainer import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
 from mhgpo.workflow import State, StepResult, Workflow
 
@@ -556,9 +557,9 @@ def test_rand_aggregation_picks_one_child():
 
 
 def test_step_metrics_on_a_real_batch():
-    batch, _, _ = rollout("fof", n_questions=3)
+    batch, system, _ = rollout("fof", n_questions=3)
     assign_rewards(batch, "mean", True, np.random.default_rng(0))
-    m = step_metrics(batch, AGENTS)
+    m = step_metrics(batch, system)
     assert m["reward/mean"] == float(np.mean([n.terminal for n in batch.leaves()]))
     for agent in AGENTS:
         mine = [n for n in batch.llm_nodes() if n.agent == agent]
@@ -774,7 +775,8 @@ class Endless(SolverJudge):
 
 def test_workflow_that_never_finishes_raises_after_max_rounds():
     gen = FakeGenerator(loop_agent_of, lambda agent, k, text: "again")
-    with pytest.raises(RuntimeError, match="did not finish within 5 rounds"):
+    with pytest.raises(WorkflowError, match=r"Endless.next_agent: did not finish within 5 rounds \(max_rounds\) "
+                                            r"\(question a, agent solver\)"):
         run_rollouts(LOOP_EXAMPLES, Endless(), gen, encode, RolloutSpec("fof", G), np.random.default_rng(0),
                      max_rounds=5)
     assert [len(c.agents) for c in gen.calls] == [2 * G] * 5
@@ -784,7 +786,7 @@ def test_max_rounds_counts_steps():
     # the search system takes exactly 4 steps (rewriter, retriever, reranker, answerer)
     batch, _, _ = rollout("fof", n_questions=2, max_rounds=4)
     assert len(batch.leaves()) == 2 * G
-    with pytest.raises(RuntimeError, match="did not finish within 3 rounds"):
+    with pytest.raises(WorkflowError, match="did not finish within 3 rounds"):
         rollout("fof", n_questions=2, max_rounds=3)
 
 
@@ -849,7 +851,7 @@ def test_chains_sampler_runs_g_independent_chains_with_every_call_trained_on_its
     assert sum(n.parent_id == -1 for n in batch.nodes) == 12 and len(batch.leaves()) == 12
     assert batch.fork_agents == [[None] * G] * 3
     assert batch.stats == {"groups": 0.0, "singletons_dropped": 0.0, "samples": 36.0, "llm_calls": 36.0,
-                           "tokens_generated": float(sum(len(n.output_ids) for n in llm))}
+                           "tokens_generated": float(sum(len(n.output_ids) for n in llm)), "failed_questions": 0.0}
     rewards = assign_shared_rewards(batch, "mean", True, np.random.default_rng(0))
     assert [n.reward for n in batch.nodes] == list(rewards)
     for n in llm:  # a chain passes its leaf's score back unchanged; the penalty is the agent's own

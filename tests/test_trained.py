@@ -226,7 +226,7 @@ def test_eval_of_the_run_of_the_export_and_of_transformers_loading_agree(run, ex
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mhgpo.config import EvalConfig
-    from mhgpo.evaluate import evaluate_examples
+    from mhgpo.evaluation import evaluate_examples
     from mhgpo.factory import build_workflow, load_examples
     from mhgpo.generation import HFGenerator
 

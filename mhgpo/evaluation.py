@@ -9,7 +9,7 @@ prediction lines alone, so an evaluation continued with `mhgpo eval --resume` sc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +33,7 @@ CONFIG = "eval_config.yaml"
 class EvalResult:
     metrics: dict[str, float]
     predictions: list[dict[str, Any]]
+    failures: list[Any] = field(default_factory=list)  # RolloutFailure of questions left out (on_error="skip")
 
 
 def chain_record(example: Example, chain: list[Node]) -> dict[str, Any]:
@@ -66,40 +67,48 @@ def evaluate_examples(
     progress: bool = True,
     desc: str = "eval",
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_error: str = "raise",
 ) -> EvalResult:
     """Greedy, one chain per question, `batch_size` questions breadth-first at a time; `on_batch` receives each
-    batch's prediction records as soon as the batch is finished."""
+    batch's prediction records as soon as the batch is finished. A question whose rollout fails in a workflow
+    method stops the evaluation (`on_error="raise"`) or is left out of the metrics and returned in `failures`
+    (`on_error="skip"`)."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
     rng = np.random.default_rng(0)
     predictions: list[dict[str, Any]] = []
+    failures: list[Any] = []
     spec = RolloutSpec(sampler="none", greedy=True)
     with tqdm(total=len(examples), desc=desc, unit="q", disable=not progress, dynamic_ncols=True) as bar:
         for lo in range(0, len(examples), batch_size):
             chunk = examples[lo : lo + batch_size]
-            batch = run_rollouts(chunk, workflow, generator, encode, spec, rng)
-            chains: list[list[Node]] = [[] for _ in chunk]
+            batch = run_rollouts(chunk, workflow, generator, encode, spec, rng, on_error=on_error)
+            failures.extend(batch.failures)
+            chains: list[list[Node]] = [[] for _ in batch.examples]
             for n in batch.nodes:
                 chains[n.question_index].append(n)
-            rows = [chain_record(ex, chain) for ex, chain in zip(chunk, chains)]
+            rows = [chain_record(ex, chain) for ex, chain in zip(batch.examples, chains)]
             if on_batch is not None:
                 on_batch(rows)
             predictions.extend(rows)
             bar.update(len(chunk))
-            f1 = 100 * float(np.mean([p["f1"] for p in predictions]))
-            bar.set_postfix(f1=f"{f1:.1f}")
-    return EvalResult(summarise(predictions, workflow.agents, time.perf_counter() - start), predictions)
+            if predictions:
+                bar.set_postfix(f1=f"{100 * float(np.mean([p['f1'] for p in predictions])):.1f}")
+    metrics = summarise(predictions, workflow, time.perf_counter() - start)
+    if failures:
+        metrics["failed"] = len(failures)
+    return EvalResult(metrics, predictions, failures)
 
 
-def summarise(predictions: list[dict[str, Any]], agents: tuple[str, ...], seconds: float) -> dict[str, float]:
-    """n, Acc / EM / F1 (percent) and each agent's behaviour, from prediction records."""
+def summarise(predictions: list[dict[str, Any]], workflow: Workflow, seconds: float) -> dict[str, float]:
+    """n, Acc / EM / F1 (percent) and each agent's behaviour (`agent_behaviour`), from prediction records."""
     metrics: dict[str, float] = {"n": len(predictions)}
     for key in ("acc", "em", "f1"):
         metrics[key] = 100 * float(np.mean([p[key] for p in predictions])) if predictions else 0.0
     metrics["seconds"] = seconds
     calls = [s for p in predictions for s in p["trace"]["steps"] if "tool" not in s]
-    metrics.update(agent_behaviour(calls, agents))
+    metrics.update(agent_behaviour(calls, workflow))
     return metrics
 
 

@@ -1,0 +1,95 @@
+"""The Python API: `mhgpo.train` and `mhgpo.evaluate`, for the default team or a `Workflow` of one's own.
+
+    import mhgpo
+    run_dir = mhgpo.train({"steps": 20, "team": {"max_rounds": 3}}, workflow=IterativeSearch)
+    result = mhgpo.evaluate({"data": "synthetic:dev", "limit": 50}, workflow=IterativeSearch)
+
+`config` is a config object (`TrainConfig`, `EvalConfig`), a dict of its keys (nested sections as dicts), the
+path of a YAML file, or None for the defaults; `overrides` are `key=value` strings applied last, as on the
+command line. See docs/python-api.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+from mhgpo.records import InputError
+
+
+def _load(cls: type, config: Any, overrides: list[str] | tuple[str, ...], workflow: Any) -> Any:
+    """`config` (object, dict, YAML path or None) as a checked `cls`; a given workflow names `system` before the
+    checks, so that the defaults that depend on it (the sampler) are the workflow's."""
+    from mhgpo.config import load_config, to_dict
+    from mhgpo.teams import system_spec
+    from mhgpo.workflow import Workflow
+
+    path, base = None, None
+    if isinstance(config, cls):
+        base = to_dict(config)
+    elif isinstance(config, dict):
+        base = config
+    elif isinstance(config, (str, Path)):
+        path = config
+    elif config is not None:
+        raise InputError(f"config: expected a {cls.__name__}, a dict, a YAML path or None, got {type(config).__name__}")
+    extra = list(overrides)
+    if isinstance(workflow, Workflow) or (inspect.isclass(workflow) and issubclass(workflow, Workflow)):
+        spec = system_spec(workflow if inspect.isclass(workflow) else type(workflow))
+        extra.append(f"system={json.dumps(spec)}")
+    elif isinstance(workflow, str):
+        extra.append(f"system={json.dumps(workflow)}")
+    return load_config(cls, path, extra, base)
+
+
+def train(config: Any = None, workflow: Any = None, *, overrides: list[str] | tuple[str, ...] = (),
+          progress: bool = True) -> Path:
+    """Train a team with MHGPO (or the baseline `config` names), after a supervised warm start when
+    `warm_start.enabled` (the workflow's `demonstration` gives the gold outputs); returns the run directory
+    (`output_dir`), which holds config.yaml, metrics.jsonl, rollouts/, checkpoints/, warm_start/ (the warm start's
+    run) and, when rollouts failed, errors.jsonl. The run is continued with `mhgpo train --resume RUN`.
+
+    `workflow`: None (the team `config`'s `system` names), a `Workflow` subclass (built from the config's `team`
+    section and, when its constructor asks, the configured retriever), a built `Workflow` instance, or a
+    `PATH.py:Class` / `module.path:Class` string."""
+    from mhgpo.config import TrainConfig
+    from mhgpo.pipeline import train as run_training
+
+    cfg = _load(TrainConfig, config, overrides, workflow)
+    trainer = run_training(cfg, progress=progress, workflow=None if isinstance(workflow, str) else workflow)
+    return trainer.run_dir
+
+
+def evaluate(config: Any = None, workflow: Any = None, *, overrides: list[str] | tuple[str, ...] = (),
+             progress: bool = True) -> Any:
+    """Greedy evaluation of a team on `data` (the first `limit` questions); returns an `EvalResult`: `.metrics`
+    (n, acc, em, f1 in percent, seconds, per-agent behaviour) and `.predictions` (one dict per question). With
+    `output_dir` set (a new or empty folder), metrics.json, predictions.jsonl and eval_config.yaml are written
+    there. A question whose rollout fails in the workflow stops the evaluation with a `WorkflowError` naming file,
+    class and method."""
+    from mhgpo.cli import _resolve_precision, _team
+    from mhgpo.config import EvalConfig, dump_config
+    from mhgpo.evaluation import CONFIG, evaluate_examples, write_eval
+    from mhgpo.factory import build_workflow, load_examples, prepare_system
+    from mhgpo.rundir import RunLock, require_empty_run_dir
+    from mhgpo.trained import model_record
+
+    cfg = _load(EvalConfig, config, overrides, workflow)
+    out = Path(cfg.output_dir).expanduser() if cfg.output_dir else None
+    if out is not None:
+        require_empty_run_dir(out, "output_dir")
+    examples = load_examples(cfg.data, cfg.limit)
+    team = build_workflow(prepare_system(cfg, None if isinstance(workflow, str) else workflow), cfg.data,
+                          cfg.retrieval, cfg.search, cfg.team)
+    reason = _resolve_precision(cfg)
+    loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+    result = evaluate_examples(examples, team, generator, encode, cfg.batch_size, progress=progress)
+    if out is not None:
+        with RunLock(out, "evaluate"):
+            require_empty_run_dir(out, "output_dir")
+            write_eval(result, out, {"data": cfg.data, "model": cfg.model, "system": cfg.system,
+                                     **model_record(loaded)})
+            dump_config(cfg, out / CONFIG)
+    return result
