@@ -189,6 +189,10 @@ def _answer_words(node: Any) -> int:
     return len(node.info.get("answer", "").split())
 
 
+def _copies_document(node: Any) -> bool:
+    return node.info.get("answer", "").lower().startswith("document")
+
+
 def _messages(agent: str, **fields: str) -> list[dict[str, str]]:
     prompt = load_prompts()[agent]
     return [
@@ -304,7 +308,9 @@ class SearchSystem(Workflow):
         if agent == RERANKER:
             return {"num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
                     "invalid_rate": mean_of(calls, lambda n: n.penalty < 0)}
-        return {"answer_words": mean_of(calls, _answer_words)}
+        # starts_with_document: answers that open like a Reranker's candidate list ("Document 0: ..."), the sign
+        # of one role's format leaking into another through the shared weights
+        return {"answer_words": mean_of(calls, _answer_words), "starts_with_document": mean_of(calls, _copies_document)}
 
     def trace(self, state: State) -> dict[str, Any]:
         candidates = state.get("candidates") or ()

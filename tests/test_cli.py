@@ -108,7 +108,7 @@ def test_ask_shows_every_agent_and_the_answer(cli, world, tiny_model_dir) -> Non
 # ------------------------------------------------------------------------------------------------------ eval
 
 BEHAVIOUR = ["rewriter/num_subqueries", "rewriter/penalty_rate", "reranker/num_selected", "reranker/invalid_rate",
-             "answerer/answer_words", "answerer/penalty_rate"]
+             "answerer/answer_words", "answerer/starts_with_document", "answerer/penalty_rate"]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -149,6 +149,8 @@ def test_eval_writes_metrics_and_predictions_that_agree(cli, world, dev_file, ti
         assert [s["agent"] for s in trace["steps"]] == ["rewriter", "retriever", "reranker", "answerer"]
     assert_scores_recomputed(metrics, predictions)
     assert metrics["answerer/answer_words"] == float(np.mean([len(p["prediction"].split()) for p in predictions]))
+    assert metrics["answerer/starts_with_document"] == float(np.mean([p["prediction"].lower().startswith("document")
+                                                                       for p in predictions]))
     assert metrics["rewriter/num_subqueries"] == float(np.mean([len(p["trace"]["subqueries"]) for p in predictions]))
 
 
