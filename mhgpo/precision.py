@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mhgpo.config import PRECISIONS
+from mhgpo.choices import PRECISIONS
 
 # Whether `auto` picks bf16-mixed on a CPU with AMX (bfloat16 GEMM several times faster than float32 there).
 AUTO_MIXED_ON_AMX_CPU = True

@@ -35,12 +35,11 @@ from typing import Any, Callable
 import numpy as np
 
 from mhgpo.advantages import regroup_singletons, rr_pool_keys
+from mhgpo.choices import ROLLOUT_SAMPLERS
 from mhgpo.generation import Generator, SamplingParams
 from mhgpo.records import Example
 from mhgpo.teams import RolloutFailure, WorkflowError, failure
 from mhgpo.workflow import State, StepResult, Workflow
-
-SAMPLERS = ("is", "fof", "rr", "fof_os", "chains", "none")
 
 
 @dataclass
@@ -139,7 +138,7 @@ def initial_branches(
                 raise ValueError(f"rr_probs has {len(probs)} entries for {len(agents)} agents {agents}")
             forks = [agents[int(rng.choice(len(agents), p=probs / probs.sum()))]]
         else:
-            raise ValueError(f"unknown sampler {spec.sampler!r}; choose one of {', '.join(SAMPLERS)}")
+            raise ValueError(f"unknown sampler {spec.sampler!r}; choose one of {', '.join(ROLLOUT_SAMPLERS)}")
         per_question.append(forks)
         starts.extend((q, f) for f in forks)
     return starts, per_question
