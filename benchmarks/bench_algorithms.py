@@ -33,7 +33,7 @@ LABELS = {"fof": "MHGPO-FoF", "rr": "MHGPO-RR", "is": "MHGPO-IS", "fof_os": "MHG
 def one(name: str, steps: int, overrides: list[str]) -> dict:
     from mhgpo.config import TrainConfig, load_config
     from mhgpo.policy import peak_memory_mb
-    from mhgpo.train_cli import demo_config_path
+    from mhgpo.config import demo_config_path
     from mhgpo.trainer import Trainer, build_team
 
     with tempfile.TemporaryDirectory() as run_dir:

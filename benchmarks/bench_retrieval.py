@@ -81,7 +81,8 @@ def plain_bm25s(layout: str, path: Path) -> dict:
 
 
 def mhgpo_recall(spec: str, dense: bool) -> dict[str, dict]:
-    from mhgpo.data import context_corpus, load_data
+    from mhgpo.data import context_corpus
+    from mhgpo.dataspec import load_data
     from mhgpo.retrieval import BM25Retriever
     from mhgpo.retrieval_eval import evaluate_retrieval
 

@@ -61,7 +61,7 @@ def label(row: str) -> str:
 
 def demo_tree(overrides: list[str]) -> dict:
     from mhgpo.config import TrainConfig, load_config, to_dict
-    from mhgpo.train_cli import demo_config_path
+    from mhgpo.config import demo_config_path
 
     return to_dict(load_config(TrainConfig, demo_config_path(), overrides))
 
@@ -75,7 +75,7 @@ def run_warm_start(out: Path, seed: int, overrides: list[str]) -> dict:
     from mhgpo.config import TrainConfig, load_config
     from mhgpo.pipeline import warm_start_config
     from mhgpo.sft import run_sft
-    from mhgpo.train_cli import demo_config_path
+    from mhgpo.config import demo_config_path
 
     folder = warm_start_dir(out, seed)
     done = folder / "done.json"
@@ -93,7 +93,7 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
     """Train one row for the budget and validate it; the result (also written to OUT/ROW-seedS.json)."""
     from mhgpo.config import TrainConfig, load_config
     from mhgpo.pipeline import evaluate_model
-    from mhgpo.train_cli import demo_config_path
+    from mhgpo.config import demo_config_path
     from mhgpo.trainer import Trainer, build_team
 
     warm, algo, options = parse_row(row)

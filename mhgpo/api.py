@@ -69,7 +69,7 @@ def evaluate(config: Any = None, workflow: Any = None, *, overrides: list[str] |
     `output_dir` set (a new or empty folder), metrics.json, predictions.jsonl and eval_config.yaml are written
     there. A question whose rollout fails in the workflow stops the evaluation with a `WorkflowError` naming file,
     class and method."""
-    from mhgpo.cli import _resolve_precision, _team
+    from mhgpo.cli_common import load_generator, resolve_config_precision
     from mhgpo.config import EvalConfig, dump_config
     from mhgpo.evaluation import CONFIG, evaluate_examples, write_eval
     from mhgpo.factory import build_workflow, load_examples, prepare_system
@@ -83,8 +83,8 @@ def evaluate(config: Any = None, workflow: Any = None, *, overrides: list[str] |
     examples = load_examples(cfg.data, cfg.limit)
     team = build_workflow(prepare_system(cfg, None if isinstance(workflow, str) else workflow), cfg.data,
                           cfg.retrieval, cfg.search, cfg.team)
-    reason = _resolve_precision(cfg)
-    loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+    reason = resolve_config_precision(cfg)
+    loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
     result = evaluate_examples(examples, team, generator, encode, cfg.batch_size, progress=progress)
     if out is not None:
         with RunLock(out, "evaluate"):

@@ -10,17 +10,11 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-DATA_HELP = ("synthetic (default), synthetic:train, hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH, "
-             "or hotpotqa / 2wiki / musique (from the Hugging Face hub)")
-CORPUS_HELP = "'context' (the data's own paragraphs), a JSONL corpus (id, title, text) or a DPR .tsv file"
-RETRIEVER_HELP = "bm25 (default) or dense (sentence-transformers + FAISS; encoder: retrieval.model=M)"
-INDEX_HELP = "a built index folder to reuse (mhgpo index build)"
-MODEL_HELP = ("smollm2-135m (default), a Hugging Face id, a local folder, a .gguf file, or a trained run: a run "
-              "directory (its latest checkpoint) or RUN/checkpoints/step_N")
-SYSTEM_HELP = ("mas (the default team), llm (the model alone), or a Workflow class of your own: PATH.py:Class or "
-               "module.path:Class (its config section: team.KEY=value)")
+from mhgpo import retrieval_cli, train_cli
+from mhgpo.choices import EXPORT_DTYPES
+from mhgpo.cli_common import (DATA_HELP, add_common_flags, flag_overrides, load_generator,
+                              resolve_config_precision)
 
 
 def _quiet_libraries() -> None:
@@ -43,16 +37,6 @@ def _console():
     from rich.console import Console
 
     return Console(stderr=False, highlight=False)
-
-
-def _flag_overrides(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
-    """`--flag value` → `key=value` for every flag given on the command line."""
-    out = []
-    for attr, key in mapping.items():
-        value = getattr(args, attr, None)
-        if value is not None:
-            out.append(f"{key}={value}")
-    return out
 
 
 # ------------------------------------------------------------------------------------------------- commands
@@ -100,31 +84,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _team(model: str, gen_batch_size: int, seed: int, precision: str = "fp32", reason: str = "set in the config"):
-    """The model, a generator over it and the prompt encoder; ``precision`` is a resolved one, announced (with
-    ``reason``) once the model has loaded."""
-    from mhgpo.generation import HFGenerator
-    from mhgpo.models import encode_chat, load_model
-    from mhgpo.precision import announce, weight_dtype
-
-    import torch
-
-    torch.manual_seed(seed)
-    loaded = load_model(model, dtype=weight_dtype(precision, trainable=False))
-    announce(precision, reason)
-    generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=gen_batch_size, precision=precision,
-                            select=loaded.select)
-    return loaded, generator, (lambda messages: encode_chat(loaded.tokenizer, messages))
-
-
-def _resolve_precision(cfg: Any) -> str:
-    """Replace ``cfg.precision`` (``auto`` or a value) by the one this machine runs; return the reason."""
-    from mhgpo.precision import resolve_precision
-
-    cfg.precision, reason = resolve_precision(cfg.precision)
-    return reason
-
-
 def cmd_ask(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -133,15 +92,15 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from mhgpo.records import Example
     from mhgpo.rollout import RolloutSpec, run_rollouts
 
-    overrides = _flag_overrides(args, {"model": "model", "corpus": "retrieval.corpus",
+    overrides = flag_overrides(args, {"model": "model", "corpus": "retrieval.corpus",
                                        "retriever": "retrieval.retriever", "index": "retrieval.index",
                                        "system": "system"})
     cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
     console = _console()
     workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
-    reason = _resolve_precision(cfg)
+    reason = resolve_config_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
-        loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+        loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
     example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
     batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True), np.random.default_rng(0))
     for node in batch.nodes:
@@ -196,7 +155,7 @@ def _eval_config(args: argparse.Namespace):
     from mhgpo.evaluation import CONFIG
     from mhgpo.records import InputError
 
-    overrides = _flag_overrides(args, EVAL_FLAGS) + list(args.overrides)
+    overrides = flag_overrides(args, EVAL_FLAGS) + list(args.overrides)
     if not args.resume:
         return load_config(EvalConfig, args.config, overrides)
     folder = Path(args.resume)
@@ -271,9 +230,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         with console.status("preparing the team ..."):
             workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
-        reason = _resolve_precision(cfg)
+        reason = resolve_config_precision(cfg)
         with console.status(f"loading {cfg.model} ..."):
-            loaded, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
         console.print(f"[dim]{len(examples)} questions from {cfg.data}"
                       + (f" ({len(examples) - len(todo)} already done)" if args.resume else "")
                       + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")
@@ -361,19 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--seed", type=int, default=0)
     split.set_defaults(func=cmd_data_split)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="a YAML config file")
-        p.add_argument("--model", help=MODEL_HELP)
-        p.add_argument("--corpus", help=CORPUS_HELP)
-        p.add_argument("--retriever", choices=["bm25", "dense"], help=RETRIEVER_HELP)
-        p.add_argument("--index", help=INDEX_HELP)
-        p.add_argument("--system", metavar="SYSTEM", help=SYSTEM_HELP)
-        p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-
     ask = sub.add_parser("ask", help="run the team on one question and show what each agent did")
     ask.add_argument("question")
     ask.add_argument("--gold", action="append", help="a gold answer (to print the F1)")
-    common(ask)
+    add_common_flags(ask)
     ask.set_defaults(func=cmd_ask)
 
     ev = sub.add_parser("eval", help="evaluate the team on a data set (Acc / EM / F1)")
@@ -385,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "finish)")
     ev.add_argument("--resume", metavar="DIR", help="continue the interrupted evaluation in DIR (same config; "
                     "finished questions are skipped)")
-    common(ev)
+    add_common_flags(ev)
     ev.set_defaults(func=cmd_eval)
 
     rep = sub.add_parser("report", help="plots and tables (report.md, report.html) from run directories")
@@ -398,14 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("model", metavar="RUN_OR_CHECKPOINT", help="a run directory, RUN/checkpoints/step_N, or any "
                      "--model")
     exp.add_argument("--out", required=True, help="the folder to write (must not exist, or be empty)")
-    exp.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights' dtype (float32)")
+    exp.add_argument("--dtype", choices=EXPORT_DTYPES, default="float32", help="weights' dtype (float32)")
     exp.add_argument("--lora-only", action="store_true", help="write the LoRA adapter as a PEFT folder instead")
     exp.set_defaults(func=cmd_export)
 
-    from mhgpo import retrieval_cli, train_cli
-
-    train_cli.add_commands(sub, common)
-    retrieval_cli.add_commands(sub, common)
+    train_cli.add_commands(sub)
+    retrieval_cli.add_commands(sub)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The critic of the MAPPO and PPO baselines (DESIGN §5; paper §2 "PPO" and the appendix "Implementation Details").
+"""The critic of the MAPPO and PPO baselines (docs/design.md §3; paper §2 "PPO" and the appendix "Implementation Details").
 
 MAPPO here is the paper's baseline: the team's shared actor (the same model, the same clipped policy loss and k3 KL
 as MHGPO) with per-token GAE advantages from one critic shared by all agents (parameter sharing, like the actor).
@@ -30,7 +30,7 @@ PPO is the same thing on the single-agent system (`system=llm`). What this modul
 - Warm-up: during the first ``critic.warmup_steps`` steps only the critic learns (the trainer skips the actor).
 
 Departures from the paper: it gives the critic's architecture and learning rate only; the rest above is this
-implementation's choice, documented here and in DESIGN §5.
+implementation's choice, documented here and in docs/design.md §3.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ import torch
 
 from mhgpo.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, critic_lr
-from mhgpo.logprobs import _backbone_and_head, _check, _device, output_hidden_states
+from mhgpo.logprobs import backbone_and_head, check_pairs, output_hidden_states
 from mhgpo.losses import token_weights, value_loss
-from mhgpo.policy import Sample, _pad, enable_gradient_checkpointing, micro_batches, no_dropout, peft_lora_config
-from mhgpo.precision import autocast, weight_dtype
+from mhgpo.policy import Sample, enable_gradient_checkpointing, micro_batches, no_dropout, pad_rows, peft_lora_config
+from mhgpo.precision import autocast, module_device, weight_dtype
 
 CRITIC_ADAPTER = "critic"
 
@@ -66,8 +66,8 @@ class ValueModel(torch.nn.Module):
         self, prompts: list[list[int]], outputs: list[list[int]], pad_id: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values, mask)``, both (B, T_out): float32 values (0 on padding) and the bool mask of output tokens."""
-        _check(prompts, outputs, 1.0)
-        device = _device(self.backbone)
+        check_pairs(prompts, outputs, 1.0)
+        device = module_device(self.backbone)
         batch, t_out = len(prompts), max((len(o) for o in outputs), default=0)
         mask = torch.zeros((batch, t_out), dtype=torch.bool, device=device)  # (B, T)
         for row, out in enumerate(outputs):
@@ -86,7 +86,7 @@ def build_value_model(model: torch.nn.Module, lora: LoraConfig, precision: str =
     trainable weights in :func:`mhgpo.precision.weight_dtype` ``(precision, trainable=True)``."""
     if hasattr(model, "peft_config"):
         raise ValueError("build the critic from the plain model, before the policy adds its LoRA adapter")
-    backbone, _ = _backbone_and_head(model)
+    backbone, _ = backbone_and_head(model)
     hidden_size = int(model.config.hidden_size)
     if lora.enabled:
         from peft import inject_adapter_in_model
@@ -122,7 +122,7 @@ class Critic:
         self.optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=optim.weight_decay)
 
     def _values(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-        with autocast(self.precision, _device(self.model)):
+        with autocast(self.precision, module_device(self.model)):
             return self.model.values([s.prompt_ids for s in batch], [s.output_ids for s in batch], self.pad_id)
 
     @torch.no_grad()
@@ -193,8 +193,8 @@ class Critic:
                 batch = [samples[i] for i in idx]
                 v, mask = self._values(batch)  # (b, T) (b, T)
                 width = v.shape[1]
-                old = _pad([torch.tensor(s.old_values, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
-                ret = _pad([torch.tensor(s.returns, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
+                old = pad_rows([torch.tensor(s.old_values, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
+                ret = pad_rows([torch.tensor(s.returns, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
                 loss, stats = value_loss(v, old, ret, weights[idx].to(v.device), mask, self.cfg.value_clip)
                 loss.backward()
                 loss_sum += float(loss.detach())

@@ -4,16 +4,8 @@ A file whose first non-space character is `[` is read as one JSON array of objec
 as JSON Lines (one object a line, blank lines skipped). Every error is an `InputError` that names
 where it happened: `path:LINE` for JSON Lines, `path[INDEX]` for an array element.
 
-Question sets (`load_data` resolves a data SPEC to a list of `Example`s):
-
-| SPEC | layout |
-|---|---|
-| `synthetic`, `synthetic:train`, `synthetic:dev` | the embedded mini-wiki world (HotpotQA layout) |
-| `hotpotqa:PATH` | HotpotQA: `_id, question, answer, type, supporting_facts, context [title, sentences]` |
-| `2wiki:PATH` | 2WikiMultihopQA: the HotpotQA layout plus `evidences` (and `entity_ids, evidences_id, answer_id`) |
-| `musique:PATH` | MuSiQue: `id, question, answer, answer_aliases, answerable, paragraphs` (`title, paragraph_text, is_supporting`) |
-| `jsonl:PATH` | generic: `id, question, answers` (optional `type`, `context`, `supporting_titles`) |
-| `hotpotqa`, `2wiki`, `musique` | the validation split from the Hugging Face hub (`mhgpo.hub`; needs the network) |
+Question sets: the layouts of `mhgpo/dataspec.py`'s data SPECs (`hotpotqa:PATH`, `2wiki:PATH`, `musique:PATH`,
+`jsonl:PATH`), one parser a layout (`hotpot_example`, `musique_example`, `generic_example`).
 
 Corpora: JSON Lines `{id, title, text}`, DPR `psgs_w100.tsv` (`id<TAB>text<TAB>title` with a header), or the
 "context corpus": the paragraphs of a question set itself, de-duplicated by (title, text).
@@ -43,35 +35,17 @@ __all__ = [
     "load_musique",
     "read_musique",
     "load_generic",
-    "load_data",
-    "spec_path",
-    "question_records",
     "read_corpus",
     "load_corpus_jsonl",
     "load_corpus_tsv",
     "corpus_file",
     "context_corpus",
-    "DATA_SPECS",
-    "HUB_NAMES",
 ]
 
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-DATA_SPECS = (
-    "synthetic",
-    "synthetic:train",
-    "synthetic:dev",
-    "hotpotqa:PATH",
-    "2wiki:PATH",
-    "musique:PATH",
-    "jsonl:PATH",
-    "hotpotqa",
-    "2wiki",
-    "musique",
-)
-HUB_NAMES = ("hotpotqa", "2wiki", "musique")
 _UNDECODABLE = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, kept by errors="surrogateescape"
 
 
@@ -245,7 +219,7 @@ def _by_title(titles: Sequence[str], context: Sequence[tuple[str, str]]) -> tupl
     return tuple(tuple(j for j, (t, _) in enumerate(context) if t == title) for title in titles)
 
 
-def _parsed(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> list[tuple[dict, Example]]:
+def parsed_records(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> list[tuple[dict, Example]]:
     """Every record of `path` with its parsed `Example` (records parsed to None are skipped); duplicate ids and
     files without questions are rejected."""
     pairs: list[tuple[dict, Example]] = []
@@ -267,7 +241,7 @@ def _parsed(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -
 
 def _load(path: PathLike, parse: Callable[[dict, str, int], Example | None]) -> list[Example]:
     """Parse every record of `path` (None: skipped) and reject duplicate ids and empty files."""
-    return [example for _, example in _parsed(path, parse)]
+    return [example for _, example in parsed_records(path, parse)]
 
 
 def _decomposition(record: dict, where: str) -> tuple[str, ...]:
@@ -426,84 +400,6 @@ def generic_example(record: dict, where: str, ordinal: int) -> Example:
 def load_generic(path: PathLike) -> list[Example]:
     """Read a generic question set: one `{id, question, answers}` object a line (or a JSON array of them)."""
     return _load(path, generic_example)
-
-
-# --- data specs ---------------------------------------------------------------------------------
-
-LOADERS: dict[str, Callable[[PathLike], list[Example]]] = {
-    "hotpotqa": load_hotpotqa,
-    "2wiki": load_2wiki,
-    "musique": load_musique,
-    "jsonl": load_generic,
-}
-
-
-PARSERS: dict[str, Callable[[dict, str, int], Example | None]] = {
-    "hotpotqa": hotpot_example,
-    "2wiki": hotpot_example,
-    "musique": musique_example,
-    "jsonl": generic_example,
-}
-
-
-def question_records(spec: str) -> tuple[str, Path, list[dict]]:
-    """The raw records of the questions a local data SPEC loads (MuSiQue's unanswerable ones left out), in file
-    order, with the layout's name and the file: `(layout, path, records)`."""
-    spec = spec.strip()
-    prefix, sep, rest = spec.partition(":")
-    if prefix == "synthetic" and rest in ("", "train", "dev"):
-        from mhgpo import synth
-
-        layout, path = "hotpotqa", Path(synth.ensure_default_world()) / f"{rest or 'dev'}.jsonl"
-    elif sep and rest and prefix in PARSERS:
-        layout, path = prefix, Path(os.path.expanduser(rest))
-    elif not sep and prefix in HUB_NAMES:
-        raise InputError(f"data spec '{spec}': a local file is needed here ({prefix}:PATH)")
-    else:
-        raise _spec_error(spec)
-    return layout, path, [record for record, _ in _parsed(path, PARSERS[layout])]
-
-
-def _spec_error(spec: str) -> InputError:
-    forms = ", ".join(DATA_SPECS)
-    return InputError(f"unknown data spec '{spec}'; accepted forms: {forms}")
-
-
-def _synthetic(split: str) -> list[Example]:
-    from mhgpo import synth  # imported here: building the world is only needed for this spec
-
-    folder = Path(synth.ensure_default_world())
-    return load_hotpotqa(folder / f"{split}.jsonl")
-
-
-def spec_path(spec: str) -> Path | None:
-    """The local file a data SPEC names (`hotpotqa:PATH` → PATH), or None (`synthetic`, hub names)."""
-    prefix, sep, rest = spec.strip().partition(":")
-    return Path(os.path.expanduser(rest)) if sep and rest and prefix in LOADERS else None
-
-
-def load_data(spec: str = "synthetic") -> list[Example]:
-    """Resolve a data SPEC to its questions.
-
-    `synthetic` (the default world's dev set), `synthetic:train`, `synthetic:dev`; `hotpotqa:PATH`,
-    `2wiki:PATH`, `musique:PATH`, `jsonl:PATH` (local files in the official layouts, or the generic one);
-    `hotpotqa`, `2wiki`, `musique` alone: the validation split from the Hugging Face hub (needs the network).
-    """
-    spec = spec.strip()
-    if spec == "synthetic":
-        return _synthetic("dev")
-    prefix, sep, rest = spec.partition(":")
-    if sep and prefix == "synthetic" and rest in ("train", "dev"):
-        return _synthetic(rest)
-    if not sep and prefix in HUB_NAMES:
-        from mhgpo.hub import load_from_hub
-
-        return load_from_hub(prefix)
-    if sep and prefix in LOADERS:
-        if not rest:
-            raise InputError(f"data spec '{spec}': missing PATH after '{prefix}:'")
-        return LOADERS[prefix](os.path.expanduser(rest))
-    raise _spec_error(spec)
 
 
 # --- corpora ------------------------------------------------------------------------------------

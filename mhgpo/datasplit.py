@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mhgpo.data import question_records
+from mhgpo.dataspec import question_records
 from mhgpo.io import atomic_write_json, atomic_write_jsonl
 from mhgpo.records import InputError
 

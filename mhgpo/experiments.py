@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mhgpo.config import TrainConfig, load_config, to_dict
+from mhgpo.config import TrainConfig, demo_config_path, load_config, to_dict
 
 SCALES = ("demo",)
 
@@ -50,8 +50,6 @@ def scaled_tree(row: str | Path | None, scale: str) -> dict[str, Any]:
     `load_config(TrainConfig, None, overrides, base=...)`. Errors in the row file name the file and key."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r} (choose one of: {', '.join(SCALES)})")
-    from mhgpo.train_cli import demo_config_path
-
     tree = to_dict(load_config(TrainConfig, row))
     small = to_dict(load_config(TrainConfig, demo_config_path()))
     for key in SCALE_KEYS:

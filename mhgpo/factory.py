@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
-import os
 from pathlib import Path
 from typing import Any
 
+from mhgpo.choices import RETRIEVERS
 from mhgpo.config import BUILT_IN, RetrievalConfig, SystemConfig, is_custom
-from mhgpo.data import context_corpus, load_corpus_jsonl, load_data
+from mhgpo.data import context_corpus, load_corpus_jsonl
+from mhgpo.dataspec import load_data
+from mhgpo.paths import context_index_dir, index_dir_for
 from mhgpo.records import Example, InputError, Passage
 from mhgpo.teams import (check_workflow_class, construct, load_workflow_class, system_spec, team_config,
                          team_section)
 from mhgpo.workflow import Workflow
-
-RETRIEVERS = ("bm25", "dense")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MHGPO_CACHE") or Path.home() / ".cache" / "mhgpo")
 
 
 def _index_suffix(retrieval: RetrievalConfig) -> str:
@@ -39,36 +34,47 @@ def load_corpus(data_spec: str, retrieval: RetrievalConfig) -> tuple[list[Passag
     `retrieval.corpus` names a file (JSONL, or DPR TSV) or `context`; when it is unset, the synthetic world brings
     its own corpus and other data its own paragraphs (the "context corpus", the offline stand-in for Wikipedia).
     """
-    from mhgpo.data import corpus_file, spec_path
+    from mhgpo.data import corpus_file
+    from mhgpo.dataspec import spec_path
 
     suffix = _index_suffix(retrieval)
     chosen = Path(retrieval.index).expanduser() if retrieval.index else None
     if retrieval.corpus and retrieval.corpus != "context":
         path, reader = corpus_file(retrieval.corpus)
-        return reader(path), chosen or _index_dir(path, suffix)
+        return reader(path), chosen or index_dir_for(path, suffix)
     if data_spec.split(":")[0] == "synthetic" and retrieval.corpus != "context":
         from mhgpo.synth import ensure_default_world
 
         path = ensure_default_world() / "corpus.jsonl"
-        return load_corpus_jsonl(path), chosen or _index_dir(path, suffix)
+        return load_corpus_jsonl(path), chosen or index_dir_for(path, suffix)
     source = spec_path(data_spec)
     passages = context_corpus(load_data(data_spec))
     if not passages:
         raise InputError(f"{data_spec}: the records have no context paragraphs to retrieve from; pass --corpus FILE")
-    key = hashlib.sha256(str(Path(source).resolve() if source else data_spec).encode()).hexdigest()[:16]
-    name = f"context-{key}" if suffix == "bm25" else f"context-{key}.{suffix}"
-    return passages, chosen or cache_dir() / "indexes" / name
+    return passages, chosen or context_index_dir(str(Path(source).resolve() if source else data_spec), suffix)
 
 
-def _index_dir(corpus_path: Path, suffix: str = "bm25") -> Path:
-    from mhgpo.retrieval import index_dir_for
+def open_index(directory: Path | str):
+    """Load the saved index in `directory` as it is (BM25 or dense, as its meta.json says)."""
+    from mhgpo.retrieval import META_FILE, BM25Retriever, index_kind, read_meta
 
-    return index_dir_for(corpus_path, suffix)
+    directory = Path(directory)
+    meta = read_meta(directory)
+    if meta is None:
+        raise InputError(f"{directory}: not an index (no readable {META_FILE}); build one with `mhgpo index build`")
+    kind = index_kind(meta)
+    if kind == "bm25":
+        return BM25Retriever.load(directory)
+    if kind == "dense":
+        from mhgpo.dense import DenseRetriever
+
+        return DenseRetriever.load(directory)
+    raise InputError(f"{directory}: unknown index kind {kind!r} in {META_FILE}")
 
 
 def _open_built_index(data_spec: str, retrieval: RetrievalConfig):
     """The index in `retrieval.index`, loaded as it is, after checking it fits the retriever and corpus asked for."""
-    from mhgpo.retrieval import corpus_fingerprint, open_index
+    from mhgpo.retrieval import corpus_fingerprint
 
     retriever = open_index(Path(retrieval.index).expanduser())
     if retriever.kind != retrieval.retriever:

@@ -24,8 +24,8 @@ from typing import Any, Callable, ContextManager, Protocol
 import torch
 from transformers import LogitsProcessor
 
-from mhgpo.logprobs import _causal_lm
-from mhgpo.models import stop_token_ids
+from mhgpo.logprobs import causal_lm
+from mhgpo.pretrained import stop_token_ids
 from mhgpo.precision import autocast
 
 
@@ -141,7 +141,7 @@ def _only_this_config(model: Any, config: Any) -> Iterator[None]:
     leaves unset (or, in some transformers versions, what it sets to a global default) from the model's config,
     so the model's config must hold nothing else. The model is the causal LM itself (a peft wrapper hands its
     own config down to it, so it is swapped too)."""
-    holders = [m for m in (model, _causal_lm(model)) if "generation_config" in vars(m)]
+    holders = [m for m in (model, causal_lm(model)) if "generation_config" in vars(m)]
     holders = list({id(m): m for m in holders}.values())
     saved = [m.generation_config for m in holders]
     for m in holders:

@@ -44,13 +44,15 @@ def write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write `data` to a temporary file beside `path`, flush it to disk, rename it onto `path` and flush the
+    folder: readers see the old file or the new one, never a part of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         usual_permissions(Path(tmp))  # mkstemp makes 0600 files
@@ -59,6 +61,12 @@ def atomic_write_text(path: Path, text: str) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def usual_permissions(path: Path) -> None:

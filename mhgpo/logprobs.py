@@ -16,17 +16,19 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from mhgpo.precision import module_device
 
-def _causal_lm(model: Any) -> Any:
+
+def causal_lm(model: Any) -> Any:
     """The transformers causal LM inside ``model`` (a peft wrapper is looked through; adapters stay active,
     since peft injects its layers into the wrapped modules)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
 
 
-def _backbone_and_head(model: Any) -> tuple[Any, Any]:
+def backbone_and_head(model: Any) -> tuple[Any, Any]:
     """The decoder stack (returning final, normalised hidden states) and the LM head of ``model``."""
-    lm = _causal_lm(model)
+    lm = causal_lm(model)
     head = lm.get_output_embeddings()
     backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else None
     if backbone is None or backbone is lm:
@@ -42,7 +44,7 @@ def _soft_cap(lm: Any) -> float | None:
     return float(cap) if cap else None
 
 
-def _check(prompts: list[list[int]], outputs: list[list[int]], temperature: float) -> None:
+def check_pairs(prompts: list[list[int]], outputs: list[list[int]], temperature: float) -> None:
     if len(prompts) != len(outputs):
         raise ValueError(f"{len(prompts)} prompts but {len(outputs)} outputs")
     if temperature <= 0.0:
@@ -50,10 +52,6 @@ def _check(prompts: list[list[int]], outputs: list[list[int]], temperature: floa
     for i, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty: the first output token would have no context")
-
-
-def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _token_logprobs(
@@ -111,10 +109,10 @@ def output_logprobs(
     float32, differentiable w.r.t. the model parameters, 0 where ``mask`` is False; ``mask`` is bool.
     ``chunk_size`` bounds the number of positions whose full-vocabulary logits exist at once.
     """
-    _check(prompts, outputs, temperature)
+    check_pairs(prompts, outputs, temperature)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    device = _device(model)
+    device = module_device(model)
     batch = len(prompts)
     t_out = max((len(o) for o in outputs), default=0)
     mask = torch.zeros((batch, t_out), dtype=torch.bool, device=device)  # (B, T_out)
@@ -123,8 +121,8 @@ def output_logprobs(
     if batch == 0 or t_out == 0:
         return torch.zeros((batch, t_out), dtype=torch.float32, device=device), mask
 
-    backbone, head = _backbone_and_head(model)
-    cap = _soft_cap(_causal_lm(model))
+    backbone, head = backbone_and_head(model)
+    cap = _soft_cap(causal_lm(model))
     picked_hidden = output_hidden_states(backbone, prompts, outputs, pad_id, device)  # (N, H)
     targets = torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device)  # (N,)
 
@@ -151,8 +149,8 @@ def output_logprobs_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`output_logprobs`, computed one sample at a time with a full forward pass and
     a full log-softmax over every position. Slow; for tests."""
-    _check(prompts, outputs, temperature)
-    device = _device(model)
+    check_pairs(prompts, outputs, temperature)
+    device = module_device(model)
     batch = len(prompts)
     t_out = max((len(o) for o in outputs), default=0)
     logp = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)

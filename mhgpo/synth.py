@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from mhgpo.io import atomic_write_bytes
+from mhgpo.paths import world_dir
 from mhgpo.records import InputError
+from mhgpo.synth_vocab import (ADJECTIVES, BAND_NOUNS, BRIDGE_HOPS, BRIDGE_TEMPLATES, CHOICE_TEMPLATES, CITY_ENDS,
+                              CODAS, COMPANIES, COUNTRY_FORMS, CREATOR_SENTENCE, DATE_HOPS, FEATURES, FIELDS, GENRES,
+                              HQ_SENTENCE, HQ_VERBS, NOUNS, ONSETS, ORG_KINDS, OTHER_OCCUPATIONS, PLOTS, QUALITIES,
+                              ROLES, ROLE_OCCUPATIONS, SAME_HOPS, SURNAME_ENDS, TEMPLATES, UNIVERSITY_FORMS, VOWELS,
+                              WORK_KINDS, YESNO_TEMPLATES)
 
 __all__ = ["Entity", "World", "generate_world", "write_world", "default_world_dir", "ensure_default_world",
            "VERSION", "DEFAULT_N_TRAIN", "DEFAULT_N_DEV"]
@@ -46,117 +53,6 @@ DEFAULT_N_DEV = 200
 MIN_ENTITIES = 60
 MAX_CONTEXT = 10
 FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "world.json")
-
-# --- vocabulary ----------------------------------------------------------------------------------------------
-
-_ONSETS = tuple("b d f g k l m n r s t v z br dr kr th tr st h j p sh c".split())
-_VOWELS = tuple("a e i o u a e o ae y".split())
-_CODAS = ("", "", "", *"n r l s k th m v".split())
-_SURNAME_ENDS = ("", *"in ek ov ard ane is et ur ow".split())
-_CITY_ENDS = ("", *"y a en or ith um ene ara".split())
-_COUNTRY_FORMS = tuple(tuple(pair.split("/"))  # country ending / demonym ending
-                       for pair in "ia/ian ar/ari en/eni os/osian and/andish ey/eyan ova/ovan".split())
-_NOUNS = tuple("Lantern Orchard Harbor River Winter Mirror Garden Tower Crown Letter Island Shadow Bridge Voice "
-               "Season Ember Meadow Signal Window Feather Anchor Candle Storm".split())
-_ADJECTIVES = tuple("Silent Hollow Distant Bright Broken Golden Quiet Northern Crimson Pale Endless Last".split())
-_GENRES = {"film": tuple("drama|comedy|thriller|science fiction|western|horror|musical|war".split("|")),
-           "novel": tuple("historical|crime|fantasy|romance|science fiction|satirical|gothic|adventure".split("|")),
-           "album": tuple("jazz folk rock electronic pop blues soul ambient".split())}
-_GENRES["band"] = _GENRES["album"]
-_ROLE_OCCUPATIONS = {"film": ("film director",), "novel": ("novelist", "writer"), "album": ("singer", "musician"),
-                     "band": ("musician", "singer"), "company": ("entrepreneur", "engineer", "industrialist"),
-                     "university": ("scholar", "philanthropist", "historian")}
-_OTHER_OCCUPATIONS = tuple("painter architect journalist physician sculptor diplomat".split())
-_COMPANIES = {"Motors": "car", "Foods": "food", "Textiles": "textile", "Shipping": "shipping",
-              "Pharma": "pharmaceutical", "Systems": "software", "Steelworks": "steel", "Glassworks": "glass"}
-_BAND_NOUNS = tuple("Lights Tides Engines Collective Brothers Ensemble Orchestra".split())
-_UNIVERSITY_FORMS = ("{} University", "University of {}", "{} Institute of Technology", "{} College")
-_FIELDS = tuple("mining law medicine forestry music engineering history chemistry".split())
-_FEATURES = tuple("old harbour|stone bridges|textile mills|salt marshes|glassworks|covered markets|railway works|"
-                  "clock tower|botanical garden|canals".split("|"))
-_PLOTS = tuple("a family of lighthouse keepers|two rival mapmakers|a detective in a flooded city|a travelling "
-               "circus|a widowed clockmaker|three sisters on a failing farm|a young violinist|a border guard and "
-               "a smuggler|a forgotten expedition".split("|"))
-_QUALITIES = tuple("spare style|intricate structure|vivid characters|dark humour|lyrical tone|careful research"
-                   .split("|"))
-_TEMPLATES = {
-    "country": ("{name} is a country whose people are called {nationality}.",
-                "Its capital and largest city is {city}, and it became independent in {year2}.",
-                "The country has about {small} million inhabitants and an economy built on the {trade} industry.",
-                "Its official language is {nationality}, and its currency is the {word}."),
-    "city": ("{name} is {a_size} city in the {part} of {country}.",
-             "It had about {thousands},000 inhabitants at the census of {recent}.",
-             "The city is known for its {feature} and for the yearly {word} festival held every {season}.",
-             "{name} received its town charter in {year2}."),
-    "person": ("{name} (born {year} in {city}) is {a_nationality} {occupation}.",
-               "{pronoun} grew up in {city2} and studied at {university}.", "{known}",
-               "{possessive} work has received the {word} Prize and is widely admired for its {quality}."),
-    "film": ("{name} is {a_year} {genre} film.", "It was directed by {person} and shot largely in {city}.",
-             "The film runs for {minutes} minutes and follows {plot}.",
-             "It premiered at the {word} Film Festival and was praised for its {quality}."),
-    "novel": ("{name} is {a_genre} novel by {person}, first published in {year}.",
-              "The book is set in {city} and tells the story of {plot}.",
-              "It runs to {pages} pages and was issued by {word} Press.",
-              "Critics praised its {quality}, and it has been translated into {small} languages."),
-    "album": ("{name} is {a_genre} album by {person}, released in {year}.",
-              "It was recorded over {small} weeks in {city} and holds {tracks} tracks.",
-              "Its lead single, \"{single}\", reached the top {top} of the national charts.",
-              "The record was mixed at {word} Studios and later reissued on vinyl."),
-    "company": ("{name} is {a_genre} company founded in {year} by {person}.",
-                "It is headquartered in {city} and employs about {staff:,} people.",
-                "The company was listed on the {word} stock exchange in {later}.",
-                "Its factories have long been a major employer in the region around {city2}."),
-    "band": ("{name} is {a_genre} band formed in {year} by {person}.",
-             "The group is based in {city} and has released {tracks} studio albums.",
-             "Its line-up has changed several times since the {decade}s, when the band first toured abroad.",
-             "Critics have praised its long live shows and its {quality} on record."),
-    "university": ("{name} is {a_access} university founded in {year} by {person}.",
-                   "Its main campus is located in {city}, where about {small},000 students are enrolled.",
-                   "The university is known for its faculty of {field} and its library of old maps.",
-                   "It opened a second campus in {city2} in {later}."),
-}
-# Question phrasings: alternatives are separated by "|".
-_ROLES = {"film": "the director of {}|the person who directed {}",
-          "novel": "the author of {}|the writer of {}|the person who wrote {}",
-          "album": "the artist behind {}|the musician who recorded {}",
-          "org": "the founder of {}|the person who founded {}"}
-_BRIDGE_TEMPLATES = {
-    "birth_city": "In which city was {p} born?|Where was {p} born?|What is the birthplace of {p}?|"
-                  "{P} was born in which city?",
-    "birth_year": "In what year was {p} born?|When was {p} born?|What is the birth year of {p}?|"
-                  "{P} was born in which year?",
-    "nationality": "What is the nationality of {p}?|What nationality is {p}?|{P} is of what nationality?",
-    "hq_country": "In which country is {o} {verb}?|In what country is {o} {verb}?|"
-                  "{o} is {verb} in a city of which country?"}
-_CHOICE_TEMPLATES = {
-    "film": "Which film came out first, {a} or {b}?|Which film was released earlier, {a} or {b}?|"
-            "Which of these films is older: {a} or {b}?",
-    "novel": "Which novel was published first, {a} or {b}?|Which book came out earlier, {a} or {b}?",
-    "album": "Which album was released first, {a} or {b}?|Which album came out earlier, {a} or {b}?",
-    "person": "Who was born earlier, {a} or {b}?|Who is older, {a} or {b}?|"
-              "Which person was born first, {a} or {b}?",
-    "org": "Which was founded first, {a} or {b}?|Which organisation is older, {a} or {b}?"}
-_YESNO_TEMPLATES = {
-    "nationality": "Are {a} and {b} of the same nationality?|Do {a} and {b} share a nationality?|"
-                   "Is {a} of the same nationality as {b}?",
-    "city": "Were {a} and {b} born in the same city?|Do {a} and {b} share a birthplace?",
-    "genre": "Do the {kind}s {a} and {b} belong to the same genre?|Are the {kind}s {a} and {b} of the same genre?",
-    "hq": "Are {a} and {b} based in the same city?|Do {a} and {b} have their headquarters in the same city?"}
-_HQ_VERBS = {"company": "headquartered", "band": "based", "university": "located"}
-# The sub-questions of each hop (a record's `decomposition`): what a query rewriter should search for. A hop that
-# depends on an earlier answer is phrased through the question's own words, never through the hidden answer.
-_BRIDGE_HOPS = {"birth_city": "Where was {p} born?", "birth_year": "When was {p} born?",
-                "nationality": "What is the nationality of {p}?"}
-_DATE_HOPS = {"film": "When was {} released?", "novel": "When was {} published?", "album": "When was {} released?",
-              "person": "When was {} born?", "org": "When was {} founded?"}
-_SAME_HOPS = {"nationality": "What is the nationality of {}?", "city": "Where was {} born?",
-              "genre": "What is the genre of {}?", "hq": "In which city is {} based?"}
-_WORK_KINDS = ("film", "novel", "album")
-_ORG_KINDS = ("company", "band", "university")
-# Which sentence of a paragraph states a fact (the templates above fix it).
-CREATOR_SENTENCE = {"film": 1, "novel": 0, "album": 0, "company": 0, "band": 0, "university": 0}
-HQ_SENTENCE = 1
-
 
 @dataclass
 class Entity:
@@ -213,9 +109,9 @@ class _Names:
         self.used.add(name.lower())
         return True
 
-    def word(self, syllables: int, ends: Sequence[str] = _CODAS) -> str:
+    def word(self, syllables: int, ends: Sequence[str] = CODAS) -> str:
         while True:
-            parts = [self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) for _ in range(syllables)]
+            parts = [self.rng.choice(ONSETS) + self.rng.choice(VOWELS) for _ in range(syllables)]
             word = ("".join(parts) + self.rng.choice(ends)).capitalize()
             if 4 <= len(word) <= 9 and not re.search(r"(.)\1|[aeiouy]{3}", word.lower()):
                 return word
@@ -230,7 +126,7 @@ class _Names:
     def variant(self, name: str) -> str | None:
         """A near-identical spelling of `name` (its last word changed by a letter), if still free."""
         head, _, last = name.rpartition(" ")
-        options = [last + "s"] if last in _NOUNS else [last + "s", last + "e", last[:-1] + "ae"[last[-1] == "a"]]
+        options = [last + "s"] if last in NOUNS else [last + "s", last + "e", last[:-1] + "ae"[last[-1] == "a"]]
         for option in self.rng.sample(options, len(options)):
             if self.claim(f"{head} {option}".strip()):
                 return f"{head} {option}".strip()
@@ -247,7 +143,7 @@ class _Builder:
         self.rng = random.Random(seed)
         self.seed = seed
         self.names = _Names(self.rng)
-        kinds = ("country", "city", "person", *_WORK_KINDS, *_ORG_KINDS)
+        kinds = ("country", "city", "person", *WORK_KINDS, *ORG_KINDS)
         self.by_kind: dict[str, list[Entity]] = {kind: [] for kind in kinds}
         self.by_name: dict[str, Entity] = {}
         self.confusable: dict[str, list[str]] = {}
@@ -257,7 +153,7 @@ class _Builder:
         self.yes_next = True
         self._populate(n_entities)
         self.everything = list(self.by_name.values())
-        self.orgs = [e for kind in _ORG_KINDS for e in self.by_kind[kind]]
+        self.orgs = [e for kind in ORG_KINDS for e in self.by_kind[kind]]
 
     def _add(self, entity: Entity, twin_of: str = "") -> Entity:
         self.by_kind[entity.kind].append(entity)
@@ -282,7 +178,7 @@ class _Builder:
             country.city = self.rng.choice(local).name
         while len(self.by_kind["person"]) < counts["person"]:
             self._person_group(counts, counts["person"] - len(self.by_kind["person"]))
-        for kind in _WORK_KINDS + _ORG_KINDS:
+        for kind in WORK_KINDS + ORG_KINDS:
             made = 0
             while made < counts[kind]:
                 made += self._creation(kind, counts[kind] - made)
@@ -290,13 +186,13 @@ class _Builder:
     def _country(self) -> None:
         while True:
             stem = self.names.word(2, ("",))
-            end, demonym_end = self.rng.choice(_COUNTRY_FORMS)
+            end, demonym_end = self.rng.choice(COUNTRY_FORMS)
             if self.names.claim(stem + end) and self.names.claim(stem + demonym_end):
                 break
         self._add(Entity("country", stem + end, nationality=stem + demonym_end))
 
     def _city(self) -> None:
-        name = self.names.unique(lambda: self.names.word(self.rng.choice((1, 2, 2)), _CITY_ENDS))
+        name = self.names.unique(lambda: self.names.word(self.rng.choice((1, 2, 2)), CITY_ENDS))
         self._add(Entity("city", name, country=self.rng.choice(self.by_kind["country"]).name))
 
     def _person(self, name: str, occupation: str, twin_of: str = "") -> None:
@@ -307,14 +203,14 @@ class _Builder:
                          pronoun=self.rng.choice(("He", "She"))), twin_of)
 
     def _occupation(self, counts: dict[str, int]) -> str:
-        roles = list(_ROLE_OCCUPATIONS)
+        roles = list(ROLE_OCCUPATIONS)
         weights = [counts[r] for r in roles] + [max(1, counts["person"] // 8)]
         pick = self.rng.choices(roles + ["other"], weights=weights)[0]
-        return self.rng.choice(_OTHER_OCCUPATIONS if pick == "other" else _ROLE_OCCUPATIONS[pick])
+        return self.rng.choice(OTHER_OCCUPATIONS if pick == "other" else ROLE_OCCUPATIONS[pick])
 
     def _person_group(self, counts: dict[str, int], room: int) -> None:
         """One person; sometimes with a near-twin or a relative sharing the surname (room permitting)."""
-        last = self.names.word(self.rng.choice((1, 2)), _SURNAME_ENDS)
+        last = self.names.word(self.rng.choice((1, 2)), SURNAME_ENDS)
         name = self.names.unique(lambda: f"{self.names.word(self.rng.choice((2, 2, 3)))} {last}")
         self._person(name, self._occupation(counts))
         roll = self.rng.random() if room > 1 else 1.0
@@ -329,31 +225,31 @@ class _Builder:
 
     def _title(self, kind: str) -> str:
         rng, word = self.rng, self.names.word
-        if kind in _WORK_KINDS:
-            forms = (lambda: f"The {rng.choice(_NOUNS)} of {word(2)}", lambda: f"{word(2)}'s {rng.choice(_NOUNS)}",
-                     lambda: f"{rng.choice(_ADJECTIVES)} {word(2, _CITY_ENDS)}",
-                     lambda: f"A{_a(rng.choice(_NOUNS))[1:]} for {word(2)}")
+        if kind in WORK_KINDS:
+            forms = (lambda: f"The {rng.choice(NOUNS)} of {word(2)}", lambda: f"{word(2)}'s {rng.choice(NOUNS)}",
+                     lambda: f"{rng.choice(ADJECTIVES)} {word(2, CITY_ENDS)}",
+                     lambda: f"A{_a(rng.choice(NOUNS))[1:]} for {word(2)}")
             return self.names.unique(lambda: rng.choice(forms)())
         if kind == "company":
-            return self.names.unique(lambda: f"{word(2)} {rng.choice(list(_COMPANIES))}")
+            return self.names.unique(lambda: f"{word(2)} {rng.choice(list(COMPANIES))}")
         if kind == "band":
-            return self.names.unique(lambda: f"The {word(2)} {rng.choice(_BAND_NOUNS)}")
-        return self.names.unique(lambda: rng.choice(_UNIVERSITY_FORMS).format(word(2)))
+            return self.names.unique(lambda: f"The {word(2)} {rng.choice(BAND_NOUNS)}")
+        return self.names.unique(lambda: rng.choice(UNIVERSITY_FORMS).format(word(2)))
 
     def _twin_title(self, kind: str, title: str) -> str | None:
         """A confusable title: a noun made plural, a letter changed, or another suffix on the same stem."""
         words = title.split(" ")
-        if kind in _WORK_KINDS:
-            nouns = [i for i, w in enumerate(words) if w in _NOUNS]
+        if kind in WORK_KINDS:
+            nouns = [i for i, w in enumerate(words) if w in NOUNS]
             if not nouns or words[0] in ("A", "An"):
                 return self.names.variant(title)
             candidate = " ".join(w + "s" if i == nouns[0] else w for i, w in enumerate(words))
         elif kind in ("company", "band"):
-            pool = list(_COMPANIES) if kind == "company" else list(_BAND_NOUNS)
+            pool = list(COMPANIES) if kind == "company" else list(BAND_NOUNS)
             candidate = " ".join(words[:-1] + [self.rng.choice([p for p in pool if p != words[-1]])])
         else:
             stem = next(w for w in words if w not in ("University", "of", "Institute", "Technology", "College"))
-            candidate = self.rng.choice([f.format(stem) for f in _UNIVERSITY_FORMS if f.format(stem) != title])
+            candidate = self.rng.choice([f.format(stem) for f in UNIVERSITY_FORMS if f.format(stem) != title])
         return candidate if self.names.claim(candidate) else None
 
     def _creation(self, kind: str, room: int) -> int:
@@ -366,11 +262,11 @@ class _Builder:
 
     def _made(self, kind: str, title: str, twin_of: str = "") -> Entity:
         if kind not in self.creators:
-            fit = [p for p in self.by_kind["person"] if p.occupation in _ROLE_OCCUPATIONS[kind]]
+            fit = [p for p in self.by_kind["person"] if p.occupation in ROLE_OCCUPATIONS[kind]]
             self.creators[kind] = fit or self.by_kind["person"]
         creator = self.rng.choice(self.creators[kind])
-        gap = self.rng.randint(22, 55) if kind in _WORK_KINDS else self.rng.randint(25, 60)
-        genre = _COMPANIES[title.split(" ")[-1]] if kind == "company" else self.rng.choice(_GENRES.get(kind, ("",)))
+        gap = self.rng.randint(22, 55) if kind in WORK_KINDS else self.rng.randint(25, 60)
+        genre = COMPANIES[title.split(" ")[-1]] if kind == "company" else self.rng.choice(GENRES.get(kind, ("",)))
         return self._add(Entity(kind, title, year=min(creator.year + gap, 2023), person=creator.name, genre=genre,
                                 city=self.rng.choice(self.by_kind["city"]).name), twin_of)
 
@@ -383,7 +279,7 @@ class _Builder:
                 known.setdefault(entity.person, []).append(entity.name)
         for entity in self.everything:
             values = self._values(entity, known.get(entity.name, []))
-            entity.sentences = tuple(t.format(**values) for t in _TEMPLATES[entity.kind])
+            entity.sentences = tuple(t.format(**values) for t in TEMPLATES[entity.kind])
 
     def _values(self, e: Entity, known: list[str]) -> dict[str, object]:
         """The facts of `e` and the filler of its paragraph (drawn the same way for every kind)."""
@@ -394,10 +290,10 @@ class _Builder:
                                                                                   "hillside", "river"))),
                 "a_access": _a(r.choice(("public", "private"))), "possessive": {"He": "His"}.get(e.pronoun, "Her"),
                 "part": r.choice(("north", "south", "east", "west", "centre")), "word": self.names.word(2),
-                "season": r.choice(("spring", "summer", "autumn")), "feature": r.choice(_FEATURES),
-                "plot": r.choice(_PLOTS), "quality": r.choice(_QUALITIES), "field": r.choice(_FIELDS),
-                "trade": r.choice(list(_COMPANIES.values())), "staff": r.randint(2, 900) * 100,
-                "single": f"{r.choice(_ADJECTIVES)} {r.choice(_NOUNS)}", "top": r.choice((5, 10, 20, 40)),
+                "season": r.choice(("spring", "summer", "autumn")), "feature": r.choice(FEATURES),
+                "plot": r.choice(PLOTS), "quality": r.choice(QUALITIES), "field": r.choice(FIELDS),
+                "trade": r.choice(list(COMPANIES.values())), "staff": r.randint(2, 900) * 100,
+                "single": f"{r.choice(ADJECTIVES)} {r.choice(NOUNS)}", "top": r.choice((5, 10, 20, 40)),
                 "small": r.randint(3, 40), "tracks": r.randint(8, 16), "minutes": r.randint(78, 175),
                 "pages": r.randint(150, 900), "thousands": r.randint(2, 900), "recent": r.randint(1990, 2020),
                 "year2": r.randint(1200, 1960), "later": min(e.year + r.randint(5, 60), 2023),
@@ -410,7 +306,7 @@ class _Builder:
 
     def questions(self, sizes: Sequence[int]) -> list[list[dict]]:
         """One shuffled list of questions per size; the slots cycle bridge, choice, bridge, yes/no, bridge."""
-        bridges = [(relation, e) for kind in _WORK_KINDS + _ORG_KINDS for e in self.by_kind[kind]
+        bridges = [(relation, e) for kind in WORK_KINDS + ORG_KINDS for e in self.by_kind[kind]
                    for relation in ("birth_city", "birth_year", "nationality")]
         bridges += [("hq_country", e) for e in self.orgs]
         self.rng.shuffle(bridges)
@@ -440,20 +336,20 @@ class _Builder:
     def _bridge(self, relation: str, host: Entity) -> dict | None:
         if not self._fresh(("bridge", relation, host.name)):
             return None
-        template = _pick(self.rng, _BRIDGE_TEMPLATES[relation])
+        template = _pick(self.rng, BRIDGE_TEMPLATES[relation])
         if relation == "hq_country":
             city = self.by_name[host.city]
-            verb = _HQ_VERBS[host.kind]
+            verb = HQ_VERBS[host.kind]
             question = template.format(o=host.name, verb=verb)
             hops = [f"In which city is {host.name} {verb}?",
                     f"In which country is the city where {host.name} is {verb}?"]
             return self._record(question, city.country, "bridge", [(host, HQ_SENTENCE), (city, 0)], hops)
         person = self.by_name[host.person]
-        phrase = _pick(self.rng, _ROLES[host.kind if host.kind in _WORK_KINDS else "org"]).format(host.name)
+        phrase = _pick(self.rng, ROLES[host.kind if host.kind in WORK_KINDS else "org"]).format(host.name)
         question = template.format(p=phrase, P=phrase[0].upper() + phrase[1:])
         answer = {"birth_city": person.city, "birth_year": str(person.year), "nationality": person.nationality}
         gold = [(host, CREATOR_SENTENCE[host.kind]), (person, 0)]
-        hops = [f"Who is {phrase}?", _BRIDGE_HOPS[relation].format(p=phrase)]
+        hops = [f"Who is {phrase}?", BRIDGE_HOPS[relation].format(p=phrase)]
         return self._record(question, answer[relation], "bridge", gold, hops)
 
     def _choice(self) -> dict | None:
@@ -461,14 +357,14 @@ class _Builder:
         a, b = self.rng.sample(self.orgs if family == "org" else self.by_kind[family], 2)
         if a.year == b.year or not self._fresh(("choice", *sorted((a.name, b.name)))):
             return None
-        question = _pick(self.rng, _CHOICE_TEMPLATES[family]).format(a=a.name, b=b.name)
-        hops = [_DATE_HOPS[family].format(a.name), _DATE_HOPS[family].format(b.name)]
+        question = _pick(self.rng, CHOICE_TEMPLATES[family]).format(a=a.name, b=b.name)
+        hops = [DATE_HOPS[family].format(a.name), DATE_HOPS[family].format(b.name)]
         return self._record(question, a.name if a.year < b.year else b.name, "comparison", [(a, 0), (b, 0)], hops)
 
     def _yesno(self) -> dict | None:
         """A yes/no comparison; the answers alternate yes, no, yes, ... so that they stay balanced."""
         family = self.rng.choice(("nationality", "nationality", "city", "genre", "hq"))
-        kind = self.rng.choice(_WORK_KINDS) if family == "genre" else ""
+        kind = self.rng.choice(WORK_KINDS) if family == "genre" else ""
         pool = {"genre": self.by_kind.get(kind, []), "hq": self.orgs}.get(family, self.by_kind["person"])
         attr = "city" if family == "hq" else family
         if self.yes_next:
@@ -482,10 +378,10 @@ class _Builder:
                 return None
         if not self._fresh(("yesno", *sorted((a.name, b.name)))):
             return None
-        question = _pick(self.rng, _YESNO_TEMPLATES[family]).format(a=a.name, b=b.name, kind=kind)
+        question = _pick(self.rng, YESNO_TEMPLATES[family]).format(a=a.name, b=b.name, kind=kind)
         sentence = HQ_SENTENCE if family == "hq" else 0
         answer, self.yes_next = ("yes" if self.yes_next else "no"), not self.yes_next
-        hops = [_SAME_HOPS[family].format(a.name), _SAME_HOPS[family].format(b.name)]
+        hops = [SAME_HOPS[family].format(a.name), SAME_HOPS[family].format(b.name)]
         return self._record(question, answer, "comparison", [(a, sentence), (b, sentence)], hops)
 
     def _groups(self, key: str, pool: list[Entity], attr: str) -> list[list[Entity]]:
@@ -568,21 +464,6 @@ def _jsonl(rows: Sequence[dict]) -> bytes:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
 
 
-def _write_atomic(path: Path, data: bytes) -> Path:
-    """Write `data` to a temporary file beside `path`, then rename it onto `path`."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_world(out_dir: str | os.PathLike[str], seed: int = 0, n_train: int = DEFAULT_N_TRAIN,
                 n_dev: int = DEFAULT_N_DEV, n_entities: int | None = None) -> dict[str, Path]:
     """Generate a world and write `corpus.jsonl`, `train.jsonl`, `dev.jsonl` and, last, `world.json` (the
@@ -592,18 +473,17 @@ def write_world(out_dir: str | os.PathLike[str], seed: int = 0, n_train: int = D
         raise InputError(f"{out}: exists and is not a folder")
     world = generate_world(seed=seed, n_train=n_train, n_dev=n_dev, n_entities=n_entities)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {name: _write_atomic(out / f"{name}.jsonl", _jsonl(rows))
+    paths = {name: atomic_write_bytes(out / f"{name}.jsonl", _jsonl(rows))
              for name, rows in (("corpus", world.corpus), ("train", world.train), ("dev", world.dev))}
     meta = {"version": VERSION, "seed": seed, "n_train": len(world.train), "n_dev": len(world.dev),
             "n_passages": len(world.corpus)}
-    paths["world"] = _write_atomic(out / "world.json", (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
+    paths["world"] = atomic_write_bytes(out / "world.json", (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
     return paths
 
 
 def default_world_dir() -> Path:
     """The cache folder of the default world: `$MHGPO_CACHE` (else `~/.cache/mhgpo`) / `world-seed0-v<VERSION>`."""
-    root = os.environ.get("MHGPO_CACHE") or str(Path("~") / ".cache" / "mhgpo")
-    return Path(root).expanduser() / f"world-seed0-v{VERSION}"
+    return world_dir(VERSION)
 
 
 def _is_complete(folder: Path) -> bool:

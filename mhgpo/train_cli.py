@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from importlib import resources
 from pathlib import Path
-from typing import Callable
+
+from mhgpo.choices import ALGOS, SAMPLERS
+from mhgpo.cli_common import add_common_flags, flag_overrides
+from mhgpo.config import demo_config_path
+from mhgpo.experiments import SCALES, scaled_tree
 
 TRAIN_FLAGS = {
     "sampler": "sampler",
@@ -26,9 +29,7 @@ TRAIN_FLAGS = {
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
-    from mhgpo.cli import _flag_overrides
-
-    return _flag_overrides(args, TRAIN_FLAGS) + list(args.overrides)
+    return flag_overrides(args, TRAIN_FLAGS) + list(args.overrides)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -41,8 +42,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         trainer = resume(Path(args.resume), _overrides(args), from_step=args.from_step)
     elif getattr(args, "scale", None):  # the row's switches at a smaller scale (mhgpo/experiments.py)
-        from mhgpo.experiments import scaled_tree
-
         cfg = load_config(TrainConfig, None, _overrides(args), base=scaled_tree(args.config, args.scale))
         trainer = train(cfg)
     else:
@@ -62,13 +61,12 @@ SFT_FLAGS = {"steps": "steps", "batch_size": "batch_size", "model": "model", "da
 
 def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start of every role on its gold outputs (`mhgpo/sft.py`)."""
-    from mhgpo.cli import _flag_overrides
     from mhgpo.config import SFTConfig, load_config
     from mhgpo.sft import resume_sft, run_sft
 
     from mhgpo.records import InputError
 
-    overrides = _flag_overrides(args, SFT_FLAGS) + list(args.overrides)
+    overrides = flag_overrides(args, SFT_FLAGS) + list(args.overrides)
     if args.from_step is not None and not args.resume:
         raise InputError("--from-step: only with --resume RUN_DIR")
     if args.resume:
@@ -81,10 +79,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
         last = trainer.val_history[-1]
         print(f"val F1 {last['val/f1']:.1f}  EM {last['val/em']:.1f}  Acc {last['val/acc']:.1f} (step {last['step']})")
     return 0
-
-
-def demo_config_path() -> Path:
-    return Path(str(resources.files("mhgpo").joinpath("demo.yaml")))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -131,8 +125,8 @@ def _demo(cfg, run_dir: Path) -> int:
     if cfg.warm_start.enabled:
         cfg.model = warm_start(cfg, run_dir)
     with console.status("loading the model, data and index ..."):
-        team = build_team(cfg, with_val=True)
-    trainer = Trainer(cfg, team, run_dir)
+        setup = build_team(cfg, with_val=True)
+    trainer = Trainer(cfg, setup, run_dir)
     if cfg.warm_start.enabled:  # the RL team before its first update: the warm-started team
         warmed = trainer.validate(desc="eval warm start")
         write_eval(warmed, run_dir / "eval_warm_start", {"data": cfg.val_data, "model": cfg.model,
@@ -146,7 +140,7 @@ def _demo(cfg, run_dir: Path) -> int:
         after = trainer.validate(desc="eval after")
     write_eval(after, run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
     rows[f"{'+ ' if cfg.warm_start.enabled else 'after '}{algo} ({cfg.steps} steps)"] = after.metrics
-    console.print(metrics_table(rows, title=f"{cfg.val_data}, {len(team.val)} questions"))
+    console.print(metrics_table(rows, title=f"{cfg.val_data}, {len(setup.val)} questions"))
     _print_behaviour(console, rows)
     from mhgpo.report import build_report
 
@@ -171,7 +165,7 @@ def _print_behaviour(console, rows: dict[str, dict]) -> None:
     console.print(table)
 
 
-def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register the training sub-commands on the `mhgpo` parser."""
     sft = sub.add_parser("sft", help="supervised warm start: every role learns its gold outputs (then --model DIR)")
     sft.add_argument("--steps", type=int)
@@ -181,7 +175,7 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     sft.add_argument("--output-dir", help="the run directory")
     sft.add_argument("--resume", metavar="RUN_DIR", help="continue the warm start in RUN_DIR from its last checkpoint")
     sft.add_argument("--from-step", type=int, metavar="N", help="with --resume: continue from step N's checkpoint")
-    common(sft)
+    add_common_flags(sft)
     sft.set_defaults(func=cmd_sft)
     for name, func, help_text in (
         ("train", cmd_train, "train the team (or --system FILE.py:Class, a team of your own) with MHGPO, or a "
@@ -189,7 +183,7 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
         ("demo", cmd_demo, "evaluate, train with MHGPO (RR) on CPU, evaluate again (the embedded default)"),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--sampler", choices=["is", "fof", "rr", "fof_os", "chains"],
+        p.add_argument("--sampler", choices=SAMPLERS,
                        help="rollout sampler (default: rr for mhgpo, fof for grpo, chains for mappo/ppo)")
         p.add_argument("--steps", type=int)
         p.add_argument("--questions-per-step", type=int)
@@ -201,9 +195,9 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
             p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
             p.add_argument("--from-step", type=int, metavar="N",
                            help="with --resume: continue from the checkpoint of step N (later ones are set aside)")
-            p.add_argument("--algo", choices=["mhgpo", "mappo", "grpo", "ppo"],
+            p.add_argument("--algo", choices=ALGOS,
                            help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm")
-            p.add_argument("--scale", choices=["demo"],
+            p.add_argument("--scale", choices=SCALES,
                            help="run the --config row with the demo's model, data, steps, batch, tokens and LoRA")
-        common(p)
+        add_common_flags(p)
         p.set_defaults(func=func)

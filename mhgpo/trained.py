@@ -30,11 +30,11 @@ import torch
 
 from mhgpo.checkpoint import STEP_PREFIX, list_checkpoints
 from mhgpo.config import LoraConfig, from_dict
-from mhgpo.models import DEFAULT_MODEL, TRAINED_KINDS, LoadedModel, ModelNotFoundError, load_model, resolve_model
+from mhgpo.pretrained import (DEFAULT_MODEL, RUN_CONFIG, TRAINED_KINDS, LoadedModel, ModelNotFoundError, load_pretrained,
+                              resolve_model)
 from mhgpo.policy import Reference, peft_lora_config
 from mhgpo.records import InputError
 
-RUN_CONFIG = "config.yaml"
 WEIGHTS = "model.safetensors"
 LORA_ADAPTER = "default"  # the adapter name of a LoRA checkpoint's tensors
 _MAX_CHAIN = 64
@@ -78,16 +78,6 @@ class TrainedSpec:
 
 
 # ------------------------------------------------------------------------------------------------ resolving
-
-
-def trained_kind(path: Path) -> str | None:
-    """`"checkpoint"` for `RUN/checkpoints/step_N`, `"run"` for a folder with config.yaml or checkpoints/, or None."""
-    path = Path(path)
-    if path.parent.name == "checkpoints" and path.name.startswith(STEP_PREFIX):
-        return "checkpoint"
-    if (path / RUN_CONFIG).is_file() or (path / "checkpoints").is_dir():
-        return "run"
-    return None
 
 
 def run_model_spec(value: str, run_dir: Path) -> str:
@@ -263,10 +253,20 @@ def _acting_as(model: Any, roles: list[str], agent: str | None) -> Iterator[None
     yield
 
 
+def load_model(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None, dtype: Any = None) -> LoadedModel:
+    """Load model and tokenizer for any model ``spec`` (see :func:`mhgpo.pretrained.resolve_model`) onto
+    ``device``: a trained run or checkpoint with its stages applied (:func:`load_trained`), else the pretrained
+    model. Default device: CUDA when available, else CPU; default dtype float32. The model is in eval mode."""
+    source = resolve_model(spec)
+    if source.kind in TRAINED_KINDS:
+        return load_trained(resolve_trained(Path(source.location), source.kind), device, dtype)
+    return load_pretrained(spec, device, dtype)
+
+
 def load_trained(spec: TrainedSpec, device: Any = None, dtype: Any = None) -> LoadedModel:
     """The base model with every stage applied in order (a plain model, in eval mode). A last stage with one
     adapter per agent stays unmerged: `LoadedModel.select(agent)` switches to that agent's adapter."""
-    loaded = load_model(spec.base, device=device, dtype=dtype)
+    loaded = load_pretrained(spec.base, device=device, dtype=dtype)
     model = loaded.model
     for stage in spec.stages[:-1]:
         model = apply_stage(model, stage, spec.base)

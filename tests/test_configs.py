@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from mhgpo.config import TrainConfig, load_config
-from mhgpo.train_cli import demo_config_path
+from mhgpo.config import demo_config_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

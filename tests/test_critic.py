@@ -115,7 +115,7 @@ def test_estimate_fills_gae_from_the_rollout_time_values_and_update_moves_only_t
 def test_gradient_checkpointing_recomputes_the_critic_and_keeps_its_loss_and_gradients(
     tiny_model_dir: Path, lora: bool
 ) -> None:
-    from mhgpo.logprobs import _backbone_and_head
+    from mhgpo.logprobs import backbone_and_head
     from test_trainer import count_forward_calls
 
     results = []
@@ -131,7 +131,7 @@ def test_gradient_checkpointing_recomputes_the_critic_and_keeps_its_loss_and_gra
         stats = critic.update(samples)
         grads = {n: p.grad.clone() for n, p in critic.model.named_parameters() if p.requires_grad}
         results.append((before, calls[0] - before, stats, grads))
-        assert not _backbone_and_head(plain)[0].layers[0].gradient_checkpointing  # the actor's model: its own switch
+        assert not backbone_and_head(plain)[0].layers[0].gradient_checkpointing  # the actor's model: its own switch
     (est_off, upd_off, stats_off, grads_off), (est_on, upd_on, stats_on, grads_on) = results
     n = len(micro_batches([s for s in samples_of(*ragged(2))], 24))
     assert n > 1 and est_off == est_on == n
@@ -182,7 +182,7 @@ def test_during_warm_up_the_critic_learns_and_the_actor_does_not(tiny_model_dir,
     cfg = mappo_config(tiny_model_dir, world, tmp_path / "run", steps=2)
     assert cfg.sampler == "chains"
     trainer = Trainer(cfg, build_team(cfg), tmp_path / "run", progress=False)
-    actor, critic = trainer.team.policy.model, trainer.team.critic.model
+    actor, critic = trainer.setup.policy.model, trainer.setup.critic.model
     actor_params = {n: p for n, p in actor.named_parameters() if p.requires_grad}
     critic_params = {n: p for n, p in critic.named_parameters() if p.requires_grad}
     actor_before = {n: p.detach().clone() for n, p in actor_params.items()}

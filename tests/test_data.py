@@ -12,12 +12,12 @@ import pytest
 from mhgpo.data import (
     context_corpus,
     load_corpus_jsonl,
-    load_data,
     load_hotpotqa,
     read_json_array,
     read_jsonl,
     read_records,
 )
+from mhgpo.dataspec import load_data
 from mhgpo.records import Example, InputError, Passage
 
 

@@ -13,20 +13,18 @@ import pytest
 
 from mhgpo import hub
 from mhgpo.data import (
-    DATA_SPECS,
     context_corpus,
     corpus_file,
     load_2wiki,
     load_corpus_jsonl,
     load_corpus_tsv,
-    load_data,
     load_generic,
     load_hotpotqa,
     load_musique,
     read_corpus,
     read_musique,
-    spec_path,
 )
+from mhgpo.dataspec import DATA_SPECS, load_data, spec_path
 from mhgpo.records import Example, InputError, Passage
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mhgpo.cli import main
-from mhgpo.data import load_data, load_musique
+from mhgpo.data import load_musique
+from mhgpo.dataspec import load_data
 from mhgpo.datasplit import split_data
 from mhgpo.records import InputError
 

@@ -12,7 +12,8 @@ import pytest
 from mhgpo import dense
 from mhgpo.dense import DEFAULT_ENCODER, DenseRetriever, encoder_slug, load_or_build_dense, resolve_encoder
 from mhgpo.records import InputError, Passage
-from mhgpo.retrieval import corpus_fingerprint, open_index
+from mhgpo.factory import open_index
+from mhgpo.retrieval import corpus_fingerprint
 from test_retrieval import CORPUS  # the same small corpus for both retrievers
 
 QUERIES = ["Which city is the capital of Norway?", "a painter who started a museum", "rare rock crystal",

@@ -12,7 +12,7 @@ import pytest
 from mhgpo.config import EvalConfig, TrainConfig, critic_lr, load_config, to_dict
 from mhgpo.experiments import SCALE_KEYS, scaled_tree
 from mhgpo.records import InputError
-from mhgpo.train_cli import demo_config_path
+from mhgpo.config import demo_config_path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"

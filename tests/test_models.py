@@ -105,11 +105,11 @@ def test_load_uncached_hub_id_offline_fails_fast(monkeypatch: pytest.MonkeyPatch
 
 
 def test_load_uncached_hub_id_unreachable_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mhgpo import models
+    from mhgpo import pretrained
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(pretrained, "_hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(ModelNotFoundError, match=r"^Could not load model 'mhgpo-tests/no-such-model': .*"
                        r"not found in the Hugging Face cache, and the hub cannot be reached\. Pass a local path"):
         load_model("mhgpo-tests/no-such-model")

@@ -14,7 +14,7 @@ import torch
 from mhgpo import precision as prec
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
 from mhgpo.generation import HFGenerator, SamplingParams
-from mhgpo.logprobs import _backbone_and_head
+from mhgpo.logprobs import backbone_and_head
 from mhgpo.models import encode_chat, load_model
 from mhgpo.policy import Policy, Sample, micro_batches, no_dropout
 from mhgpo.precision import resolve_precision, weight_dtype
@@ -222,7 +222,7 @@ def dropout_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFac
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_on_policy_ratio_is_one_with_dropout_after_an_update(dropout_model_dir: Path, checkpointing: bool) -> None:
     loaded = load_model(str(dropout_model_dir), device="cpu")
-    calls = count_forward_calls(_backbone_and_head(loaded.model)[0].layers[0].mlp)
+    calls = count_forward_calls(backbone_and_head(loaded.model)[0].layers[0].mlp)
     torch.manual_seed(0)
     policy = Policy(loaded.model, loaded.tokenizer.pad_token_id,
                     OptimConfig(lr=1e-2, kl_beta=0.05, micro_batch_tokens=256, gradient_checkpointing=checkpointing),

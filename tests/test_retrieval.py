@@ -9,7 +9,9 @@ import pytest
 
 from mhgpo import retrieval
 from mhgpo.records import InputError, Passage
-from mhgpo.retrieval import BM25Retriever, corpus_fingerprint, index_dir_for, load_or_build_bm25, open_index
+from mhgpo.factory import open_index
+from mhgpo.paths import index_dir_for
+from mhgpo.retrieval import BM25Retriever, corpus_fingerprint, load_or_build_bm25
 
 CORPUS = [
     Passage("p0", "Ada Stone", "Ada Stone was a painter who founded the Stone Museum."),

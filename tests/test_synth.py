@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo import synth
+from mhgpo import synth, synth_vocab
 from mhgpo.records import InputError
 
 KEYS = {"_id", "question", "answer", "type", "supporting_facts", "context", "level", "decomposition"}
@@ -244,7 +244,7 @@ def test_confusable_names_exist_and_serve_as_distractors(default: synth.World) -
     assert len(near_twins) >= 20
     assert sum(len(firsts) > 1 for firsts in by_last.values()) >= 100  # about 60 by chance alone
     titles = {e.name for e in default.entities if e.kind in ("film", "novel", "album")}
-    assert sum(1 for t in titles if any(t.replace(n, n + "s") in titles for n in synth._NOUNS if n in t)) >= 10
+    assert sum(1 for t in titles if any(t.replace(n, n + "s") in titles for n in synth_vocab.NOUNS if n in t)) >= 10
     hard = [q for q in default.train if q["level"] == "hard"]
     assert len(hard) >= 0.2 * len(default.train)
     for q in hard:  # a hard question has a confusable of a gold paragraph among its distractors
@@ -252,8 +252,8 @@ def test_confusable_names_exist_and_serve_as_distractors(default: synth.World) -
         assert any(confusable(g, title) for g in gold for title, _ in q["context"] if title not in gold), q
 
 
-COMMON = {*synth._NOUNS, *(n + "s" for n in synth._NOUNS), *synth._ADJECTIVES, *synth._COMPANIES,
-          *synth._BAND_NOUNS, "The", "A", "An", "of", "for", "University", "Institute", "Technology", "College"}
+COMMON = {*synth_vocab.NOUNS, *(n + "s" for n in synth_vocab.NOUNS), *synth_vocab.ADJECTIVES, *synth_vocab.COMPANIES,
+          *synth_vocab.BAND_NOUNS, "The", "A", "An", "of", "for", "University", "Institute", "Technology", "College"}
 
 
 def confusable(a: str, b: str) -> bool:
