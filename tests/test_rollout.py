@@ -1,4 +1,4 @@
-"""Rollout engine (DESIGN §3–§4): call counts, breadth-first batching, group ids per sampler, tree structure,
+"""Rollout engine (docs/design.md §1–§2): call counts, breadth-first batching, group ids per sampler, tree structure,
 reward propagation and advantages on real rollout batches, role switches, custom looping workflows, determinism.
 
 Everything runs on a fake generator and a fake retriever: no model is loaded.
