@@ -34,7 +34,7 @@ from mhgpo.metrics import normalize_answer, score
 from mhgpo.policy import Sample, micro_batches
 from mhgpo.records import Example, InputError
 from mhgpo.teams import WorkflowError, failure, require_demonstrations
-from mhgpo.trainer import Team, Trainer, continue_run, load_team_data, run_config
+from mhgpo.trainer import Trainer, TrainingSetup, continue_run, load_team_data, run_config
 from mhgpo.workflow import State, Workflow
 
 
@@ -158,9 +158,9 @@ class SFTTrainer(Trainer):
     """The supervised loop: `steps` optimiser steps of `batch_size` demonstrations each, in a seeded order that is
     reshuffled every pass over the data; logging, validation, checkpoints, Ctrl-C and resume are the RL trainer's."""
 
-    def __init__(self, cfg: SFTConfig, team: Team, run_dir: Path, demos: list[Demonstration],
+    def __init__(self, cfg: SFTConfig, setup: TrainingSetup, run_dir: Path, demos: list[Demonstration],
                  held: list[Demonstration], progress: bool = True):
-        super().__init__(cfg, team, run_dir, progress)  # type: ignore[arg-type]
+        super().__init__(cfg, setup, run_dir, progress)  # type: ignore[arg-type]
         self.demos, self.held = demos, held
 
     def _next_demos(self) -> list[Demonstration]:
@@ -182,10 +182,10 @@ class SFTTrainer(Trainer):
         """One optimiser step (per-agent mean token NLL, grad norm); the held-out format accuracy when the step
         validates."""
         t0 = time.perf_counter()
-        metrics.update(sft_update(self.team.policy, samples))
+        metrics.update(sft_update(self.setup.policy, samples))
         metrics["seconds/train"] = time.perf_counter() - t0
         if self._evaluates_at(self.step + 1) and self.held:
-            metrics.update(format_accuracy(self.held, self.team.workflow, self.team.generator))
+            metrics.update(format_accuracy(self.held, self.setup.workflow, self.setup.generator))
         return metrics
 
     def _evaluates_at(self, step: int) -> bool:
@@ -193,7 +193,7 @@ class SFTTrainer(Trainer):
         return (every > 0 and step % every == 0) or step == self.cfg.steps
 
     def _validates_at(self, step: int) -> bool:
-        return bool(self.team.val) and self._evaluates_at(step)
+        return bool(self.setup.val) and self._evaluates_at(step)
 
     def _saves_at(self, step: int) -> bool:
         every = self.cfg.save_every
@@ -226,9 +226,9 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
     return out
 
 
-def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[Team, list[Demonstration], list[Demonstration],
+def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[TrainingSetup, list[Demonstration], list[Demonstration],
                                                               dict[str, int]]:
-    """The team pieces (data, workflows, model, policy without a reference copy, generator) and the training and
+    """The training setup (data, workflows, model, policy without a reference copy, generator) and the training and
     held-out demonstrations of `cfg`. `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or a
     built instance; it must define `demonstration`."""
     from mhgpo.factory import prepare_system
@@ -268,8 +268,8 @@ def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[Team, list[Demonstr
     policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, cfg.steps,
                     precision=cfg.precision, keep_reference=False)
     generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision)
-    team = Team(train, val[: cfg.val_limit], workflow, val_workflow, policy, generator, encode)
-    return team, demos, held_out(held_demos, cfg.format_limit), skipped
+    setup = TrainingSetup(train, val[: cfg.val_limit], workflow, val_workflow, policy, generator, encode)
+    return setup, demos, held_out(held_demos, cfg.format_limit), skipped
 
 
 def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None) -> SFTTrainer:
@@ -283,11 +283,11 @@ def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None) -> SFTT
     with RunLock(run_dir, "sft"):
         require_empty_run_dir(run_dir)
         cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
-        team, demos, held, skipped = build_sft(cfg, workflow)
-        trainer = SFTTrainer(cfg, team, run_dir, demos, held, progress)
-        counts = {a: sum(d.agent == a for d in demos) for a in team.workflow.agents}
+        setup, demos, held, skipped = build_sft(cfg, workflow)
+        trainer = SFTTrainer(cfg, setup, run_dir, demos, held, progress)
+        counts = {a: sum(d.agent == a for d in demos) for a in setup.workflow.agents}
         atomic_write_json(run_dir / "demonstrations.json", {
-            "questions": len(team.train), "demonstrations": counts,
+            "questions": len(setup.train), "demonstrations": counts,
             "stopped_at": {k.split("/", 1)[1]: v for k, v in skipped.items()}})
         trainer.run()
     return trainer
@@ -300,7 +300,7 @@ def resume_sft(run_dir: Path, overrides: list[str] = (), progress: bool = True,
     cfg = run_config(run_dir, SFTConfig, overrides)
 
     def make() -> SFTTrainer:
-        team, demos, held, _ = build_sft(cfg, workflow)
-        return SFTTrainer(cfg, team, run_dir, demos, held, progress)
+        setup, demos, held, _ = build_sft(cfg, workflow)
+        return SFTTrainer(cfg, setup, run_dir, demos, held, progress)
 
     return continue_run(run_dir, make, from_step, "sft")  # type: ignore[return-value]

@@ -97,8 +97,8 @@ def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
 
 
 @dataclass
-class Team:
-    """What training needs besides the config: data, the workflow and the model pieces."""
+class TrainingSetup:
+    """What training needs besides the config: data, the workflow (the team of agents) and the model pieces."""
 
     train: list[Example]
     val: list[Example]
@@ -156,13 +156,23 @@ class _Critical:
             raise KeyboardInterrupt
 
 
+@dataclass
+class _Completed:
+    """The run's state after its last completed step: what a step stopped half-way is rewound to."""
+
+    rng: dict[str, Any]
+    position: int
+    failures: int
+    saved_step: int  # the step of the last checkpoint this run wrote (or resumed from)
+
+
 class TooManyFailures(InputError):
     """More questions failed in the workflow's methods than `max_failures` allows."""
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, team: Team, run_dir: Path, progress: bool = True):
-        self.cfg, self.team, self.run_dir, self.progress = cfg, team, Path(run_dir), progress
+    def __init__(self, cfg: TrainConfig, setup: TrainingSetup, run_dir: Path, progress: bool = True):
+        self.cfg, self.setup, self.run_dir, self.progress = cfg, setup, Path(run_dir), progress
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
@@ -173,12 +183,12 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------- data
 
     def _next_questions(self, count: int) -> list[Example]:
-        n = len(self.team.train)
+        n = len(self.setup.train)
         out = []
         for _ in range(count):
             epoch, idx = divmod(self.position, n)
             order = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
-            out.append(self.team.train[int(order[idx])])
+            out.append(self.setup.train[int(order[idx])])
             self.position += 1
         return out
 
@@ -193,17 +203,17 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------- state
 
     def save(self, rng: dict[str, Any] | None = None) -> Path:
-        p = self.team.policy
+        p = self.setup.policy
         state = {"position": self.position, "val_history": self.val_history, "failures": self.failures}
         return save_checkpoint(self.run_dir, self.step, p.model, p.optimizer, p.scheduler,
                                rng or rng_states(self.rng), state, self.cfg.keep_checkpoints, self._extras())
 
     def _extras(self) -> dict[str, Any]:
-        return {"critic": self.team.critic.state()} if self.team.critic is not None else {}
+        return {"critic": self.setup.critic.state()} if self.setup.critic is not None else {}
 
     def live(self) -> Live:
         """What a checkpoint of this run restores."""
-        p = self.team.policy
+        p = self.setup.policy
         return Live(p.model, p.optimizer, p.scheduler, self.rng, self._extras())
 
     def restore(self, path: Path) -> None:
@@ -230,28 +240,28 @@ class Trainer:
     def validate(self, desc: str = "") -> Any:
         """Greedy evaluation of the team on the fixed validation subset (an `EvalResult`); a progress bar with
         `desc`."""
-        t = self.team
+        t = self.setup
         return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
                                  progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip")
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
         """The step's first phase (no weight changes, safe to interrupt): rollouts, rewards, advantages (group
         ids for MHGPO / GRPO; the critic's GAE for MAPPO / PPO)."""
-        cfg, team = self.cfg, self.team
+        cfg, setup = self.cfg, self.setup
         t0 = time.perf_counter()
-        team.policy.model.eval()
+        setup.policy.model.eval()
         batch, adv_stats, untrained, filter_stats = self._sample()
         trained = [n for n in batch.llm_nodes() if n.trained]
         samples = [
             Sample(n.prompt_ids, n.output_ids, n.logprobs, n.advantage, n.agent,
-                   team.workflow.sampling(n.agent).temperature, reward=n.reward)
+                   setup.workflow.sampling(n.agent).temperature, reward=n.reward)
             for n in trained
         ]
-        critic_stats = team.critic.estimate(samples) if team.critic is not None else {}
-        if team.critic is not None:
+        critic_stats = setup.critic.estimate(samples) if setup.critic is not None else {}
+        if setup.critic is not None:
             for n, s in zip(trained, samples):  # the records show each output's mean token advantage
                 n.advantage = float(np.mean(s.advantage)) if s.output_ids else 0.0
-        metrics = step_metrics(batch, team.workflow)
+        metrics = step_metrics(batch, setup.workflow)
         metrics.update(
             failed_questions=batch.stats["failed_questions"],
             samples=float(len(samples)),
@@ -270,10 +280,10 @@ class Trainer:
     def _rollout(self, questions: list[Example]) -> tuple[RolloutBatch, dict[str, float], int]:
         """Rollout trees of `questions`, their rewards and advantages (group ids for MHGPO / GRPO; the critic's
         GAE later, for MAPPO / PPO), and the role switches; returns the batch, group counts and untrained count."""
-        cfg, team = self.cfg, self.team
-        batch = run_rollouts(questions, team.workflow, team.generator, team.encode, self._spec(), self.rng,
+        cfg, setup = self.cfg, self.setup
+        batch = run_rollouts(questions, setup.workflow, setup.generator, setup.encode, self._spec(), self.rng,
                              max_rounds=cfg.max_rounds, on_error="skip")
-        if team.critic is None:
+        if setup.critic is None:
             adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
         else:
             assign_shared_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
@@ -321,12 +331,12 @@ class Trainer:
         critic's warm-up (`critic.warmup_steps`) where only the critic learns. Run it where a signal cannot cut
         it in half."""
         t = time.perf_counter()
-        critic = self.team.critic
+        critic = self.setup.critic
         if critic is not None:
             metrics.update(critic.update(samples))
             metrics["actor_updated"] = float(self.step >= self.cfg.critic.warmup_steps)
         if critic is None or metrics["actor_updated"]:
-            metrics.update(self.team.policy.update(samples))
+            metrics.update(self.setup.policy.update(samples))
         metrics["seconds/train"] = time.perf_counter() - t
         return metrics
 
@@ -339,6 +349,8 @@ class Trainer:
         return metrics
 
     def run(self) -> dict[str, Any]:
+        """Train until `cfg.steps`: each step collected, then learned, validated, logged and saved as one critical
+        section; an interrupt or too many failures save what is complete and re-raise."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
@@ -346,65 +358,81 @@ class Trainer:
         log = RunLog(self.run_dir, resume_step=self.step)
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
                    dynamic_ncols=True)
-        last_val = self.val_history[-1] if self.val_history else {}
-        completed_rng = rng_states(self.rng)
-        completed_position, completed_failures = self.position, self.failures
-        saved_step = self.step
+        done = _Completed(rng_states(self.rng), self.position, self.failures, saved_step=self.step)
         guard: _StopGuard | None = None
         try:
             with _StopGuard() as guard:
                 while self.step < cfg.steps:
-                    batch, samples, metrics = self.collect()
-                    if batch is not None:  # (the supervised warm start has no rollouts)
-                        self._failed(log, self.step + 1, "train", batch.failures)
-                    # From the first weight change on, the step is completed (logged, saved) before a signal
-                    # stops the run: an interrupted update would leave weights that belong to no step.
-                    with guard.critical():
-                        metrics = self.learn(samples, metrics)
-                        step = self.step + 1
-                        if self._validates_at(step):
-                            t = time.perf_counter()
-                            res = self.validate()
-                            self._failed(log, step, "val", res.failures, stop=False)
-                            self.last_eval = (step, res)
-                            last_val = {f"val/{k}": res.metrics[k] for k in ("f1", "em", "acc")}
-                            self.val_history.append({"step": step, **last_val})
-                            metrics.update(last_val)
-                            metrics["seconds/eval"] = time.perf_counter() - t
-                        metrics["memory/peak_mb"] = peak_memory_mb()
-                        if batch is not None:
-                            write_rollouts(self.run_dir, step, batch)
-                        log.log(step, metrics)
-                        self.step = step
-                        completed_rng, completed_position = rng_states(self.rng), self.position
-                        completed_failures = self.failures
-                        if self._saves_at(step):
-                            self._save_or_stop()
-                            saved_step = step
+                    metrics = self._run_step(log, guard, done)
                     bar.update(1)
-                    post = ({"reward": f"{metrics['reward/mean']:.3f}"} if "reward/mean" in metrics
-                            else {"loss": f"{metrics.get('loss', 0.0):.3f}"})
-                    if last_val:
-                        post["val_f1"] = f"{last_val['val/f1']:.1f}"
-                    bar.set_postfix(post)
+                    bar.set_postfix(self._postfix(metrics))
         except (KeyboardInterrupt, TooManyFailures) as stop:
             bar.close()
-            if guard is not None and guard.aborted:
-                print("mhgpo: aborted; nothing saved", flush=True)
-            elif saved_step != self.step:
-                rng = None
-                if self.position != completed_position:  # stopped inside a step: rewind it
-                    self.position, self.failures = completed_position, completed_failures
-                    rng = completed_rng
-                path = self.save(rng)
-                why = "stopped" if isinstance(stop, TooManyFailures) else "interrupted"
-                print(f"mhgpo: {why}; saved {path} (resume with: mhgpo train --resume {self.run_dir})",
-                      flush=True)
+            self._save_on_stop(stop, guard, done)
             raise
         finally:
             bar.close()
             log.close()
         return {"steps": self.step, "val": self.val_history}
+
+    def _run_step(self, log: RunLog, guard: _StopGuard, done: "_Completed") -> dict[str, float]:
+        """One step: collect (safe to interrupt), then learn, validate, log and save. From the first weight change
+        on, the step is completed (logged, saved) before a signal stops the run: an interrupted update would leave
+        weights that belong to no step."""
+        batch, samples, metrics = self.collect()
+        if batch is not None:  # (the supervised warm start has no rollouts)
+            self._failed(log, self.step + 1, "train", batch.failures)
+        with guard.critical():
+            metrics = self.learn(samples, metrics)
+            step = self.step + 1
+            if self._validates_at(step):
+                metrics.update(self._validate_in_run(log, step))
+            metrics["memory/peak_mb"] = peak_memory_mb()
+            if batch is not None:
+                write_rollouts(self.run_dir, step, batch)
+            log.log(step, metrics)
+            self.step = step
+            done.rng, done.position, done.failures = rng_states(self.rng), self.position, self.failures
+            if self._saves_at(step):
+                self._save_or_stop()
+                done.saved_step = step
+        return metrics
+
+    def _validate_in_run(self, log: RunLog, step: int) -> dict[str, float]:
+        """Validate after `step`'s update: recorded in `val_history` and `last_eval`; returns the step's val
+        metrics (its failures are logged, and stop the run at the next step's start when too many)."""
+        t = time.perf_counter()
+        res = self.validate()
+        self._failed(log, step, "val", res.failures, stop=False)
+        self.last_eval = (step, res)
+        scores = {f"val/{k}": res.metrics[k] for k in ("f1", "em", "acc")}
+        self.val_history.append({"step": step, **scores})
+        return {**scores, "seconds/eval": time.perf_counter() - t}
+
+    def _postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        """The progress bar's figures: the step's mean reward (or loss) and the latest val F1."""
+        post = ({"reward": f"{metrics['reward/mean']:.3f}"} if "reward/mean" in metrics
+                else {"loss": f"{metrics.get('loss', 0.0):.3f}"})
+        if self.val_history:
+            post["val_f1"] = f"{self.val_history[-1]['val/f1']:.1f}"
+        return post
+
+    def _save_on_stop(self, stop: BaseException, guard: _StopGuard | None, done: "_Completed") -> None:
+        """On an interrupt (or too many failures): save the last completed step unless it is saved already,
+        rewinding a step stopped half-way (data position, failures, rng); a second signal inside a critical
+        section saves nothing."""
+        if guard is not None and guard.aborted:
+            print("mhgpo: aborted; nothing saved", flush=True)
+            return
+        if done.saved_step == self.step:
+            return
+        rng = None
+        if self.position != done.position:  # stopped inside a step: rewind it
+            self.position, self.failures = done.position, done.failures
+            rng = done.rng
+        path = self.save(rng)
+        why = "stopped" if isinstance(stop, TooManyFailures) else "interrupted"
+        print(f"mhgpo: {why}; saved {path} (resume with: mhgpo train --resume {self.run_dir})", flush=True)
 
     def _validates_at(self, step: int) -> bool:
         every = self.cfg.eval_every
@@ -456,7 +484,7 @@ def load_team_data(cfg: Any, with_val: bool, val_limit: int | None = None,
     return train, val, workflow, val_workflow
 
 
-def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -> Team:
+def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -> TrainingSetup:
     """The data, workflows (`workflow`: see `load_team_data`) and model pieces of `cfg`; the validation set is
     loaded when `cfg.eval_every` asks for it or `with_val` (the demo evaluates before and after training whatever
     `eval_every` says)."""
@@ -497,8 +525,8 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
                     roles=workflow.agents)
     generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision,
                             select=policy.acting_as if policy.roles else None)
-    return Team(train, val, workflow, val_workflow, policy, generator,
-                lambda messages: encode_chat(loaded.tokenizer, messages), critic)
+    return TrainingSetup(train, val, workflow, val_workflow, policy, generator,
+                         lambda messages: encode_chat(loaded.tokenizer, messages), critic)
 
 
 def choose_checkpoint(run_dir: Path, from_step: int | None = None) -> Path:

@@ -58,7 +58,7 @@ def test_rl_starts_from_the_warm_start_which_is_its_reference(warm_run, tiny_mod
     samples = hand_samples(load_model(str(tiny_model_dir), device="cpu"))
     warm_model = load_model(str(warm), device="cpu").model
     base = load_model(str(tiny_model_dir), device="cpu").model
-    policy: Policy = trainer.team.policy
+    policy: Policy = trainer.setup.policy
     ref = torch.cat(policy.reference_logprobs(samples))
     torch.testing.assert_close(ref, logprobs(warm_model, samples), atol=1e-5, rtol=0)  # KL towards the warm start
     assert float((logprobs(warm_model, samples) - logprobs(base, samples)).abs().max()) > 1e-3  # it did move

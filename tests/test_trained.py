@@ -85,7 +85,7 @@ def logprobs(model: torch.nn.Module, samples: list[Sample]) -> torch.Tensor:
 
 def trained_logprobs(r: TrainedRun, samples: list[Sample]) -> torch.Tensor:
     """Log-probs under the trainer's own final model (LoRA unmerged, or the fully fine-tuned weights)."""
-    return logprobs(r.trainer.team.policy.model, samples)
+    return logprobs(r.trainer.setup.policy.model, samples)
 
 
 def assert_close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL) -> None:
@@ -350,7 +350,7 @@ def test_a_chain_of_runs_loads_recursively_and_moves_as_a_folder(
     second = train(make_config(tiny_model_dir, world, Path("runs/rl"), model="runs/warm", reference="base",
                                steps=1, **{"lora.enabled": "false"}), progress=False)
     assert load_config(TrainConfig, home / "runs" / "rl" / "config.yaml").model == "warm"
-    expected = logprobs(second.team.policy.model, samples)
+    expected = logprobs(second.setup.policy.model, samples)
     assert float((expected - trained_logprobs(lora_run, samples)).abs().max()) > 1e-3
 
     shutil.move(home / "runs", tmp_path / "moved")

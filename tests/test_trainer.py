@@ -20,7 +20,7 @@ import torch
 
 from mhgpo.checkpoint import list_checkpoints
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
-from mhgpo.logprobs import _backbone_and_head, output_logprobs
+from mhgpo.logprobs import backbone_and_head, output_logprobs
 from mhgpo.policy import Policy, Sample, micro_batches
 from mhgpo.records import InputError
 from mhgpo.runlog import read_metrics
@@ -560,7 +560,7 @@ def test_gradient_checkpointing_recomputes_the_layers_and_keeps_loss_and_gradien
     for checkpointing in (False, True):
         loaded = fresh_model(tiny_model_dir)
         samples = hand_samples(loaded, offsets=True)
-        calls = count_forward_calls(_backbone_and_head(loaded.model)[0].layers[0].mlp)  # inside a decoder layer
+        calls = count_forward_calls(backbone_and_head(loaded.model)[0].layers[0].mlp)  # inside a decoder layer
         torch.manual_seed(0)  # the same LoRA initialisation in both runs
         policy = Policy(loaded.model, loaded.tokenizer.pad_token_id,
                         OptimConfig(lr=1e-3, kl_beta=0.05, micro_batch_tokens=64, gradient_checkpointing=checkpointing),
