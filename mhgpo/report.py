@@ -219,12 +219,27 @@ def _save(fig, path: Path) -> Path:
 
 def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
     """Every plot the data allows; returns {name: png path}."""
-    plots: dict[str, Path] = {}
     trained = [r for r in runs if r.metrics]
     if not trained:
-        return plots
+        return {}
     agents = list(dict.fromkeys(a for r in trained for a in run_agents(r)))
+    figures = {  # each drawn and saved in turn (one figure open at a time); None: nothing to plot
+        "reward_and_val_f1": lambda: _plot_reward_and_val_f1(trained),
+        "penalties": lambda: _plot_penalties(trained, agents),
+        "behaviour": lambda: _plot_behaviour(trained, agents),
+        "intra_group_similarity": lambda: _plot_similarity(trained),
+        "cost": lambda: _plot_cost(trained),
+    }
+    plots: dict[str, Path] = {}
+    for name, draw in figures.items():
+        fig = draw()
+        if fig is not None:
+            plots[name] = _save(fig, out / f"{name}.png")
+    return plots
 
+
+def _plot_reward_and_val_f1(trained: list[Run]):
+    """Training reward and validation F1 over steps (the untrained team's evaluation as step 0)."""
     fig, (ax1, ax2) = _figure(2)
     for r in trained:
         ax1.plot(*_series(r, "reward/mean"), marker=".", label=_plain(r.label))
@@ -238,48 +253,63 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
     ax2.set(title="validation F1", xlabel="step", ylabel="F1 (%)")
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)
-    plots["reward_and_val_f1"] = _save(fig, out / "reward_and_val_f1.png")
+    return fig
 
-    if agents:
-        fig, axes = _figure(len(agents))
-        for ax, agent in zip(axes, agents):
-            for r in trained:
-                ax.plot(*_series(r, f"{agent}/penalty"), marker=".", label=_plain(r.label))
-            ax.set(title=f"{agent}: format penalty", xlabel="step", ylabel="mean penalty")
-            ax.legend(fontsize=7)
-        plots["penalties"] = _save(fig, out / "penalties.png")
 
+def _plot_penalties(trained: list[Run], agents: list[str]):
+    """Each agent's mean format penalty over steps (None without agents)."""
+    if not agents:
+        return None
+    fig, axes = _figure(len(agents))
+    for ax, agent in zip(axes, agents):
+        for r in trained:
+            ax.plot(*_series(r, f"{agent}/penalty"), marker=".", label=_plain(r.label))
+        ax.set(title=f"{agent}: format penalty", xlabel="step", ylabel="mean penalty")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_behaviour(trained: list[Run], agents: list[str]):
+    """One row per agent, one panel per behaviour measure its workflow logs (None when none does)."""
     measures = {a: list(dict.fromkeys(k.split("/", 1)[1] for r in trained for m in r.metrics for k in m
                                       if k.startswith(f"{a}/") and k.split("/", 1)[1] not in NOT_BEHAVIOUR))
                 for a in agents}
     rows = [(a, names) for a, names in measures.items() if names]
-    if rows:
-        fig, axes = _grid(len(rows), max(len(names) for _, names in rows))
-        for ax_row, (agent, names) in zip(axes, rows):
-            for i, ax in enumerate(ax_row):
-                if i >= len(names):
-                    ax.set_visible(False)
-                    continue
-                for r in trained:
-                    ax.plot(*_series(r, f"{agent}/{names[i]}"), marker=".", label=_plain(r.label))
-                ax.set(title=f"{agent}: {names[i].replace('_', ' ')}", xlabel="step")
-                ax.legend(fontsize=7)
-        plots["behaviour"] = _save(fig, out / "behaviour.png")
+    if not rows:
+        return None
+    fig, axes = _grid(len(rows), max(len(names) for _, names in rows))
+    for ax_row, (agent, names) in zip(axes, rows):
+        for i, ax in enumerate(ax_row):
+            if i >= len(names):
+                ax.set_visible(False)
+                continue
+            for r in trained:
+                ax.plot(*_series(r, f"{agent}/{names[i]}"), marker=".", label=_plain(r.label))
+            ax.set(title=f"{agent}: {names[i].replace('_', ' ')}", xlabel="step")
+            ax.legend(fontsize=7)
+    return fig
 
+
+def _plot_similarity(trained: list[Run]):
+    """Each agent's intra-group similarity over the saved rollout steps (None without rollouts)."""
     sims = {r.label: [(int(p.stem.split("_")[1]), _checked(p, intra_group_similarity)) for p in r.rollout_files]
             for r in trained if r.rollout_files}
     sim_agents = sorted({a for v in sims.values() for _, s in v for a in s})
-    if sim_agents:
-        fig, axes = _figure(len(sim_agents))
-        for ax, agent in zip(axes, sim_agents):
-            for label, points in sims.items():
-                pts = [(step, s[agent]) for step, s in points if agent in s]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=_plain(label))
-            ax.set(title=f"{agent}: intra-group similarity", xlabel="step", ylabel="mean pairwise token F1",
-                   ylim=(0, 1.05))
-            ax.legend(fontsize=7)
-        plots["intra_group_similarity"] = _save(fig, out / "intra_group_similarity.png")
+    if not sim_agents:
+        return None
+    fig, axes = _figure(len(sim_agents))
+    for ax, agent in zip(axes, sim_agents):
+        for label, points in sims.items():
+            pts = [(step, s[agent]) for step, s in points if agent in s]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=_plain(label))
+        ax.set(title=f"{agent}: intra-group similarity", xlabel="step", ylabel="mean pairwise token F1",
+               ylim=(0, 1.05))
+        ax.legend(fontsize=7)
+    return fig
 
+
+def _plot_cost(trained: list[Run]):
+    """Seconds per step (rollout and update) per run, and peak memory over steps."""
     fig, (ax1, ax2) = _figure(2)
     labels = [_plain(r.label) for r in trained]
     roll = [float(np.mean(_series(r, "seconds/rollout")[1] or [0])) for r in trained]
@@ -294,11 +324,7 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
         ax2.plot(*_series(r, "memory/peak_mb"), marker=".", label=_plain(r.label))
     ax2.set(title="peak memory", xlabel="step", ylabel="MB")
     ax2.legend(fontsize=7)
-    plots["cost"] = _save(fig, out / "cost.png")
-    return plots
-
-
-# ------------------------------------------------------------------------------------------------ tables
+    return fig
 
 
 def results_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:

@@ -110,6 +110,11 @@ class RolloutSpec:
     rr_regroup: str = "fork"  # fork | role | all: how RR pools singletons (mhgpo.advantages.regroup_singletons)
     greedy: bool = False
 
+    @property
+    def width(self) -> int:
+        """Samples drawn at a fork point (G; 1 without a sampler)."""
+        return self.group_size if self.sampler != "none" else 1
+
 
 def _sampling_params(workflow: Workflow, agent: str, greedy: bool) -> SamplingParams:
     s = workflow.sampling(agent)
@@ -160,8 +165,7 @@ def run_rollouts(
     the batch's `failures`)."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error: expected raise or skip, got {on_error!r}")
-    G = spec.group_size if spec.sampler != "none" else 1
-    first_agent_fork = spec.sampler in ("fof", "fof_os")
+    G = spec.width
     starts, fork_agents = initial_branches(len(examples), workflow, spec, rng)
     guard = _Guard(workflow, examples, on_error)
     nodes: list[Node] = []
@@ -189,10 +193,11 @@ def run_rollouts(
             if workflow.is_tool(agent):
                 live.extend(_run_tool(agent, branches, nodes, guard))
                 continue
-            new, calls, toks = _run_agent(agent, branches, nodes, guard, generator, encode, spec, G, first_agent_fork)
-            live.extend(new)
-            llm_calls += calls
-            tokens += toks
+            done = _run_agent(agent, branches, len(nodes), guard, generator, encode, spec)
+            nodes.extend(done.nodes)
+            live.extend(done.branches)
+            llm_calls += done.llm_calls
+            tokens += done.tokens
     else:  # max_rounds steps taken: branches whose workflow is done still finish
         for b in guard.alive(live):
             agent = guard.next_agent(b)
@@ -365,48 +370,58 @@ def _run_tool(tool: str, branches: list[Branch], nodes: list[Node], guard: _Guar
     return out
 
 
-def _run_agent(
-    agent: str,
-    branches: list[Branch],
-    nodes: list[Node],
-    guard: _Guard,
-    generator: Generator,
-    encode: Callable,
-    spec: RolloutSpec,
-    G: int,
-    first_agent_fork: bool,
-) -> tuple[list[Branch], int, int]:
+@dataclass
+class AgentRound:
+    """What one batched call of an agent adds: the branches that continue, the new LLM nodes (numbered on from the
+    batch's nodes), and the calls and tokens generated."""
+
+    branches: list[Branch]
+    nodes: list[Node]
+    llm_calls: int = 0
+    tokens: int = 0
+
+
+def _run_agent(agent: str, branches: list[Branch], next_id: int, guard: _Guard, generator: Generator,
+               encode: Callable, spec: RolloutSpec) -> AgentRound:
+    """One batched generation for every branch waiting on `agent` (G samples where a branch forks or
+    over-samples); the input branches are left as they are."""
     workflow = guard.workflow
+    G = spec.width
+    first_agent_fork = spec.sampler in ("fof", "fof_os")
     prompts: list[list[int]] = []
-    owners: list[tuple[Branch, bool, bool]] = []  # (branch, fork sample?, over-sample?)
+    owners: list[tuple[Branch, str | None, bool, bool]] = []  # (branch, its fork agent, fork sample?, over-sample?)
     for b in branches:
         ids = guard.call(b.question_index, "build_prompt", agent, lambda: encode(workflow.build_prompt(b.state, agent)))
         if ids is _FAILED:
             continue
-        if first_agent_fork and b.fork_agent is None and not b.forked:
-            b.fork_agent = agent  # FoF: the fork point is the first agent called
-        fork_here = b.fork_agent == agent and not b.forked
+        fork_agent = b.fork_agent
+        if first_agent_fork and fork_agent is None and not b.forked:
+            fork_agent = agent  # FoF: the fork point is the first agent called
+        fork_here = fork_agent == agent and not b.forked
         oversample = spec.sampler == "fof_os" and b.forked and agent == workflow.terminal_agent
         n = G if (fork_here or oversample) else 1
         for _ in range(n):
             prompts.append(ids)
-            owners.append((b, fork_here, oversample))
-    kept = [i for i, (b, _, _) in enumerate(owners) if b.question_index not in guard.failures]
+            owners.append((b, fork_agent, fork_here, oversample))
+    kept = [i for i, (b, *_) in enumerate(owners) if b.question_index not in guard.failures]
     prompts, owners = [prompts[i] for i in kept], [owners[i] for i in kept]
     if not prompts:
-        return [], 0, 0
+        return AgentRound([], [])
     try:
         params = _sampling_params(workflow, agent, spec.greedy)
     except Exception as e:  # not one question's failure: every question needs it
         raise WorkflowError(failure(workflow, "sampling", None, agent, e).message()) from e
     generations = generator.generate(prompts, params)
     out: list[Branch] = []
-    for (b, fork_here, oversample), gen in zip(owners, generations):
+    new_nodes: list[Node] = []
+    for (b, fork_agent, fork_here, oversample), gen in zip(owners, generations):
         res = guard.step_result(b.question_index, "apply", agent,
                                 guard.call(b.question_index, "apply", agent, workflow.apply, b.state, agent, gen.text))
         if res is _FAILED:
             continue
-        node = _child(b, agent, nodes, "llm")
+        node = Node(next_id + len(new_nodes), b.question_index, b.parent_id, agent, "llm", b.visits.get(agent, 0),
+                    fork_id=b.fork_id)
+        new_nodes.append(node)
         node.prompt_ids, node.output_ids, node.logprobs = gen.prompt_ids, gen.output_ids, gen.logprobs
         node.output = gen.text
         node.penalty = float(res.penalty)
@@ -419,8 +434,8 @@ def _run_agent(
         visits = dict(b.visits)
         visits[agent] = node.visit + 1
         forked = b.forked or fork_here
-        out.append(Branch(b.question_index, res.state, node.node_id, b.fork_id, b.fork_agent, forked, visits))
-    return out, len(generations), sum(len(g.output_ids) for g in generations)
+        out.append(Branch(b.question_index, res.state, node.node_id, b.fork_id, fork_agent, forked, visits))
+    return AgentRound(out, new_nodes, len(generations), sum(len(g.output_ids) for g in generations))
 
 
 def _assign_groups(
