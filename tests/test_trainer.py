@@ -519,9 +519,14 @@ def test_role_ablations_train_exactly_the_chosen_roles(
         assert share == pytest.approx(1 / len(trained_roles), abs=1e-12)
 
 
-def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tmp_path) -> None:
+def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tmp_path, monkeypatch) -> None:
+    from mhgpo.search_system import LLMOnly
     from mhgpo.trainer import Trainer, build_team
 
+    # The tiny model's answers score F1 0: a reward read off the answer's text gives each group of two different
+    # sampled answers different rewards, so the step has a learning signal.
+    monkeypatch.setattr(LLMOnly, "reward",
+                        lambda self, state, example: sum(map(ord, self.final_answer(state))) % 101 / 100)
     cfg = make_config(tiny_model_dir, world, tmp_path / "grpo", system="llm", algo="grpo", sampler="null",
                       steps=1, eval_every=0)
     assert cfg.sampler == "fof"
@@ -535,7 +540,8 @@ def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tm
     for members in by_group.values():
         assert len(members) == 2 and len({tuple(m.prompt_ids) for m in members}) == 1
         assert len({m.question_index for m in members}) == 1
-    assert metrics["grad_norm"] > 0 or metrics["zero_variance_groups"] == 2.0
+    assert len({n.output for n in batch.nodes}) == 4  # four different answers
+    assert metrics["zero_variance_groups"] == 0.0 and metrics["grad_norm"] > 0
 
 
 def count_forward_calls(module: torch.nn.Module) -> list[int]:
