@@ -135,3 +135,39 @@ def tiny_lm(tiny_model_dir: Path):  # -> mhgpo.models.LoadedModel
     from mhgpo.models import load_model
 
     return load_model(str(tiny_model_dir), device="cpu")
+
+
+# --------------------------------------------------------------------- the shared world and reference run
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    """The session's MHGPO_CACHE (indexes, the default world), offline."""
+    mp = pytest.MonkeyPatch()
+    folder = tmp_path_factory.mktemp("mhgpo-cache")
+    mp.setenv("MHGPO_CACHE", str(folder))
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    yield folder
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A 40/10-question synthetic world, plus `train_echo.jsonl`: its train questions answered "assistant"."""
+    from helpers import write_echo_world
+
+    return write_echo_world(tmp_path_factory.mktemp("world"), seed=0, n_train=40, n_dev=10)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, world: Path):
+    """An uninterrupted 4-step MHGPO-RR run (checkpoint every step, keep 2, validation every 2 steps): the
+    reference of the resume and fault tests, and the run the report and rollout-check tests read."""
+    from helpers import make_config
+
+    from mhgpo.pipeline import train
+
+    out = tmp_path_factory.mktemp("runs") / "reference"
+    cfg = make_config(tiny_model_dir, world, out)
+    trainer = train(cfg, progress=False)
+    return cfg, out, trainer

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import write_echo_world
 from mhgpo.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.checkpoint import list_checkpoints
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, TrainConfig, load_config
@@ -154,15 +155,7 @@ def test_update_needs_estimated_samples(model) -> None:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small synthetic world whose train answers are "assistant" (what the tiny model says), so rewards vary."""
-    from mhgpo.synth import write_world
-
-    folder = tmp_path_factory.mktemp("world")
-    paths = write_world(folder, seed=0, n_train=20, n_dev=4)
-    rows = [json.loads(line) for line in paths["train"].read_text(encoding="utf-8").splitlines()]
-    for row in rows:
-        row["answer"] = "assistant"
-    (folder / "train_echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return folder
+    return write_echo_world(tmp_path_factory.mktemp("world"), seed=0, n_train=20, n_dev=4)
 
 
 def mappo_config(model_dir: Path, world: Path, out: Path, **extra: object) -> TrainConfig:

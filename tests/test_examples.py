@@ -19,7 +19,6 @@ from mhgpo.rollout import RolloutSpec, run_rollouts
 from mhgpo.report import md_text
 from mhgpo.teams import construct, load_workflow_class, team_config
 from test_rollout import FakeGenerator, FakeRetriever, encode
-from test_trainer import cache_dir, world  # noqa: F401  (shared fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {"iterative_search": "IterativeSearch", "solver_verifier": "SolverVerifier"}

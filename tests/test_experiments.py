@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.config import EvalConfig, TrainConfig, critic_lr, load_config, to_dict
+from helpers import write_echo_world
+from mhgpo.config import EvalConfig, TrainConfig, critic_lr, demo_config_path, load_config, to_dict
 from mhgpo.experiments import SCALE_KEYS, scaled_tree
 from mhgpo.records import InputError
-from mhgpo.config import demo_config_path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
@@ -134,15 +134,7 @@ def test_config_errors_name_the_key() -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mhgpo.synth import write_world
-
-    folder = tmp_path_factory.mktemp("world")
-    paths = write_world(folder, seed=2, n_train=12, n_dev=3)
-    rows = [json.loads(line) for line in paths["train"].read_text(encoding="utf-8").splitlines()]
-    for r in rows:
-        r["answer"] = "assistant"
-    (folder / "train_echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return folder
+    return write_echo_world(tmp_path_factory.mktemp("world"), seed=2, n_train=12, n_dev=3)
 
 
 def small(world: Path, model_dir: Path, out: Path) -> list[str]:

@@ -30,8 +30,8 @@ from mhgpo.runlog import read_metrics
 from mhgpo.statecodec import decode_rng_states, restore_rng_states, rng_states
 from mhgpo.pipeline import resume, train
 from mhgpo.trainer import Trainer, build_team
-from test_trainer import (REPO, assert_same_run, cache_dir, make_config, reference_run,  # noqa: F401  (fixtures)
-                          train_overrides, world)
+from helpers import REPO, make_config, train_overrides
+from test_trainer import assert_same_run
 
 
 def cli(capsys, *args: object) -> tuple[int, str, str]:

@@ -18,7 +18,7 @@ from mhgpo.policy import Policy, Sample, micro_batches
 from mhgpo.records import InputError
 from mhgpo.pipeline import resume, train
 
-from test_trainer import cache_dir, make_config, world  # noqa: F401 - shared fixtures and helpers
+from helpers import make_config
 
 ROLES = ("rewriter", "reranker", "answerer")
 

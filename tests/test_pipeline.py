@@ -17,7 +17,8 @@ from mhgpo.policy import Policy
 from mhgpo.runlog import read_metrics
 from mhgpo.sft import SFTTrainer
 
-from test_trainer import cache_dir, hand_samples, make_config, world  # noqa: F401 - shared fixtures and helpers
+from helpers import make_config
+from test_trainer import hand_samples
 
 WARM = {"warm_start.enabled": True, "warm_start.steps": 2, "warm_start.batch_size": 4, "warm_start.limit": 6, "warm_start.lr": 0.01,
         "warm_start.format_limit": 1, "search.snippet_words": 8, "search.max_candidates": 4, "precision": "fp32"}

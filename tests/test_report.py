@@ -10,16 +10,15 @@ import pytest
 
 from mhgpo.evaluation import EvalResult, write_eval
 from mhgpo.report import build_report, intra_group_similarity, results_table, load_run, token_f1
-from mhgpo.pipeline import train
-from test_trainer import cache_dir, make_config, world  # noqa: F401  (shared fixtures)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def short_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, world: Path) -> Path:  # noqa: F811
+def short_run(tmp_path_factory: pytest.TempPathFactory, reference_run) -> Path:
+    """A copy of the session's reference run (4 steps, validated at steps 2 and 4), with an evaluation added."""
     out = tmp_path_factory.mktemp("runs") / "short"
-    train(make_config(tiny_model_dir, world, out, steps=2, eval_every=1, save_every=0), progress=False)
+    shutil.copytree(reference_run[1], out)
     metrics = {"n": 10, "acc": 30.0, "em": 20.0, "f1": 25.0, "seconds": 1.0, "data": "hotpotqa:dev"}
     write_eval(EvalResult(metrics, []), out / "eval_after")
     return out
@@ -39,7 +38,7 @@ def test_report_from_a_short_run(short_run: Path, tmp_path: Path) -> None:
     # the table's numbers are the metrics file's
     row = next(line for line in md.splitlines() if line.startswith("| MHGPO-RR"))
     assert row.split("|")[2:5] == [" 30.0 ", " 20.0 ", " 25.0 "]
-    assert "Example traces" in md and "first step (step_000001)" in md and "last step (step_000002)" in md
+    assert "Example traces" in md and "first step (step_000001)" in md and "last step (step_000004)" in md
     assert "has no" not in md
 
 

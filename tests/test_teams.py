@@ -29,7 +29,6 @@ from mhgpo.teams import WorkflowError, construct, display_path, load_workflow_cl
 from mhgpo.trainer import TooManyFailures, assign_rewards
 from mhgpo.workflow import State, StepResult, Workflow
 from test_rollout import G, LookupSolverJudge, SolverJudge, decode, loop_agent_of
-from test_trainer import cache_dir, world  # noqa: F401  (shared fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 

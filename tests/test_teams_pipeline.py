@@ -19,7 +19,6 @@ from mhgpo.records import InputError
 from mhgpo.runlog import read_metrics
 from mhgpo.teams import load_workflow_class
 from test_examples import cli  # noqa: F401  (shared fixture)
-from test_trainer import cache_dir, world  # noqa: F401  (shared fixtures)
 
 DUET = '''\
 from dataclasses import dataclass

@@ -26,8 +26,8 @@ from mhgpo.policy import Sample
 from mhgpo.pipeline import resume, train
 from mhgpo.trainer import Trainer, build_team
 from conftest import TINY_SPECIAL_TOKENS
-from test_trainer import cache_dir, hand_samples, world  # noqa: F401 - shared fixtures and helpers
-from test_trainer import make_config as _make_config
+from helpers import make_config as _make_config
+from test_trainer import hand_samples
 
 def make_config(*args: object, **extra: object):
     """The trainer tests' config in fp32: the comparisons below are exact to 1e-5."""

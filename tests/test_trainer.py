@@ -26,78 +26,7 @@ from mhgpo.records import InputError
 from mhgpo.runlog import read_metrics
 from mhgpo.pipeline import resume, train
 
-REPO = Path(__file__).resolve().parents[1]
-VOLATILE = ("seconds/", "memory/")  # wall-clock and memory: the only metrics that may differ between runs
-
-
-# ------------------------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory):
-    mp = pytest.MonkeyPatch()
-    folder = tmp_path_factory.mktemp("mhgpo-cache")
-    mp.setenv("MHGPO_CACHE", str(folder))
-    mp.setenv("HF_HUB_OFFLINE", "1")
-    yield folder
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
-    """A 40/10-question synthetic world, plus `train_echo.jsonl`: its train questions answered "assistant"."""
-    from mhgpo.synth import write_world
-
-    folder = tmp_path_factory.mktemp("world")
-    paths = write_world(folder, seed=0, n_train=40, n_dev=10)
-    rows = [json.loads(line) for line in paths["train"].read_text(encoding="utf-8").splitlines()]
-    for row in rows:
-        row["answer"] = "assistant"
-    (folder / "train_echo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return folder
-
-
-def train_overrides(model_dir: Path, world: Path, out: Path, **extra: object) -> list[str]:
-    settings: dict[str, object] = {
-        "model": model_dir,
-        "data": f"hotpotqa:{world / 'train_echo.jsonl'}",
-        "val_data": f"hotpotqa:{world / 'dev.jsonl'}",
-        "retrieval.corpus": world / "corpus.jsonl",
-        "output_dir": out,
-        "sampler": "rr",
-        "steps": 4,
-        "questions_per_step": 2,
-        "group_size": 2,
-        "eval_every": 2,
-        "val_limit": 2,
-        "save_every": 1,
-        "keep_checkpoints": 2,
-        "search.rewriter.max_new_tokens": 8,
-        "search.reranker.max_new_tokens": 4,
-        "search.answerer.max_new_tokens": 4,
-        "search.max_answer_words": 1,
-        "optim.lr": 0.01,
-        "lora.r": 4,
-    }
-    settings.update(extra)
-    return [f"{k}={v}" for k, v in settings.items()]
-
-
-def make_config(model_dir: Path, world: Path, out: Path, **extra: object) -> TrainConfig:
-    return load_config(TrainConfig, None, train_overrides(model_dir, world, out, **extra))
-
-
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, world: Path):
-    """An uninterrupted 4-step run (checkpoint every step, keep 2, validation every 2 steps)."""
-    out = tmp_path_factory.mktemp("runs") / "reference"
-    cfg = make_config(tiny_model_dir, world, out)
-    trainer = train(cfg, progress=False)
-    return cfg, out, trainer
-
-
-def comparable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+from helpers import REPO, comparable, make_config, train_overrides
 
 
 # ------------------------------------------------------------------------------------ one update, by hand
@@ -316,6 +245,27 @@ def test_tensorboard_scalars_match_metrics(reference_run) -> None:
         logged = [(e.step, e.value) for e in acc.Scalars(key)]
         expected = [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-9)) for r in rows if key in r]
         assert logged == expected
+
+
+def test_check_rollouts_passes_the_reference_run_and_names_a_broken_invariant(reference_run, tmp_path) -> None:
+    """scripts/check_rollouts.py accepts every step of a real run, and exits non-zero naming the step file once
+    one advantage no longer matches its group's rewards."""
+    import shutil
+
+    _, out, _ = reference_run
+    script = [sys.executable, str(REPO / "scripts" / "check_rollouts.py")]
+    ok = subprocess.run([*script, str(out), "--group-size", "2"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.count("step_0000") == 4  # each of the 4 steps checked
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    path = broken / "rollouts" / "step_000003.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    victim = next(r for r in rows if r["kind"] == "llm" and r["group_id"] >= 0)
+    victim["advantage"] += 0.5
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bad = subprocess.run([*script, str(broken), "--group-size", "2"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "step_000003" in bad.stdout + bad.stderr
 
 
 # ------------------------------------------------------------------------------------------------- resume
