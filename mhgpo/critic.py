@@ -44,9 +44,10 @@ import torch
 from mhgpo.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, critic_lr
 from mhgpo.logprobs import backbone_and_head, check_pairs, output_hidden_states
-from mhgpo.losses import token_weights, value_loss
-from mhgpo.policy import Sample, enable_gradient_checkpointing, micro_batches, no_dropout, pad_rows, peft_lora_config
-from mhgpo.precision import autocast, module_device, weight_dtype
+from mhgpo.losses import value_loss
+from mhgpo.policy import (Sample, accumulated_steps, cast_trainable, enable_gradient_checkpointing, micro_batches,
+                          pad_rows, peft_lora_config)
+from mhgpo.precision import autocast, module_device
 
 CRITIC_ADAPTER = "critic"
 
@@ -100,10 +101,8 @@ def build_value_model(model: torch.nn.Module, lora: LoraConfig, precision: str =
         for p in critic_backbone.parameters():
             p.requires_grad_(True)
     value_model = ValueModel(critic_backbone, hidden_size)
-    dtype = weight_dtype(precision, trainable=True)
-    for p in value_model.parameters():
-        if p.requires_grad:  # the adapter is made in the base's dtype, the value head in float32
-            p.data = p.data.to(dtype)
+    # the adapter is made in the base's dtype, the value head in float32
+    cast_trainable([p for p in value_model.parameters() if p.requires_grad], precision)
     return value_model
 
 
@@ -178,33 +177,20 @@ class Critic:
                     "critic/lr": self.lr}
         if any(s.returns is None or s.old_values is None for s in samples):
             raise ValueError("Critic.update needs samples with returns and old_values (run Critic.estimate first)")
-        weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
-        batches = micro_batches(samples, self.optim.micro_batch_tokens)
-        with no_dropout(self.model):
-            return self._epochs(samples, batches, weights)
 
-    def _epochs(self, samples: list[Sample], batches: list[list[int]], weights: torch.Tensor) -> dict[str, float]:
+        def batch_loss(idx: list[int], weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            batch = [samples[i] for i in idx]
+            v, mask = self._values(batch)  # (b, T) (b, T)
+            width = v.shape[1]
+            old = pad_rows([torch.tensor(s.old_values, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
+            ret = pad_rows([torch.tensor(s.returns, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
+            return value_loss(v, old, ret, weights.to(v.device), mask, self.cfg.value_clip)
+
         params = [p for p in self.model.parameters() if p.requires_grad]
-        out: dict[str, float] = {}
-        for _epoch in range(self.optim.ppo_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_sum, clipped, tokens = 0.0, 0.0, 0.0
-            for idx in batches:
-                batch = [samples[i] for i in idx]
-                v, mask = self._values(batch)  # (b, T) (b, T)
-                width = v.shape[1]
-                old = pad_rows([torch.tensor(s.old_values, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
-                ret = pad_rows([torch.tensor(s.returns, dtype=v.dtype) for s in batch], width).to(v.device)  # (b, T)
-                loss, stats = value_loss(v, old, ret, weights[idx].to(v.device), mask, self.cfg.value_clip)
-                loss.backward()
-                loss_sum += float(loss.detach())
-                clipped += stats["value_clip_fraction"] * stats["n_tokens"]
-                tokens += stats["n_tokens"]
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.optim.max_grad_norm)
-            self.optimizer.step()
-            out = {"critic/loss": loss_sum, "critic/value_clip_fraction": clipped / max(tokens, 1.0),
-                   "critic/grad_norm": float(grad_norm), "critic/lr": self.lr}
-        return out
+        out = accumulated_steps(self.model, self.optimizer, params, self.optim, samples, batch_loss,
+                                ("value_clip_fraction",))
+        return {"critic/loss": out["loss"], "critic/value_clip_fraction": out["value_clip_fraction"],
+                "critic/grad_norm": out["grad_norm"], "critic/lr": self.lr}
 
     def state(self) -> tuple[torch.nn.Module, Any]:
         """What a checkpoint holds of the critic: its module (trainable tensors) and its optimiser."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +30,7 @@ from mhgpo.config import LoraConfig, OptimConfig
 LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft's default name)
 from mhgpo.logprobs import output_logprobs
 from mhgpo.losses import mhgpo_policy_loss, token_weights
-from mhgpo.precision import autocast, module_device
+from mhgpo.precision import autocast, module_device, weight_dtype
 
 
 @dataclass
@@ -134,11 +134,9 @@ class Policy:
     def _adapter_params(model: Any, names: tuple[str, ...], precision: str) -> list[torch.nn.Parameter]:
         """The trainable adapters' parameters, in float32 unless the precision is pure bf16 (an adapter added after
         the first is made in the base's dtype)."""
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         params = [p for n, p in model.named_parameters()
                   if any(f".lora_A.{a}." in n or f".lora_B.{a}." in n for a in names)]
-        for p in params:
-            p.data = p.data.to(dtype)
+        cast_trainable(params, precision)
         return params
 
     @contextmanager
@@ -195,41 +193,70 @@ class Policy:
             self.scheduler.step()
             return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "ratio": 1.0}
         ref = self.reference_logprobs(samples) if self.cfg.kl_beta != 0 else None
-        weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
-        batches = micro_batches(samples, self.cfg.micro_batch_tokens, by_agent=bool(self.roles))
-        with no_dropout(self.model):
-            totals = self._epochs(samples, batches, ref, weights)
+
+        def batch_loss(idx: list[int], weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            batch = [samples[i] for i in idx]
+            logp, mask = self._logprobs(self.model, batch)  # (b, T) (b, T)
+            old = pad_rows([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
+            ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
+            adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
+            return mhgpo_policy_loss(
+                logp, old.to(logp.device), None if ref_b is None else ref_b.to(logp.device), adv.to(logp.device),
+                weights.to(logp.device), mask, self.cfg.clip_eps, self.cfg.kl_beta,
+            )
+
+        totals = accumulated_steps(self.model, self.optimizer, self.params, self.cfg, samples, batch_loss,
+                                   ("kl", "clip_fraction", "ratio"), by_agent=bool(self.roles))
         self.scheduler.step()
         totals["lr"] = self.scheduler.get_last_lr()[0]
         return totals
 
-    def _epochs(self, samples: list[Sample], batches: list[list[int]], ref: list[torch.Tensor] | None,
-                weights: torch.Tensor) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for _epoch in range(self.cfg.ppo_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_sum, tok = 0.0, 0.0
-            acc = {"kl": 0.0, "clip_fraction": 0.0, "ratio": 0.0}
+
+def accumulated_steps(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    optim: OptimConfig,
+    samples: list[Sample],
+    batch_loss: Callable[[list[int], torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
+    stats: tuple[str, ...],
+    by_agent: bool = False,
+) -> dict[str, float]:
+    """The update loop of the actor and the critic: `optim.ppo_epochs` passes over `samples` (each with an output),
+    each one optimiser step whose gradient is accumulated over micro-batches (:func:`micro_batches`, by agent with
+    `by_agent`): ``batch_loss(indices, weights)`` gives a micro-batch's loss and its stats (with ``n_tokens``), where
+    `weights` are the micro-batch's rows of the step-wide token weights (:func:`mhgpo.losses.token_weights`, so the
+    gradient does not depend on the cut); then `params`' gradient norm is clipped at `optim.max_grad_norm` and the
+    optimiser steps. Dropout is off (:func:`no_dropout`). Returns the last pass's ``loss`` (summed over its
+    micro-batches), ``grad_norm`` (before clipping) and each of `stats` as a token mean."""
+    weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
+    batches = micro_batches(samples, optim.micro_batch_tokens, by_agent=by_agent)
+    totals: dict[str, float] = {}
+    with no_dropout(model):
+        for _epoch in range(optim.ppo_epochs):
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum, tokens = 0.0, 0.0
+            acc = dict.fromkeys(stats, 0.0)
             for idx in batches:
-                batch = [samples[i] for i in idx]
-                logp, mask = self._logprobs(self.model, batch)  # (b, T) (b, T)
-                old = pad_rows([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
-                ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
-                adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
-                loss, stats = mhgpo_policy_loss(
-                    logp, old.to(logp.device), None if ref_b is None else ref_b.to(logp.device), adv.to(logp.device),
-                    weights[idx].to(logp.device), mask, self.cfg.clip_eps, self.cfg.kl_beta,
-                )
+                loss, batch_stats = batch_loss(idx, weights[idx])
                 loss.backward()
                 loss_sum += float(loss.detach())
-                n = stats["n_tokens"]
-                tok += n
+                n = batch_stats["n_tokens"]
+                tokens += n
                 for k in acc:
-                    acc[k] += stats.get(k, 0.0) * n
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-            self.optimizer.step()
-            totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **{k: v / max(tok, 1) for k, v in acc.items()}}
-        return totals
+                    acc[k] += batch_stats.get(k, 0.0) * n
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
+            optimizer.step()
+            totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **{k: v / max(tokens, 1) for k, v in acc.items()}}
+    return totals
+
+
+def cast_trainable(params: list[torch.nn.Parameter], precision: str) -> None:
+    """Store the trainable `params` (LoRA adapters, made in the base's dtype; a value head) in
+    :func:`mhgpo.precision.weight_dtype` ``(precision, trainable=True)``: float32 unless pure ``bf16``."""
+    dtype = weight_dtype(precision, trainable=True)
+    for p in params:
+        p.data = p.data.to(dtype)
 
 
 def _add_negated_adapters(model: Any, adapters: list[tuple[LoraConfig, dict[str, torch.Tensor]]]) -> list[str]:
