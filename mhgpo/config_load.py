@@ -102,7 +102,8 @@ RENAMED_KEYS = {"regroup_within_role": "rr_regroup (true: role, false: all; the 
 
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
-    """Build dataclass `cls` from a (partial) nested dict; unknown keys raise InputError naming them."""
+    """Build dataclass `cls` from a (partial) nested dict; unknown keys raise InputError naming them. A class's
+    `resolved()` (if it has one) fills in the defaults that depend on other keys, then its `validate()` checks."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
@@ -123,6 +124,9 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
             value = _merge(to_dict(getattr(defaults, name)), value)
         kwargs[name] = _coerce(value, hints[name], prefix + name)
     obj = cls(**kwargs)
+    resolved = getattr(obj, "resolved", None)  # defaults that depend on other keys, filled before the checks
+    if callable(resolved):
+        obj = resolved()
     validate = getattr(obj, "validate", None)
     if callable(validate):
         validate()

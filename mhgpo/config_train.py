@@ -189,6 +189,13 @@ class TrainConfig:
     critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
     team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
 
+    def resolved(self) -> "TrainConfig":
+        """This config with the defaults that depend on other keys filled in (the loader calls it before
+        :meth:`validate`, so the dumped config names them): `sampler` from `algo` and `system`."""
+        if self.sampler is not None:
+            return self
+        return dataclasses.replace(self, sampler=default_sampler(self.algo, self.system))
+
     def validate(self) -> None:
         check_system(self.system, self.team)
         if self.max_failures < 0:
@@ -200,8 +207,6 @@ class TrainConfig:
         if self.algo in SINGLE_AGENT_ALGOS and self.system != "llm":
             raise InputError(f"algo: {self.algo} is the single-agent baseline (system=llm); the team "
                              f"(system={self.system}) trains with mhgpo or mappo")
-        if self.sampler is None:
-            self.sampler = default_sampler(self.algo, self.system)  # the dumped config names it
         if self.sampler not in SAMPLERS:
             raise InputError(f"sampler: expected {one_of(GROUP_SAMPLERS)} (or chains for mappo/ppo), "
                              f"got {self.sampler!r}")

@@ -94,3 +94,19 @@ def test_renamed_and_bad_regrouping_keys_are_named():
     with pytest.raises(InputError, match=r"^rr_regroup: expected fork, role, all, got 'agent'"):
         load_config(TrainConfig, None, ["rr_regroup=agent"])
     assert load_config(TrainConfig, None, []).rr_regroup == "fork"
+
+
+def test_the_default_sampler_is_filled_by_loading_not_by_the_check(tmp_path):
+    from mhgpo.config import TrainConfig
+
+    assert load_config(TrainConfig).sampler == "rr"
+    assert load_config(TrainConfig, overrides=["system=llm", "algo=grpo"]).sampler == "fof"
+    assert load_config(TrainConfig, overrides=["algo=mappo"]).sampler == "chains"
+    assert load_config(TrainConfig, overrides=["sampler=is"]).sampler == "is"
+    bare = TrainConfig()
+    assert bare.resolved().sampler == "rr" and bare.sampler is None  # a copy: the original stays as it was
+    with pytest.raises(InputError, match="sampler"):
+        bare.validate()  # checks only: an unfilled sampler is refused, not filled
+    assert bare.sampler is None
+    dump_config(load_config(TrainConfig), tmp_path / "c.yaml")
+    assert "sampler: rr" in (tmp_path / "c.yaml").read_text()  # the dumped config names the sampler
