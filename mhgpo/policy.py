@@ -247,7 +247,8 @@ def accumulated_steps(
                     acc[k] += batch_stats.get(k, 0.0) * n
             grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
             optimizer.step()
-            totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **{k: v / max(tokens, 1) for k, v in acc.items()}}
+            means = {k: v / max(tokens, 1) for k, v in acc.items()}
+            totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **means}
     return totals
 
 

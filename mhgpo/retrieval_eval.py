@@ -124,6 +124,15 @@ def _merged(retriever: Retriever, queries: Sequence[Sequence[str]], depth: int, 
     return merged
 
 
+@dataclass(frozen=True)
+class _Question:
+    """A question that has gold units, and the queries it is searched with."""
+
+    example: Example
+    units: list[GoldUnit]
+    queries: tuple[str, ...]
+
+
 def evaluate_retrieval(
     examples: Sequence[Example],
     retriever: Retriever,
@@ -140,36 +149,55 @@ def evaluate_retrieval(
     """
     start = time.perf_counter()
     ks = sorted(set(int(k) for k in ks))
-    top = ks[-1]
     corpus = passages if passages is not None else getattr(retriever, "passages", ())
-    kept = [(i, ex, gold_units(ex)) for i, ex in enumerate(examples)]
-    kept = [(i, ex, units) for i, ex, units in kept if units]
-    by_text = matches_by_text([units for _, _, units in kept], corpus)
-    asked = [tuple(queries[i]) if queries is not None else (ex.question,) for i, ex, _ in kept]
-    ranked = _merged(retriever, asked, depth or top, top)
-    found = {k: [units_found(units, r[:k], by_text) for (_, _, units), r in zip(kept, ranked)] for k in ks}
-    metrics: dict[str, Any] = {"n": len(kept), "corpus_size": len(corpus)}
-    for k in ks:
-        metrics[f"recall@{k}/all"] = 100 * float(np.mean([all(f) for f in found[k]])) if kept else 0.0
-        metrics[f"recall@{k}/mean"] = 100 * float(np.mean([np.mean(f) for f in found[k]])) if kept else 0.0
+    kept = _questions_with_gold(examples, queries)
+    by_text = matches_by_text([q.units for q in kept], corpus)
+    ranked = _merged(retriever, [q.queries for q in kept], depth or ks[-1], ks[-1])
+    found = {k: [units_found(q.units, r[:k], by_text) for q, r in zip(kept, ranked)] for k in ks}
+    metrics: dict[str, Any] = {"n": len(kept), "corpus_size": len(corpus), **_recalls(found)}
     metrics.update(
         without_gold=len(examples) - len(kept),
         match="title+text" if by_text else "title",
-        queries_per_question=float(np.mean([len(q) for q in asked])) if asked else 0.0,
+        queries_per_question=float(np.mean([len(q.queries) for q in kept])) if kept else 0.0,
         seconds=time.perf_counter() - start,
     )
-    rows = [
+    return RetrievalEvalResult(metrics, _rows(kept, ranked, found))
+
+
+def _questions_with_gold(examples: Sequence[Example], queries: Sequence[Sequence[str]] | None) -> list[_Question]:
+    """The examples that have gold units, each with its queries (`queries[i]` for example i, else its question)."""
+    kept = []
+    for i, ex in enumerate(examples):
+        units = gold_units(ex)
+        if units:
+            kept.append(_Question(ex, units, tuple(queries[i]) if queries is not None else (ex.question,)))
+    return kept
+
+
+def _recalls(found: dict[int, list[list[bool]]]) -> dict[str, float]:
+    """`recall@k/all` and `recall@k/mean` (percent) for each k, from each question's found flags at k."""
+    out: dict[str, float] = {}
+    for k, flags in found.items():
+        out[f"recall@{k}/all"] = 100 * float(np.mean([all(f) for f in flags])) if flags else 0.0
+        out[f"recall@{k}/mean"] = 100 * float(np.mean([np.mean(f) for f in flags])) if flags else 0.0
+    return out
+
+
+def _rows(
+    kept: list[_Question], ranked: list[list[Passage]], found: dict[int, list[list[bool]]]
+) -> list[dict[str, Any]]:
+    """One row per question: its queries, gold titles, the passages retrieved and the number found at each k."""
+    return [
         {
-            "id": ex.id,
-            "queries": list(q),
-            "gold_titles": [u.title for u in units],
+            "id": q.example.id,
+            "queries": list(q.queries),
+            "gold_titles": [u.title for u in q.units],
             "retrieved_ids": [p.id for p in r],
             "retrieved_titles": [p.title for p in r],
-            **{f"found@{k}": int(sum(found[k][row])) for k in ks},
+            **{f"found@{k}": int(sum(flags[row])) for k, flags in found.items()},
         }
-        for row, ((_, ex, units), q, r) in enumerate(zip(kept, asked, ranked))
+        for row, (q, r) in enumerate(zip(kept, ranked))
     ]
-    return RetrievalEvalResult(metrics, rows)
 
 
 def recall_table(metrics: dict[str, Any], title: str = "") -> Any:
