@@ -105,7 +105,7 @@ def test_demo_scale_keeps_the_switches_and_takes_the_demo_size(name: str) -> Non
             assert got[key] == flat(demo)[key], key
         else:
             assert got[key] == value, key  # the row's switches (and every other non-scale key) are kept
-    assert (cfg.model, cfg.steps, cfg.questions_per_step, cfg.lora.enabled) == ("smollm2-135m", 10, 4, True)
+    assert (cfg.model, cfg.steps, cfg.questions_per_step, cfg.lora.enabled) == ("smollm2-135m", 6, 4, True)
     assert (cfg.critic.lr, cfg.critic.warmup_steps, cfg.search.answerer.max_new_tokens) == (None, 1, 48)
 
 
