@@ -509,7 +509,8 @@ def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_th
 def test_a_real_sigint_to_an_eval_process(tiny_model_dir, world, tmp_path, cache_dir) -> None:  # noqa: F811
     out = tmp_path / "eval"
     env = {**os.environ, "MHGPO_CACHE": str(cache_dir), "PYTHONPATH": str(REPO)}
-    args = [str(a) for a in eval_args(tiny_model_dir, world, out)]
+    # longer answers make each question slower, so that the run is still going when the signal comes on a busy machine
+    args = [str(a) for a in eval_args(tiny_model_dir, world, out, "search.answerer.max_new_tokens=64")]
     args[args.index("--limit") + 1], args[args.index("--batch-size") + 1] = "40", "1"
     proc = subprocess.Popen([sys.executable, "-m", "mhgpo", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
