@@ -512,8 +512,11 @@ def test_a_real_sigint_to_an_eval_process(tiny_model_dir, world, tmp_path, cache
     # longer answers make each question slower, so that the run is still going when the signal comes on a busy machine
     args = [str(a) for a in eval_args(tiny_model_dir, world, out, "search.answerer.max_new_tokens=64")]
     args[args.index("--limit") + 1], args[args.index("--batch-size") + 1] = "40", "1"
+    # SIGINT back to its default in the child, as in a terminal: a test run started in the background by a
+    # non-interactive shell ignores SIGINT, and a Python started with SIGINT ignored never sees Ctrl-C
     proc = subprocess.Popen([sys.executable, "-m", "mhgpo", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline and not (
