@@ -123,12 +123,10 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
                       f"{(time.process_time() - start_cpu) / 60:.1f} min CPU)", file=sys.stderr, flush=True)
             train_wall, train_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
             res = trainer.validate()
-    answers = [p["prediction"] for p in res.predictions]
     result = {"row": row, "seed": seed, "steps": len(rows),
               "train_minutes": train_wall / 60, "train_cpu_minutes": train_cpu / 60,
               "val_f1": res.metrics["f1"], "val_em": res.metrics["em"], "val_acc": res.metrics["acc"],
               "val_n": res.metrics["n"],
-              "answers_starting_with_document": float(np.mean([a.lower().startswith("document") for a in answers])),
               **{k: v for k, v in res.metrics.items() if "/" in k}}
     name = row.replace("/", "_").replace("@", "__").replace(",", "_")
     (out / f"{name}-seed{seed}.json").write_text(json.dumps({**result, "steps_metrics": rows}, indent=1))
@@ -176,7 +174,7 @@ def summary(results: list[dict], minutes: float, clock: str) -> str:
             v = np.array([r.get(key, float("nan")) for r in rs]) * scale
             return f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if len(v) > 1 else f"{v.mean():.1f}"
         lines.append(f"| {label(row)} | {len(rs)} | {np.mean([r['steps'] for r in rs]):.1f} | {ms('val_f1')} | "
-                     f"{ms('val_em')} | {ms('val_acc')} | {ms('answers_starting_with_document', 100)}% | "
+                     f"{ms('val_em')} | {ms('val_acc')} | {ms('answerer/starts_with_document', 100)}% | "
                      f"{ms('rewriter/penalty_rate', 100)}% |")
     return "\n".join(lines)
 
