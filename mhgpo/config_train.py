@@ -119,6 +119,9 @@ class WarmStartConfig:
     steps: int = 20  # optimiser steps
     batch_size: int = 16  # demonstrations per step (all roles mixed)
     lr: float = 5e-4
+    schedule: str = "constant"  # constant | cosine (from lr to 0 over the steps after the warm-up)
+    warmup_steps: int = 0
+    balance_roles: bool = False  # every batch holds the roles in equal shares (else drawn at random from all)
     limit: int | None = None  # training questions to draw demonstrations from (None: all of `data`)
     data: str | None = None  # None: the RL run's data
     format_limit: int = 8  # held-out demonstrations per role for the logged format accuracy
@@ -131,6 +134,10 @@ class WarmStartConfig:
                 raise InputError(f"warm_start.{key}: must be at least 1, got {getattr(self, key)}")
         if self.lr <= 0:
             raise InputError(f"warm_start.lr: must be positive, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"warm_start.schedule: expected {one_of(SCHEDULES)}, got {self.schedule!r}")
+        if self.warmup_steps < 0:
+            raise InputError(f"warm_start.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if self.limit is not None and self.limit < 1:
             raise InputError(f"warm_start.limit: must be at least 1, got {self.limit}")
 
@@ -259,6 +266,7 @@ class SFTConfig:
     roles: list[str] | None = None  # None: every role with demonstrations
     steps: int = 40
     batch_size: int = 16  # demonstrations per optimiser step (all roles mixed)
+    balance_roles: bool = False  # every batch holds the roles in equal shares (else drawn at random from all)
     limit: int | None = None  # training questions to draw demonstrations from (None: all)
     seed: int = 0
     output_dir: str = "runs/sft"

@@ -37,13 +37,15 @@ WARM_START_DIR = "warm_start"
 
 def warm_start_config(cfg: TrainConfig, out: Path) -> SFTConfig:
     """The warm start of the RL run `cfg`, written into `out`: the run's model, data, team and precision, the
-    `warm_start` section's size and learning rate."""
+    `warm_start` section's size, learning-rate schedule and batch composition."""
     ws = cfg.warm_start
-    optim = OptimConfig(lr=ws.lr, kl_beta=0.0, micro_batch_tokens=cfg.optim.micro_batch_tokens,
+    optim = OptimConfig(lr=ws.lr, schedule=ws.schedule, warmup_steps=ws.warmup_steps, kl_beta=0.0,
+                        micro_batch_tokens=cfg.optim.micro_batch_tokens,
                         logprob_chunk=cfg.optim.logprob_chunk, max_grad_norm=cfg.optim.max_grad_norm,
                         gradient_checkpointing=cfg.optim.gradient_checkpointing)
     return SFTConfig(model=run_model_spec(cfg.model, Path(cfg.output_dir)), data=ws.data or cfg.data,
                      val_data=cfg.val_data, system=cfg.system, steps=ws.steps, batch_size=ws.batch_size,
+                     balance_roles=ws.balance_roles,
                      limit=ws.limit, seed=cfg.seed, output_dir=str(out), val_limit=0, format_limit=ws.format_limit,
                      eval_batch_size=cfg.eval_batch_size, gen_batch_size=cfg.gen_batch_size,
                      max_rounds=cfg.max_rounds, max_failures=cfg.max_failures, precision=cfg.precision,

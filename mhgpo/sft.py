@@ -156,20 +156,33 @@ def held_out(demos: list[Demonstration], per_agent: int) -> list[Demonstration]:
 
 class SFTTrainer(Trainer):
     """The supervised loop: `steps` optimiser steps of `batch_size` demonstrations each, in a seeded order that is
-    reshuffled every pass over the data; logging, validation, checkpoints, Ctrl-C and resume are the RL trainer's."""
+    reshuffled every pass over the data (per role with `balance_roles`); logging, validation, checkpoints, Ctrl-C
+    and resume are the RL trainer's."""
 
     def __init__(self, cfg: SFTConfig, setup: TrainingSetup, run_dir: Path, demos: list[Demonstration],
                  held: list[Demonstration], progress: bool = True):
         super().__init__(cfg, setup, run_dir, progress)  # type: ignore[arg-type]
         self.demos, self.held = demos, held
+        roles = dict.fromkeys(d.agent for d in demos)  # in the team's order of first appearance
+        self.by_role = [[d for d in demos if d.agent == r] for r in roles]
 
     def _next_demos(self) -> list[Demonstration]:
-        n = len(self.demos)
+        """The next `batch_size` demonstrations. With `balance_roles`, the roles take turns (demonstration p of the
+        run is of role p mod k), each role's demonstrations in their own seeded order reshuffled every pass over
+        them, so every batch holds (almost) the same number of each role; else one seeded order over all of them."""
         out = []
         for _ in range(self.cfg.batch_size):
-            epoch, idx = divmod(self.position, n)
-            order = np.random.default_rng([self.cfg.seed, epoch]).permutation(n)
-            out.append(self.demos[int(order[idx])])
+            if self.cfg.balance_roles:
+                k = len(self.by_role)
+                role, p = self.position % k, self.position // k
+                pool = self.by_role[role]
+                epoch, idx = divmod(p, len(pool))
+                order = np.random.default_rng([self.cfg.seed, role, epoch]).permutation(len(pool))
+            else:
+                pool = self.demos
+                epoch, idx = divmod(self.position, len(pool))
+                order = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(pool))
+            out.append(pool[int(order[idx])])
             self.position += 1
         return out
 

@@ -14,6 +14,7 @@ from mhgpo.logprobs import output_logprobs
 from mhgpo.models import load_model
 from mhgpo.pipeline import WARM_START_DIR, resume, train, warm_start_config
 from mhgpo.policy import Policy
+from mhgpo.records import InputError
 from mhgpo.runlog import read_metrics
 from mhgpo.sft import SFTTrainer
 
@@ -42,6 +43,14 @@ def test_the_warm_start_config_is_the_runs(tiny_model_dir: Path, world: Path, tm
     assert (sft.data, sft.val_limit, sft.seed, sft.precision) == (cfg.data, 0, cfg.seed, "fp32")
     assert sft.search == cfg.search and sft.retrieval == cfg.retrieval  # the same prompts
     assert sft.lora.r == 8 and not sft.lora.per_role  # one shared adapter, merged before RL adds its own
+    assert (sft.optim.schedule, sft.optim.warmup_steps, sft.balance_roles) == ("constant", 0, False)
+    cfg = warm_config(tiny_model_dir, world, tmp_path / "run2", **{"warm_start.schedule": "cosine",
+                                                                  "warm_start.warmup_steps": 1,
+                                                                  "warm_start.balance_roles": "true"})
+    sft = warm_start_config(cfg, tmp_path / "run2" / WARM_START_DIR)
+    assert (sft.optim.schedule, sft.optim.warmup_steps, sft.balance_roles) == ("cosine", 1, True)
+    with pytest.raises(InputError, match="warm_start.schedule: expected"):
+        warm_config(tiny_model_dir, world, tmp_path / "run3", **{"warm_start.schedule": "linear"})
 
 
 @pytest.fixture(scope="module")

@@ -173,3 +173,27 @@ def test_sft_config_errors_name_the_key(tiny_model_dir: Path, world: Path, tmp_p
         sft_config(tiny_model_dir, world, tmp_path / "x", batch_size=0)
     with pytest.raises(InputError, match="roles: unknown role 'planner'"):
         run_sft(sft_config(tiny_model_dir, world, tmp_path / "y", roles="[planner]"), progress=False)
+
+
+def test_balanced_batches_hold_the_roles_in_equal_shares_and_cover_each_role(tiny_model_dir: Path, world: Path,
+                                                                             tmp_path: Path) -> None:
+    from mhgpo.sft import SFTTrainer, build_sft
+
+    cfg = sft_config(tiny_model_dir, world, tmp_path / "b", batch_size=6, limit=5, balance_roles="true", val_limit=0)
+    setup, demos, held, _ = build_sft(cfg)
+    trainer = SFTTrainer(cfg, setup, tmp_path / "b", demos, held, progress=False)
+    per_role = {r: sum(d.agent == r for d in demos) for r in (REWRITER, RERANKER, ANSWERER)}
+    drawn: dict[str, list[int]] = {r: [] for r in per_role}
+    for _ in range(5):
+        batch = trainer._next_demos()
+        assert [d.agent for d in batch] == [REWRITER, RERANKER, ANSWERER] * 2
+        for d in batch:
+            drawn[d.agent].append(next(i for i, x in enumerate(demos) if x is d))
+    for role, n in per_role.items():  # each pass over a role's demonstrations draws every one of them once
+        first = drawn[role][:n]
+        assert sorted(first) == sorted(i for i, d in enumerate(demos) if d.agent == role)
+    trainer.position = 0
+    again = trainer._next_demos()  # the order is a function of the position alone (resume)
+    assert [id(d) for d in again] == [id(demos[i]) for i in
+                                     [drawn[REWRITER][0], drawn[RERANKER][0], drawn[ANSWERER][0],
+                                      drawn[REWRITER][1], drawn[RERANKER][1], drawn[ANSWERER][1]]]
