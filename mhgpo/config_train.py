@@ -35,11 +35,16 @@ class OptimConfig:
     ppo_epochs: int = 1
     clip_eps: float = 0.2
     kl_beta: float = 0.001
-    micro_batch_tokens: int = 4096  # prompt + output tokens per forward/backward (padding included)
+    # prompt + output tokens per forward/backward (padding included; a prompt shared by several samples counted once)
+    micro_batch_tokens: int = 4096
     logprob_chunk: int = 256  # output positions per log-softmax chunk
     # Recompute each decoder layer's activations in the backward pass instead of keeping them (actor and critic):
     # the activation memory of a micro-batch falls to about one layer's, for a quarter to a third more update time.
     gradient_checkpointing: bool = True
+    # Samples with identical prompts (a forked group) computed as one sequence: the prompt once, then each output
+    # (mhgpo/packing.py), in the update, the reference pass and the critic; the same log-probs, values and gradients
+    # as one row per sample, for a fraction of the tokens.
+    share_prefix: bool = True
 
     def validate(self) -> None:
         if self.schedule not in SCHEDULES:

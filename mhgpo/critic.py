@@ -64,9 +64,10 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     def values(
-        self, prompts: list[list[int]], outputs: list[list[int]], pad_id: int
+        self, prompts: list[list[int]], outputs: list[list[int]], pad_id: int, share: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(values, mask)``, both (B, T_out): float32 values (0 on padding) and the bool mask of output tokens."""
+        """``(values, mask)``, both (B, T_out): float32 values (0 on padding) and the bool mask of output tokens;
+        ``share``: samples with identical prompts share the prompt's computation (:mod:`mhgpo.packing`)."""
         check_pairs(prompts, outputs, 1.0)
         device = module_device(self.backbone)
         batch, t_out = len(prompts), max((len(o) for o in outputs), default=0)
@@ -76,7 +77,7 @@ class ValueModel(torch.nn.Module):
         values = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T)
         if batch == 0 or t_out == 0:
             return values, mask
-        hidden = output_hidden_states(self.backbone, prompts, outputs, pad_id, device)  # (N, H)
+        hidden = output_hidden_states(self.backbone, prompts, outputs, pad_id, device, share)  # (N, H)
         head = self.value_head
         flat = head(hidden.to(head.weight.dtype)).squeeze(-1).float()  # (N,)
         return values.masked_scatter(mask, flat), mask  # (B, T), row-major order as `hidden`
@@ -122,7 +123,8 @@ class Critic:
 
     def _values(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
         with autocast(self.precision, module_device(self.model)):
-            return self.model.values([s.prompt_ids for s in batch], [s.output_ids for s in batch], self.pad_id)
+            return self.model.values([s.prompt_ids for s in batch], [s.output_ids for s in batch], self.pad_id,
+                                     self.optim.share_prefix)
 
     @torch.no_grad()
     def values(self, samples: list[Sample]) -> list[np.ndarray]:
@@ -130,7 +132,7 @@ class Critic:
         out: list[np.ndarray | None] = [None] * len(samples)
         was_training = self.model.training
         self.model.eval()
-        for idx in micro_batches(samples, self.optim.micro_batch_tokens):
+        for idx in micro_batches(samples, self.optim.micro_batch_tokens, share=self.optim.share_prefix):
             v, mask = self._values([samples[i] for i in idx])  # (b, T) (b, T)
             for row, i in enumerate(idx):
                 out[i] = v[row, : int(mask[row].sum())].double().cpu().numpy()

@@ -1,6 +1,7 @@
 """Training-time log-probabilities of output tokens given their prompts, differentiable.
 
-:func:`output_logprobs` runs the model backbone once over right-padded ``prompt + output`` rows, keeps
+:func:`output_logprobs` runs the model backbone once over right-padded rows (samples that share a prompt share one
+row and one computation of the prompt: :mod:`mhgpo.packing`), keeps
 only the hidden states at the positions that predict output tokens, and applies the LM head and the
 log-softmax to those in chunks of positions; each chunk is checkpointed when gradients are needed, so
 the full-vocabulary logits of a chunk are recomputed in the backward pass rather than kept. No
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from mhgpo.packing import mask_style, pack
 from mhgpo.precision import module_device
 
 
@@ -67,32 +69,24 @@ def _token_logprobs(
 
 
 def output_hidden_states(
-    backbone: Any, prompts: list[list[int]], outputs: list[list[int]], pad_id: int, device: torch.device
+    backbone: Any, prompts: list[list[int]], outputs: list[list[int]], pad_id: int, device: torch.device,
+    share: bool = True,
 ) -> torch.Tensor:
     """The decoder's final hidden state at every position that predicts an output token: (N, H), N the total
-    number of output tokens, in row-major order (sample 0's tokens first). Position ``len(prompt) - 1 + t``
-    predicts output token t, i.e. it is the state *before* token t (the log-probs and the critic's values both
-    read it). One forward over right-padded ``prompt + output`` rows."""
-    batch = len(prompts)
-    lengths = [len(p) + len(o) for p, o in zip(prompts, outputs)]
-    width = max(lengths)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)  # (B, L)
-    rows: list[int] = []  # per output token: its row ...
-    cols: list[int] = []  # ... and the position whose hidden state predicts it
-    for row, (prompt, out) in enumerate(zip(prompts, outputs)):
-        input_ids[row, : lengths[row]] = torch.tensor(list(prompt) + list(out), dtype=torch.long)
-        attention_mask[row, : lengths[row]] = 1
-        rows.extend([row] * len(out))
-        cols.extend(range(len(prompt) - 1, len(prompt) - 1 + len(out)))
-    # Trim padding columns that predict nothing: the last real position of each row predicts no token.
-    input_ids = input_ids[:, : width - 1].to(device)  # (B, L-1)
-    attention_mask = attention_mask[:, : width - 1].to(device)  # (B, L-1)
-    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = out.last_hidden_state  # (B, L-1, H)
-    row_idx = torch.tensor(rows, dtype=torch.long, device=device)  # (N,)
-    col_idx = torch.tensor(cols, dtype=torch.long, device=device)  # (N,)
-    return hidden[row_idx, col_idx]  # (N, H)
+    number of output tokens, in row-major order (sample 0's tokens first). The state at prompt position
+    ``len(prompt) - 1`` predicts output token 0, the state at output token t - 1 predicts token t (the log-probs and
+    the critic's values both read it). One forward over the packed rows (:mod:`mhgpo.packing`): with ``share`` (and an
+    attention implementation that takes a custom mask), samples with identical prompts share one computation of the
+    prompt, else every sample is a right-padded ``prompt + output`` row."""
+    packed = pack(prompts, outputs, pad_id, mask_style(backbone.config) if share else None)
+    out = backbone(
+        input_ids=packed.input_ids.to(device),  # (R, L)
+        attention_mask=packed.attention_mask.to(device),  # (R, 1, L, L) or (R, L)
+        position_ids=packed.position_ids.to(device),  # (R, L)
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state  # (R, L, H)
+    return hidden[packed.rows.to(device), packed.cols.to(device)]  # (N, H)
 
 
 def output_logprobs(
@@ -102,12 +96,14 @@ def output_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 512,
     pad_id: int = 0,
+    share: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each output token given its prompt and the preceding output tokens.
 
     Returns ``(logp, mask)``, both (B, T_out) with ``T_out = max(len(o) for o in outputs)``: ``logp`` is
     float32, differentiable w.r.t. the model parameters, 0 where ``mask`` is False; ``mask`` is bool.
-    ``chunk_size`` bounds the number of positions whose full-vocabulary logits exist at once.
+    ``chunk_size`` bounds the number of positions whose full-vocabulary logits exist at once; ``share``: samples
+    with identical prompts share the prompt's computation (:func:`output_hidden_states`).
     """
     check_pairs(prompts, outputs, temperature)
     if chunk_size < 1:
@@ -123,7 +119,7 @@ def output_logprobs(
 
     backbone, head = backbone_and_head(model)
     cap = _soft_cap(causal_lm(model))
-    picked_hidden = output_hidden_states(backbone, prompts, outputs, pad_id, device)  # (N, H)
+    picked_hidden = output_hidden_states(backbone, prompts, outputs, pad_id, device, share)  # (N, H)
     targets = torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device)  # (N,)
 
     needs_grad = torch.is_grad_enabled() and picked_hidden.requires_grad

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from mhgpo import packing
 from mhgpo.config import LoraConfig, OptimConfig
 
 LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft's default name)
@@ -159,6 +160,7 @@ class Policy:
                 temperature=batch[0].temperature,
                 chunk_size=self.cfg.logprob_chunk,
                 pad_id=self.pad_id,
+                share=self.cfg.share_prefix,
             )
 
     def logprobs(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,12 +175,13 @@ class Policy:
         self.model.eval()
         model = self.model if self.ref_model is None else self.ref_model
         with self._reference_context():
-            for idx in micro_batches(samples, self.cfg.micro_batch_tokens):
+            for idx in micro_batches(samples, self.cfg.micro_batch_tokens, share=self.cfg.share_prefix):
                 with autocast(self.precision, module_device(model)):  # the base, or a frozen model: no roles
                     logp, mask = output_logprobs(model, [samples[i].prompt_ids for i in idx],
                                                  [samples[i].output_ids for i in idx],
                                                  temperature=samples[idx[0]].temperature,
-                                                 chunk_size=self.cfg.logprob_chunk, pad_id=self.pad_id)
+                                                 chunk_size=self.cfg.logprob_chunk, pad_id=self.pad_id,
+                                                 share=self.cfg.share_prefix)
                 for row, i in enumerate(idx):
                     out[i] = logp[row, : int(mask[row].sum())].detach()
         self.model.train(was_training)
@@ -224,13 +227,13 @@ def accumulated_steps(
 ) -> dict[str, float]:
     """The update loop of the actor and the critic: `optim.ppo_epochs` passes over `samples` (each with an output),
     each one optimiser step whose gradient is accumulated over micro-batches (:func:`micro_batches`, by agent with
-    `by_agent`): ``batch_loss(indices, weights)`` gives a micro-batch's loss and its stats (with ``n_tokens``), where
+    `by_agent`, shared prompts with `optim.share_prefix`): ``batch_loss(indices, weights)`` gives a micro-batch's loss and its stats (with ``n_tokens``), where
     `weights` are the micro-batch's rows of the step-wide token weights (:func:`mhgpo.losses.token_weights`, so the
     gradient does not depend on the cut); then `params`' gradient norm is clipped at `optim.max_grad_norm` and the
     optimiser steps. Dropout is off (:func:`no_dropout`). Returns the last pass's ``loss`` (summed over its
     micro-batches), ``grad_norm`` (before clipping) and each of `stats` as a token mean."""
     weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
-    batches = micro_batches(samples, optim.micro_batch_tokens, by_agent=by_agent)
+    batches = micro_batches(samples, optim.micro_batch_tokens, by_agent=by_agent, share=optim.share_prefix)
     totals: dict[str, float] = {}
     with no_dropout(model):
         for _epoch in range(optim.ppo_epochs):
@@ -354,30 +357,15 @@ def _advantages(batch: list[Sample], width: int, dtype: torch.dtype) -> torch.Te
     return pad_rows(rows, width)  # (b, T)
 
 
-def micro_batches(samples: list[Sample], max_tokens: int, by_agent: bool = False) -> list[list[int]]:
-    """Indices of samples packed by length (same temperature together, and the same agent with `by_agent`) so that
-    rows × longest (prompt + output) ≤ max_tokens; a longer single sample gets a batch of its own."""
-
-    def group(i: int) -> tuple:
-        return (samples[i].agent if by_agent else "", samples[i].temperature)
-
-    order = sorted(range(len(samples)), key=lambda i: (*group(i), _len(samples[i])))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current:
-            longest = max(_len(samples[j]) for j in current + [i])
-            if group(current[0]) != group(i) or longest * (len(current) + 1) > max_tokens:
-                batches.append(current)
-                current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def _len(s: Sample) -> int:
-    return len(s.prompt_ids) + len(s.output_ids)
+def micro_batches(samples: list[Sample], max_tokens: int, by_agent: bool = False,
+                  share: bool = True) -> list[list[int]]:
+    """Indices of samples cut into micro-batches (:func:`mhgpo.packing.micro_batches`): the same temperature together,
+    and the same agent with `by_agent`; samples with identical prompts share a segment when `share` (the prompt
+    counted once); rows × longest segment ≤ max_tokens, a larger group split, a longer single sample in a batch of
+    its own."""
+    keys = [(s.agent if by_agent else "", s.temperature) for s in samples]
+    return packing.micro_batches([s.prompt_ids for s in samples], [len(s.output_ids) for s in samples], max_tokens,
+                                 keys, share)
 
 
 def _lr_lambda(cfg: OptimConfig, total_steps: int):

@@ -220,7 +220,8 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
     total = 0.0
-    for idx in micro_batches(samples, policy.cfg.micro_batch_tokens, by_agent=bool(policy.roles)):
+    for idx in micro_batches(samples, policy.cfg.micro_batch_tokens, by_agent=bool(policy.roles),
+                             share=policy.cfg.share_prefix):
         mb = [samples[i] for i in idx]
         logp, mask = policy.logprobs(mb)  # (b, T) (b, T)
         loss = sft_loss(logp, mask, weights[idx].to(logp.device))
