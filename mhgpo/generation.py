@@ -5,6 +5,10 @@ policy at the sampling temperature, ``log_softmax(logits / T)`` of the *raw* log
 the chosen token; they are taken step by step by a logits processor that runs before any warper, so
 at most one step of full-vocabulary log-probs is alive at a time.
 
+Where several rows of a batch have the same prompt (the G samples at a fork), each distinct prompt but its last token
+is run through the decoder once, and its key/value cache is copied to every row that asked for it before
+``generate`` decodes the whole batch (:func:`prefill_once`).
+
 Every sampling setting is passed explicitly, and the model's own ``generation_config`` (a checkpoint's
 ``generation_config.json`` may set a repetition penalty, a temperature, top-k, ``do_sample``...) is swapped out for
 the duration of the call, so that none of it reaches the decoding, whatever the transformers version: greedy is
@@ -24,7 +28,7 @@ from typing import Any, Callable, ContextManager, Protocol
 import torch
 from transformers import LogitsProcessor
 
-from mhgpo.logprobs import causal_lm
+from mhgpo.logprobs import backbone_and_head, causal_lm
 from mhgpo.pretrained import stop_token_ids
 from mhgpo.precision import autocast
 
@@ -153,6 +157,25 @@ def _only_this_config(model: Any, config: Any) -> Iterator[None]:
             m.generation_config = original
 
 
+def prefill_once(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    """The key/value cache of every column but the last of the left-padded batch ``input_ids``, ``attention_mask``
+    (B, W), each distinct row computed once and copied to the rows that repeat it; None when no row repeats another
+    (nothing to save: ``generate`` prefills as usual). Positions count real tokens only, as ``generate``'s do."""
+    if input_ids.shape[1] < 2:
+        return None
+    rows = torch.cat([input_ids, attention_mask], dim=1)  # (B, 2W): a prompt and its padding
+    distinct, row_of = torch.unique(rows, dim=0, return_inverse=True)  # (D, 2W) (B,)
+    if distinct.shape[0] == rows.shape[0]:
+        return None
+    width = input_ids.shape[1]
+    ids, mask = distinct[:, : width - 1], distinct[:, width : 2 * width - 1]  # (D, W-1) (D, W-1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (D, W-1)
+    backbone, _ = backbone_and_head(model)
+    cache = backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True).past_key_values
+    cache.batch_select_indices(row_of)  # (B, ...) each row a copy of its prompt's computation
+    return cache
+
+
 class HFGenerator:
     """:class:`Generator` over a Hugging Face causal LM (plain or peft-wrapped) and its tokenizer; ``precision`` is a
     resolved one (:mod:`mhgpo.precision`): ``bf16-mixed`` decodes under bfloat16 autocast."""
@@ -206,12 +229,15 @@ class HFGenerator:
             attention_mask[row, width - len(prompt) :] = 1
         recorder = _LogprobRecorder(params.logprob_temperature)
         config = _generation_config(params, self.eos_ids, self.pad_id)
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        cache = prefill_once(self.model, input_ids, attention_mask)
         with _only_this_config(self.model, config):
             out = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
+                input_ids=input_ids,
+                attention_mask=attention_mask,
                 generation_config=config,
                 logits_processor=[recorder],
+                **({} if cache is None else {"past_key_values": cache}),
             )
         new_ids = out.sequences[:, width:]  # (B, S)
         logprobs = recorder.finish(new_ids)  # (B, S)

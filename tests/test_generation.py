@@ -154,3 +154,45 @@ def test_lora_wrapped_model_generates_with_matching_logprobs(tiny_model_dir, pro
         logp, _ = output_logprobs(model, [g.prompt_ids for g in generations], [g.output_ids for g in generations])
     for row, g in enumerate(generations):
         assert g.logprobs == pytest.approx(logp[row, : len(g.output_ids)].tolist(), abs=1e-4, rel=0)
+
+
+def forked(prompts: list[list[int]]) -> list[list[int]]:
+    """Forked groups: three prompts asked four, three and two times, with lone prompts between their copies."""
+    return [prompts[0]] * 4 + [prompts[1]] + [prompts[3]] * 3 + [prompts[2], prompts[0]] + [prompts[7]] * 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_repeated_prompt_is_prefilled_once_with_the_same_results(tiny_lm, prompts, monkeypatch,
+                                                                   temperature: float) -> None:
+    """Rows that repeat a prompt get copies of one prefill: the same tokens (greedy, and sampled with one seed) and
+    log-probs within 1e-5 of a plain batched prefill; the prefill runs one row per distinct prompt."""
+    import mhgpo.generation as generation
+    from mhgpo.logprobs import backbone_and_head
+
+    batch = forked(prompts)
+    params = SamplingParams(max_new_tokens=16, temperature=temperature, top_p=0.9)
+    seen: list[int] = []
+    embed = backbone_and_head(tiny_lm.model)[0].embed_tokens
+    handle = embed.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    try:
+        shared = _generate(tiny_lm, batch, params, batch_size=16)
+    finally:
+        handle.remove()
+    assert seen[0] == len({tuple(p) for p in batch}) == 5  # the prefill: one row per distinct prompt
+    assert all(rows == len(batch) for rows in seen[1:])  # then every row decodes
+    monkeypatch.setattr(generation, "prefill_once", lambda *args: None)
+    plain = _generate(tiny_lm, batch, params, batch_size=16)
+    for a, b in zip(shared, plain, strict=True):
+        assert a.output_ids == b.output_ids and a.finished == b.finished
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5, rel=0)
+    assert len({tuple(g.output_ids) for g in shared[:4]}) > (1 if temperature else 0)
+
+
+def test_prefill_once_keeps_the_plain_path_without_repeats(tiny_lm, prompts) -> None:
+    from mhgpo.generation import prefill_once
+
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 5, 6]])  # (3, 3)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1]])  # (3, 3): the first and last rows differ in padding
+    assert prefill_once(tiny_lm.model, ids, mask) is None
+    cache = prefill_once(tiny_lm.model, ids[[0, 1, 0]], mask[[0, 1, 0]])
+    assert cache.get_seq_length() == 2 and cache.layers[0].keys.shape[0] == 3
