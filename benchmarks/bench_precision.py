@@ -84,35 +84,48 @@ def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every precision benchmark takes (and `--one`, the precision a child process measures)."""
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--precisions", default="fp32,bf16-mixed")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--gen", default="4,16", help="generation batch sizes")
-    parser.add_argument("--prompt-len", type=int, default=400)
-    parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-gradient-checkpointing", dest="checkpointing", action="store_false")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+
+
+def in_own_processes(script: str, args: argparse.Namespace, passed: list[str]) -> list[dict[str, Any]]:
+    """Run `script --one PRECISION` for each of `args.precisions`, each in a process of its own (its peak RSS its
+    own), with the common options and `passed`; their results, in order."""
+    passed = passed + ["--model", args.model, "--lora-r", str(args.lora_r), "--repeats", str(args.repeats)] + (
+        [] if args.checkpointing else ["--no-gradient-checkpointing"])
+    results = []
+    for precision in args.precisions.split(","):
+        proc = subprocess.run([sys.executable, script, "--one", precision, *passed],
+                              capture_output=True, text=True, check=True)
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"{precision}: done", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_arguments(parser)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--gen", default="4,16", help="generation batch sizes")
+    parser.add_argument("--prompt-len", type=int, default=400)
+    parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
     args.gen = [int(n) for n in str(args.gen).split(",")]
     if args.one:
         print(json.dumps(one(args.one, args)))
         return
-    passed = ["--model", args.model, "--batch", str(args.batch), "--length", str(args.length), "--output-len",
-              str(args.output_len), "--lora-r", str(args.lora_r), "--gen", ",".join(map(str, args.gen)),
-              "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--repeats",
-              str(args.repeats)] + ([] if args.checkpointing else ["--no-gradient-checkpointing"])
-    results = []
-    for precision in args.precisions.split(","):
-        proc = subprocess.run([sys.executable, __file__, "--one", precision, *passed],
-                              capture_output=True, text=True, check=True)
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(f"{precision}: done", flush=True)
+    passed = ["--batch", str(args.batch), "--length", str(args.length), "--output-len", str(args.output_len),
+              "--gen", ",".join(map(str, args.gen)), "--prompt-len", str(args.prompt_len), "--new-tokens",
+              str(args.new_tokens)]
+    results = in_own_processes(__file__, args, passed)
     print(f"\n{args.model}, LoRA r={args.lora_r}, gradient checkpointing {'on' if args.checkpointing else 'off'}, "
           f"{results[0]['threads']} thread(s); forward+backward and forward: {args.batch} x {args.length} tokens "
           f"({args.output_len} output tokens each); generation: {args.new_tokens} new tokens per sequence, "

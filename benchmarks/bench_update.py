@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from typing import Any
 
 import torch
 
 from bench_generation import PeakRSS
-from bench_precision import best_of
+from bench_precision import best_of, common_arguments, in_own_processes
 
 
 def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -74,30 +72,18 @@ def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--precisions", default="fp32,bf16-mixed")
+    common_arguments(parser)
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=500)
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--no-gradient-checkpointing", dest="checkpointing", action="store_false")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args)))
         return
-    passed = ["--model", args.model, "--groups", str(args.groups), "--group-size", str(args.group_size),
-              "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len), "--lora-r",
-              str(args.lora_r), "--repeats", str(args.repeats)] + ([] if args.checkpointing
-                                                                   else ["--no-gradient-checkpointing"])
-    results = []
-    for precision in args.precisions.split(","):
-        proc = subprocess.run([sys.executable, __file__, "--one", precision, *passed],
-                              capture_output=True, text=True, check=True)
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(f"{precision}: done", flush=True)
+    passed = ["--groups", str(args.groups), "--group-size", str(args.group_size), "--prompt-len",
+              str(args.prompt_len), "--output-len", str(args.output_len)]
+    results = in_own_processes(__file__, args, passed)
     print(f"\n{args.model}, LoRA r={args.lora_r}, gradient checkpointing {'on' if args.checkpointing else 'off'}, "
           f"{results[0]['threads']} thread(s); one micro-batch of {args.groups} group(s) x {args.group_size} samples, "
           f"prompts of {args.prompt_len} tokens, outputs of {args.output_len}. Each cell: wall / CPU seconds")
