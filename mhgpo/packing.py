@@ -80,8 +80,11 @@ def pack(
     prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], pad_id: int, style: str | None
 ) -> Packed:
     """The packed inputs of ``prompts`` / ``outputs``: samples with identical prompts share a segment when ``style``
-    is ``"bool"`` or ``"additive"`` (the form of the 4-D mask); with ``style=None`` each sample is its own row."""
-    groups = segments(prompts) if style is not None else [[i] for i in range(len(prompts))]
+    is ``"bool"`` or ``"additive"`` (the form of the 4-D mask); with ``style=None``, or when no two samples share a
+    prompt (nothing to save), each sample is its own row with a 2-D padding mask."""
+    groups = segments(prompts) if style is not None else []
+    if all(len(g) == 1 for g in groups):
+        style, groups = None, [[i] for i in range(len(prompts))]
     lengths = [segment_length(len(prompts[g[0]]), [len(outputs[i]) for i in g]) for g in groups]
     n_rows, width = len(groups), max(lengths)
     input_ids = torch.full((n_rows, width), pad_id, dtype=torch.long)  # (R, L)

@@ -79,6 +79,8 @@ def test_without_sharing_every_sample_keeps_its_own_row() -> None:
     packed = pack([[1, 2], [1, 2]], [[3, 4], [5]], pad_id=9, style=None)
     assert packed.input_ids.tolist() == [[1, 2, 3], [1, 2, 9]]
     assert packed.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    lone = pack([[1, 2], [3]], [[3, 4], [5, 6]], pad_id=9, style="bool")  # no prompt repeats: nothing to share
+    assert lone.input_ids.tolist() == [[1, 2, 3], [3, 5, 9]] and lone.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
 
 
 def test_micro_batches_keep_groups_whole_split_large_ones_and_stay_within_the_budget() -> None:
