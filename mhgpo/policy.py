@@ -227,11 +227,12 @@ def accumulated_steps(
 ) -> dict[str, float]:
     """The update loop of the actor and the critic: `optim.ppo_epochs` passes over `samples` (each with an output),
     each one optimiser step whose gradient is accumulated over micro-batches (:func:`micro_batches`, by agent with
-    `by_agent`, shared prompts with `optim.share_prefix`): ``batch_loss(indices, weights)`` gives a micro-batch's loss and its stats (with ``n_tokens``), where
-    `weights` are the micro-batch's rows of the step-wide token weights (:func:`mhgpo.losses.token_weights`, so the
-    gradient does not depend on the cut); then `params`' gradient norm is clipped at `optim.max_grad_norm` and the
-    optimiser steps. Dropout is off (:func:`no_dropout`). Returns the last pass's ``loss`` (summed over its
-    micro-batches), ``grad_norm`` (before clipping) and each of `stats` as a token mean."""
+    `by_agent`, shared prompts with `optim.share_prefix`): ``batch_loss(indices, weights)`` gives a micro-batch's
+    loss and its stats (with ``n_tokens``), where `weights` are the micro-batch's rows of the step-wide token weights
+    (:func:`mhgpo.losses.token_weights`, so the gradient does not depend on the cut); then `params`' gradient norm is
+    clipped at `optim.max_grad_norm` and the optimiser steps. Dropout is off (:func:`no_dropout`). Returns the last
+    pass's ``loss`` (summed over its micro-batches), ``grad_norm`` (before clipping) and each of `stats` as a token
+    mean."""
     weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
     batches = micro_batches(samples, optim.micro_batch_tokens, by_agent=by_agent, share=optim.share_prefix)
     totals: dict[str, float] = {}
