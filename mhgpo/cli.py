@@ -399,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.func.__name__ != "cmd_train":
+            from mhgpo.records import InputError
+
+            raise InputError(f"{args.command}: only `mhgpo train` runs on several processes (accelerate launch)")
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("mhgpo: interrupted", file=sys.stderr)
@@ -407,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         line = None if debug else error_line(e)
         if line is None:
             raise
-        print(f"mhgpo: error: {line}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # a data-parallel run: rank 0 says it once
+            print(f"mhgpo: error: {line}", file=sys.stderr)
         return 2
 
 

@@ -45,8 +45,9 @@ from mhgpo.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, critic_lr
 from mhgpo.logprobs import backbone_and_head, check_pairs, output_hidden_states
 from mhgpo.losses import value_loss
+from mhgpo.distributed import Single
 from mhgpo.policy import (Sample, accumulated_steps, cast_trainable, enable_gradient_checkpointing, micro_batches,
-                          pad_rows, peft_lora_config)
+                          owned, pad_rows, peft_lora_config)
 from mhgpo.precision import autocast, module_device
 
 CRITIC_ADAPTER = "critic"
@@ -114,6 +115,7 @@ class Critic:
     def __init__(self, model: torch.nn.Module, pad_id: int, cfg: CriticConfig, optim: OptimConfig, lora: LoraConfig,
                  precision: str = "fp32"):
         self.cfg, self.optim, self.pad_id, self.precision = cfg, optim, pad_id, precision
+        self.ranks: Single = Single()  # the ranks of a data-parallel run (set by the trainer)
         self.model = build_value_model(model, lora, precision)
         if optim.gradient_checkpointing:
             enable_gradient_checkpointing(self.model.backbone)
@@ -141,10 +143,20 @@ class Critic:
 
     def estimate(self, samples: list[Sample]) -> dict[str, float]:
         """Fill each sample's ``old_values``, ``returns`` and per-token ``advantage`` (GAE, whitened over the step
-        when ``critic.whiten``) from its ``reward``; return the step's critic statistics."""
+        when ``critic.whiten``) from its ``reward``; return the step's critic statistics. With several ranks
+        (``self.ranks``, each holding the whole step's samples) each computes the values of its share and gathers
+        the others'."""
         if not samples:
             return {}
-        old = self.values(samples)
+        ranks = self.ranks
+        if ranks.world == 1:
+            old = self.values(samples)
+        else:
+            mine = owned(samples, ranks, self.optim.share_prefix)
+            old = [np.zeros(0)] * len(samples)
+            for idx, vals in ranks.gather((mine, self.values([samples[i] for i in mine]))):
+                for i, v in zip(idx, vals):
+                    old[i] = v
         lengths = np.array([len(s.output_ids) for s in samples])  # (B,)
         width = int(lengths.max())
         mask = np.arange(width)[None, :] < lengths[:, None]  # (B, T)
@@ -172,7 +184,7 @@ class Critic:
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """``optim.ppo_epochs`` optimiser steps of the clipped value loss on samples that went through
         :meth:`estimate`; returns ``critic/loss``, ``critic/value_clip_fraction``, ``critic/grad_norm`` and
-        ``critic/lr``."""
+        ``critic/lr``. Several ranks: as for :meth:`mhgpo.policy.Policy.update`."""
         samples = [s for s in samples if s.output_ids]
         if not samples:
             return {"critic/loss": 0.0, "critic/value_clip_fraction": 0.0, "critic/grad_norm": 0.0,
@@ -190,7 +202,7 @@ class Critic:
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         out = accumulated_steps(self.model, self.optimizer, params, self.optim, samples, batch_loss,
-                                ("value_clip_fraction",))
+                                ("value_clip_fraction",), ranks=self.ranks)
         return {"critic/loss": out["loss"], "critic/value_clip_fraction": out["value_clip_fraction"],
                 "critic/grad_norm": out["grad_norm"], "critic/lr": self.lr}
 

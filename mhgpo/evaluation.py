@@ -95,7 +95,18 @@ def evaluate_examples(
             bar.update(len(chunk))
             if predictions:
                 bar.set_postfix(f1=f"{100 * float(np.mean([p['f1'] for p in predictions])):.1f}")
-    metrics = summarise(predictions, workflow, time.perf_counter() - start)
+    return _result(predictions, failures, workflow, time.perf_counter() - start)
+
+
+def merge_results(results: list[EvalResult], workflow: Workflow, seconds: float) -> EvalResult:
+    """One result of the questions of `results` (shares of one set, in order; each rank's of a data-parallel
+    run): predictions and failures together, the metrics computed again over all of them."""
+    return _result([p for r in results for p in r.predictions], [f for r in results for f in r.failures], workflow,
+                   seconds)
+
+
+def _result(predictions: list[dict[str, Any]], failures: list[Any], workflow: Workflow, seconds: float) -> EvalResult:
+    metrics = summarise(predictions, workflow, seconds)
     if failures:
         metrics["failed"] = len(failures)
     return EvalResult(metrics, predictions, failures)

@@ -30,7 +30,8 @@ from mhgpo.rundir import RunLock, require_empty_run_dir
 from mhgpo.sft import resume_sft, run_sft
 from mhgpo.teams import require_demonstrations
 from mhgpo.trained import portable_model_spec, run_model_spec
-from mhgpo.trainer import Trainer, build_team, continue_run, load_team_data, run_config
+from mhgpo.distributed import current
+from mhgpo.trainer import Trainer, build_team, check_ranks, continue_run, load_team_data, main_lock, run_config
 
 WARM_START_DIR = "warm_start"
 
@@ -88,15 +89,20 @@ def train(cfg: TrainConfig, progress: bool = True, workflow: Any = None) -> Trai
     warm start when `warm_start.enabled`, then RL. `workflow`: None (the team `cfg.system` names), a `Workflow`
     subclass or a built instance."""
     run_dir = Path(cfg.output_dir)
-    require_empty_run_dir(run_dir)
+    ranks = current()  # one process, or the ranks of `accelerate launch` (rank 0 writes the run)
+    check_ranks(cfg, ranks)
+    if ranks.is_main:
+        require_empty_run_dir(run_dir)
     _settle_team(cfg, workflow)
-    with RunLock(run_dir, "train"):
-        require_empty_run_dir(run_dir)  # again, now that no other run can write into it
+    with main_lock(ranks, run_dir, "train"):
+        if ranks.is_main:
+            require_empty_run_dir(run_dir)  # again, now that no other run can write into it
+        ranks.barrier()
         cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
         if cfg.warm_start.enabled:
             dump_config(cfg, run_dir / "config.yaml")  # what `resume` continues if the warm start is cut short
             cfg.model = warm_start(cfg, run_dir, progress, workflow)
-        trainer = Trainer(cfg, build_team(cfg, workflow=workflow), run_dir, progress)
+        trainer = Trainer(cfg, build_team(cfg, workflow=workflow), run_dir, progress, ranks)
         trainer.run()
     return trainer
 
@@ -107,6 +113,8 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from
     the warm start and then RL from its start. `workflow`: as for :func:`train` (None: the run's `system`)."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir, TrainConfig, overrides)
+    ranks = current()
+    check_ranks(cfg, ranks)
     if cfg.warm_start.enabled and not list_checkpoints(run_dir) and from_step is None:
         _settle_team(cfg, workflow)
         with RunLock(run_dir, "train --resume"):
@@ -115,8 +123,8 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from
             trainer = Trainer(cfg, build_team(cfg, workflow=workflow), run_dir, progress)
             trainer.run()
         return trainer
-    return continue_run(run_dir, lambda: Trainer(cfg, build_team(cfg, workflow=workflow), run_dir, progress),
-                        from_step, "train")
+    return continue_run(run_dir, lambda: Trainer(cfg, build_team(cfg, workflow=workflow), run_dir, progress, ranks),
+                        from_step, "train", ranks)
 
 
 def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval") -> EvalResult:

@@ -27,6 +27,7 @@ import torch
 
 from mhgpo import packing
 from mhgpo.config import LoraConfig, OptimConfig
+from mhgpo.distributed import Single, shares
 
 LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft's default name)
 from mhgpo.logprobs import output_logprobs
@@ -86,6 +87,7 @@ class Policy:
         ``roles``: the agents, which get one LoRA adapter each under ``lora.per_role`` (named after them)."""
         self.cfg = optim
         self.pad_id = pad_id
+        self.ranks: Single = Single()  # the ranks of a data-parallel run (set by the trainer)
         self.lora = lora.enabled
         self.precision = precision
         self.reference_adapters: list[str] = []
@@ -190,12 +192,20 @@ class Policy:
     # ------------------------------------------------------------------------------------------------ update
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
-        """`ppo_epochs` optimiser steps on the step's samples; returns loss / kl / clip_fraction / grad_norm."""
+        """`ppo_epochs` optimiser steps on the step's samples; returns loss / kl / clip_fraction / grad_norm. With
+        several ranks (``self.ranks``), every rank holds the whole step's samples and computes its share of them
+        (:func:`owned`); the gradients and statistics are summed across ranks."""
         samples = [s for s in samples if s.output_ids]
         if not samples:
             self.scheduler.step()
             return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "ratio": 1.0}
-        ref = self.reference_logprobs(samples) if self.cfg.kl_beta != 0 else None
+        ranks = self.ranks
+        mine = owned(samples, ranks, self.cfg.share_prefix)
+        ref: list[torch.Tensor | None] | None = None
+        if self.cfg.kl_beta != 0:
+            ref = [None] * len(samples)
+            for i, r in zip(mine, self.reference_logprobs([samples[i] for i in mine])):
+                ref[i] = r
 
         def batch_loss(idx: list[int], weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             batch = [samples[i] for i in idx]
@@ -209,7 +219,7 @@ class Policy:
             )
 
         totals = accumulated_steps(self.model, self.optimizer, self.params, self.cfg, samples, batch_loss,
-                                   ("kl", "clip_fraction", "ratio"), by_agent=bool(self.roles))
+                                   ("kl", "clip_fraction", "ratio"), by_agent=bool(self.roles), ranks=ranks)
         self.scheduler.step()
         totals["lr"] = self.scheduler.get_last_lr()[0]
         return totals
@@ -224,6 +234,7 @@ def accumulated_steps(
     batch_loss: Callable[[list[int], torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
     stats: tuple[str, ...],
     by_agent: bool = False,
+    ranks: Single | None = None,
 ) -> dict[str, float]:
     """The update loop of the actor and the critic: `optim.ppo_epochs` passes over `samples` (each with an output),
     each one optimiser step whose gradient is accumulated over micro-batches (:func:`micro_batches`, by agent with
@@ -232,9 +243,14 @@ def accumulated_steps(
     (:func:`mhgpo.losses.token_weights`, so the gradient does not depend on the cut); then `params`' gradient norm is
     clipped at `optim.max_grad_norm` and the optimiser steps. Dropout is off (:func:`no_dropout`). Returns the last
     pass's ``loss`` (summed over its micro-batches), ``grad_norm`` (before clipping) and each of `stats` as a token
-    mean."""
+    mean. With several `ranks`, each computes the micro-batches of its share of `samples` (:func:`owned`) under the
+    weights of the whole step; the gradients (a sum of the samples' terms) and the statistics are summed across
+    ranks before clipping."""
+    ranks = ranks or Single()
     weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
-    batches = micro_batches(samples, optim.micro_batch_tokens, by_agent=by_agent, share=optim.share_prefix)
+    mine = owned(samples, ranks, optim.share_prefix)
+    batches = [[mine[j] for j in b] for b in micro_batches([samples[i] for i in mine], optim.micro_batch_tokens,
+                                                           by_agent=by_agent, share=optim.share_prefix)]
     totals: dict[str, float] = {}
     with no_dropout(model):
         for _epoch in range(optim.ppo_epochs):
@@ -249,11 +265,28 @@ def accumulated_steps(
                 tokens += n
                 for k in acc:
                     acc[k] += batch_stats.get(k, 0.0) * n
+            ranks.sum_grads(params)
+            loss_sum, tokens, *sums = ranks.sum([loss_sum, tokens, *acc.values()])
+            acc = dict(zip(acc, sums))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
             optimizer.step()
             means = {k: v / max(tokens, 1) for k, v in acc.items()}
             totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **means}
     return totals
+
+
+def owned(samples: list[Sample], ranks: Single, share: bool = False) -> list[int]:
+    """The indices of `samples` (the whole step's) that this rank computes: all of them in one process, else its
+    share of about equal tokens (:func:`mhgpo.distributed.shares`); with `share` (``optim.share_prefix``) the
+    samples of one prompt stay on one rank, which computes the prompt once."""
+    if ranks.world == 1:
+        return list(range(len(samples)))
+    units: dict[Any, list[int]] = {}
+    for i, s in enumerate(samples):
+        units.setdefault((tuple(s.prompt_ids), s.agent, s.temperature) if share else i, []).append(i)
+    cut = list(units.values())
+    tokens = [len(samples[u[0]].prompt_ids) + sum(len(samples[i].output_ids) for i in u) for u in cut]
+    return sorted(i for u in shares(tokens, ranks.world)[ranks.rank] for i in cut[u])
 
 
 def cast_trainable(params: list[torch.nn.Parameter], precision: str) -> None:

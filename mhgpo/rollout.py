@@ -163,6 +163,23 @@ def run_rollouts(
 
     `on_error`: "raise" (a failing question stops with a `WorkflowError`) or "skip" (it is left out and listed in
     the batch's `failures`)."""
+    batch = grow_trees(examples, workflow, generator, encode, spec, rng, max_rounds, on_error)
+    assign_groups(batch, spec, rng)
+    return batch
+
+
+def grow_trees(
+    examples: list[Example],
+    workflow: Workflow,
+    generator: Generator,
+    encode: Callable[[list[dict[str, str]]], list[int]],
+    spec: RolloutSpec,
+    rng: np.random.Generator,
+    max_rounds: int = 64,
+    on_error: str = "raise",
+) -> RolloutBatch:
+    """The trees of :func:`run_rollouts` with their leaves scored but no group ids yet (:func:`assign_groups`);
+    several ranks each grow the trees of their questions and the whole step's trees are grouped together."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error: expected raise or skip, got {on_error!r}")
     G = spec.width
@@ -209,12 +226,17 @@ def run_rollouts(
 
     if guard.failures:
         examples, nodes, fork_agents = _without_questions(set(guard.failures), examples, nodes, fork_agents)
-    stats = _assign_groups(nodes, spec, G, rng, fork_agents)
-    stats.update(llm_calls=float(llm_calls), tokens_generated=float(tokens),
+    stats = dict(llm_calls=float(llm_calls), tokens_generated=float(tokens),
                  failed_questions=float(len(guard.failures)))
-    if spec.sampler in ("fof", "fof_os"):
-        fork_agents = [[_first_llm_agent(nodes, q)] for q in range(len(examples))]
     return RolloutBatch(examples, nodes, fork_agents, stats, list(guard.failures.values()))
+
+
+def assign_groups(batch: RolloutBatch, spec: RolloutSpec, rng: np.random.Generator) -> None:
+    """Group ids of the batch's trees (:func:`_assign_groups`: RR pools its singletons across all its questions),
+    their counts in its stats, and FoF's fork agents (the first agent each question called)."""
+    batch.stats = {**_assign_groups(batch.nodes, spec, spec.width, rng, batch.fork_agents), **batch.stats}
+    if spec.sampler in ("fof", "fof_os"):
+        batch.fork_agents = [[_first_llm_agent(batch.nodes, q)] for q in range(len(batch.examples))]
 
 
 _FAILED = object()  # what a guarded call returns for a question that failed (on_error="skip")
@@ -295,7 +317,7 @@ def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
     stats: dict[str, float] = {}
     failures: list[RolloutFailure] = []
     next_group = next_fork = 0
-    for b in batches:
+    for part, b in enumerate(batches):
         node_shift, question_shift = len(nodes), len(examples)
         groups = [n.group_id for n in b.nodes if n.group_id >= 0]
         forks = [n.fork_id for n in b.nodes if n.fork_id >= 0]
@@ -305,6 +327,7 @@ def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
             n.question_index += question_shift
             n.group_id = n.group_id + next_group if n.group_id >= 0 else -1
             n.fork_id = n.fork_id + next_fork if n.fork_id >= 0 else -1
+            n.group_key = None if n.group_key is None else (part, n.group_key)  # distinct across batches
             nodes.append(n)
         next_group += max(groups) + 1 if groups else 0
         next_fork += max(forks) + 1 if forks else 0

@@ -99,6 +99,19 @@ def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
     return rows
 
 
+class NoLog:
+    """The run log of a rank other than 0 in a data-parallel run: rank 0 writes the logs."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def error(self, step: int, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def write_rollouts(run_dir: Path, step: int, batch: RolloutBatch) -> Path:
     path = Path(run_dir) / "rollouts" / f"step_{step:06d}.jsonl"
     atomic_write_jsonl(path, rollout_records(batch))

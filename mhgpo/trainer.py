@@ -21,6 +21,7 @@ import random
 import signal
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -33,12 +34,13 @@ from mhgpo.behaviour import agent_behaviour
 from mhgpo.checkpoint import (CheckpointError, CheckpointMismatch, check_checkpoint, checkpoint_step, clean_leftovers,
                               Live, list_checkpoints, load_checkpoint, previous_complete, save_checkpoint)
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, load_config
-from mhgpo.evaluation import evaluate_examples
+from mhgpo.distributed import Single, current
+from mhgpo.evaluation import evaluate_examples, merge_results
 from mhgpo.policy import Policy, Sample, peak_memory_mb
 from mhgpo.records import Example, InputError, RunError
-from mhgpo.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
+from mhgpo.rollout import RolloutBatch, RolloutSpec, assign_groups, grow_trees, merge_batches
 from mhgpo.rundir import RunLock
-from mhgpo.runlog import RunLog, write_rollouts
+from mhgpo.runlog import NoLog, RunLog, write_rollouts
 from mhgpo.statecodec import rng_states
 from mhgpo.workflow import Workflow
 
@@ -111,9 +113,12 @@ class TrainingSetup:
 
 
 class _StopGuard:
-    """SIGINT/SIGTERM raise KeyboardInterrupt, except inside `critical()` where they wait for its end."""
+    """SIGINT/SIGTERM raise KeyboardInterrupt, except inside `critical()` where they wait for its end. `deferred`
+    (several ranks): a signal never raises by itself, it is noted (`pending`) and the ranks stop together where the
+    trainer asks them all (after the rollouts' gather, at the step's end); a second one aborts this rank."""
 
-    def __init__(self) -> None:
+    def __init__(self, deferred: bool = False) -> None:
+        self.deferred = deferred
         self.depth = 0
         self.pending = False
         self.aborted = False  # a second signal inside a critical section: stop at once, save nothing
@@ -132,6 +137,10 @@ class _StopGuard:
             signal.signal(sig, old)
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if self.deferred and not self.pending:
+            self.pending = True
+            print("\nmhgpo: stopping every rank at the end of this phase (again to abort without saving)", flush=True)
+            return
         if self.depth > 0 and not self.pending:
             self.pending = True
             print("\nmhgpo: stopping after this update (Ctrl-C again to abort without saving)", flush=True)
@@ -152,7 +161,7 @@ class _Critical:
 
     def __exit__(self, *exc: Any) -> None:
         self.guard.depth -= 1
-        if self.guard.depth == 0 and self.guard.pending and exc[0] is None:
+        if self.guard.depth == 0 and self.guard.pending and exc[0] is None and not self.guard.deferred:
             raise KeyboardInterrupt
 
 
@@ -170,9 +179,38 @@ class TooManyFailures(InputError):
     """More questions failed in the workflow's methods than `max_failures` allows."""
 
 
+def check_ranks(cfg: TrainConfig, ranks: Single) -> None:
+    """What several ranks need of a config: each rolls out the same number of questions per step, and the warm
+    start (a run of one process) is done beforehand."""
+    if ranks.world == 1:
+        return
+    if cfg.questions_per_step % ranks.world:
+        raise InputError(f"questions_per_step={cfg.questions_per_step} is not divisible by the {ranks.world} "
+                         f"processes of this run: each rank rolls out questions_per_step / processes questions")
+    if cfg.warm_start.enabled and not list_checkpoints(Path(cfg.output_dir)):
+        raise InputError(f"warm_start.enabled: the warm start runs in one process; run it first (mhgpo sft "
+                         f"--output-dir WARM ...) and train on {ranks.world} processes with --model WARM "
+                         f"warm_start.enabled=false")
+
+
+def main_lock(ranks: Single, run_dir: Path, command: str) -> AbstractContextManager:
+    """The run directory's lock, held by rank 0 (the rank that writes into it)."""
+    return RunLock(run_dir, command) if ranks.is_main else nullcontext()
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, setup: TrainingSetup, run_dir: Path, progress: bool = True):
+    def __init__(self, cfg: TrainConfig, setup: TrainingSetup, run_dir: Path, progress: bool = True,
+                 ranks: Single | None = None):
+        """`ranks`: the processes of a data-parallel run (default: :func:`mhgpo.distributed.current`; one process
+        when not started by a launcher); rank 0 alone writes the run's files and shows progress."""
+        self.ranks = ranks if ranks is not None else current()
+        check_ranks(cfg, self.ranks)
+        progress = progress and self.ranks.is_main
         self.cfg, self.setup, self.run_dir, self.progress = cfg, setup, Path(run_dir), progress
+        for part in (setup.policy, setup.critic):  # their updates cut the step's samples across the ranks
+            if part is not None:
+                part.ranks = self.ranks
+        self._guard: _StopGuard | None = None
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
@@ -203,7 +241,10 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------- state
 
     def save(self, rng: dict[str, Any] | None = None) -> Path:
+        """Write the checkpoint of the current step (rank 0; the other ranks hold the same state and write nothing)."""
         p = self.setup.policy
+        if not self.ranks.is_main:
+            return self.run_dir / "checkpoints" / f"step_{self.step}"
         state = {"position": self.position, "val_history": self.val_history, "failures": self.failures}
         return save_checkpoint(self.run_dir, self.step, p.model, p.optimizer, p.scheduler,
                                rng or rng_states(self.rng), state, self.cfg.keep_checkpoints, self._extras())
@@ -241,8 +282,14 @@ class Trainer:
         """Greedy evaluation of the team on the fixed validation subset (an `EvalResult`); a progress bar with
         `desc`."""
         t = self.setup
-        return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
-                                 progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip")
+        if self.ranks.world == 1:
+            return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
+                                     progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip")
+        start = time.perf_counter()  # each rank its share of the questions, gathered in order
+        mine = evaluate_examples(self.ranks.share(t.val), t.val_workflow, t.generator, t.encode,
+                                 self.cfg.eval_batch_size, progress=bool(desc) and self.progress,
+                                 desc=desc or "eval", on_error="skip")
+        return merge_results(self.ranks.gather(mine), t.val_workflow, time.perf_counter() - start)
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
         """The step's first phase (no weight changes, safe to interrupt): rollouts, rewards, advantages (group
@@ -281,14 +328,33 @@ class Trainer:
         """Rollout trees of `questions`, their rewards and advantages (group ids for MHGPO / GRPO; the critic's
         GAE later, for MAPPO / PPO), and the role switches; returns the batch, group counts and untrained count."""
         cfg, setup = self.cfg, self.setup
-        batch = run_rollouts(questions, setup.workflow, setup.generator, setup.encode, self._spec(), self.rng,
-                             max_rounds=cfg.max_rounds, on_error="skip")
+        batch = self._grow(questions, self.rng) if self.ranks.world == 1 else self._gather_trees(questions)
+        assign_groups(batch, self._spec(), self.rng)  # (one process: run_rollouts' two halves, in its order)
         if setup.critic is None:
             adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
         else:
             assign_shared_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
             adv_stats = {"n_groups": 0.0, "n_zero_variance_groups": 0.0}
         return batch, adv_stats, apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
+
+    def _grow(self, questions: list[Example], rng: np.random.Generator) -> RolloutBatch:
+        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rollout.grow_trees`)."""
+        setup = self.setup
+        return grow_trees(questions, setup.workflow, setup.generator, setup.encode, self._spec(), rng,
+                          max_rounds=self.cfg.max_rounds, on_error="skip")
+
+    def _gather_trees(self, questions: list[Example]) -> RolloutBatch:
+        """Several ranks: this rank grows the trees of its share of `questions` (its own random streams, seeded by
+        the run's seed, the data position and the rank) and the trees of every rank are gathered in rank order, so
+        that the group ids are then assigned on the whole step, identically on every rank. A stop asked on any
+        rank (a signal) stops every rank here, before the update."""
+        ranks = self.ranks
+        rng = np.random.default_rng([self.cfg.seed, self.position, ranks.rank])
+        torch.manual_seed(int(rng.integers(2**62)))
+        parts = ranks.gather((self._grow(ranks.share(questions), rng), self._guard is not None and self._guard.pending))
+        if any(stop for _, stop in parts):
+            raise KeyboardInterrupt
+        return merge_batches([b for b, _ in parts])
 
     def _sample(self) -> tuple[RolloutBatch, dict[str, float], int, dict[str, float]]:
         """The step's rollouts. With `filter_zero_variance`, the groups whose rewards are all equal are untrained
@@ -332,12 +398,15 @@ class Trainer:
         it in half."""
         t = time.perf_counter()
         critic = self.setup.critic
+        comm = getattr(self.ranks, "comm_seconds", 0.0)
         if critic is not None:
             metrics.update(critic.update(samples))
             metrics["actor_updated"] = float(self.step >= self.cfg.critic.warmup_steps)
         if critic is None or metrics["actor_updated"]:
             metrics.update(self.setup.policy.update(samples))
         metrics["seconds/train"] = time.perf_counter() - t
+        if self.ranks.world > 1:  # the update's all-reduces (gradients, statistics), on rank 0
+            metrics["seconds/train_communication"] = self.ranks.comm_seconds - comm
         return metrics
 
     def train_step(self) -> dict[str, float]:
@@ -354,14 +423,16 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
-        dump_config(cfg, self.run_dir / "config.yaml")
-        log = RunLog(self.run_dir, resume_step=self.step)
+        if self.ranks.is_main:
+            dump_config(cfg, self.run_dir / "config.yaml")
+        log = RunLog(self.run_dir, resume_step=self.step) if self.ranks.is_main else NoLog()
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
                    dynamic_ncols=True)
         done = _Completed(rng_states(self.rng), self.position, self.failures, saved_step=self.step)
         guard: _StopGuard | None = None
         try:
-            with _StopGuard() as guard:
+            with _StopGuard(deferred=self.ranks.world > 1) as guard:
+                self._guard = guard
                 while self.step < cfg.steps:
                     metrics = self._run_step(log, guard, done)
                     bar.update(1)
@@ -388,7 +459,7 @@ class Trainer:
             if self._validates_at(step):
                 metrics.update(self._validate_in_run(log, step))
             metrics["memory/peak_mb"] = peak_memory_mb()
-            if batch is not None:
+            if batch is not None and self.ranks.is_main:
                 write_rollouts(self.run_dir, step, batch)
             log.log(step, metrics)
             self.step = step
@@ -396,6 +467,8 @@ class Trainer:
             if self._saves_at(step):
                 self._save_or_stop()
                 done.saved_step = step
+        if guard.deferred and self.ranks.any(guard.pending):  # several ranks: a signal on any stops them all here
+            raise KeyboardInterrupt
         return metrics
 
     def _validate_in_run(self, log: RunLog, step: int) -> dict[str, float]:
@@ -431,6 +504,8 @@ class Trainer:
             self.position, self.failures = done.position, done.failures
             rng = done.rng
         path = self.save(rng)
+        if not self.ranks.is_main:
+            return
         why = "stopped" if isinstance(stop, TooManyFailures) else "interrupted"
         print(f"mhgpo: {why}; saved {path} (resume with: mhgpo train --resume {self.run_dir})", flush=True)
 
@@ -448,8 +523,9 @@ class Trainer:
         for f in failures:
             self.failures += 1
             log.error(step, {"phase": phase, **f.record()})
-            _warn(f"{f.message()}; question skipped, traceback in {self.run_dir / 'errors.jsonl'} "
-                  f"({self.failures} failed of max_failures={self.cfg.max_failures})")
+            if self.ranks.is_main:
+                _warn(f"{f.message()}; question skipped, traceback in {self.run_dir / 'errors.jsonl'} "
+                      f"({self.failures} failed of max_failures={self.cfg.max_failures})")
         if stop and self.failures > self.cfg.max_failures:
             last = failures[-1].message() if failures else "the last failures are in errors.jsonl"
             raise TooManyFailures(f"{last}; {self.failures} questions failed in the workflow, more than max_failures="
@@ -580,11 +656,16 @@ def run_config(run_dir: Path, cls: type, overrides: list[str] = ()) -> Any:
     return cfg
 
 
-def continue_run(run_dir: Path, make: Callable[[], Trainer], from_step: int | None, command: str) -> Trainer:
+def continue_run(run_dir: Path, make: Callable[[], Trainer], from_step: int | None, command: str,
+                 ranks: Single | None = None) -> Trainer:
     """Lock `run_dir`, check its checkpoint (the last, or step `from_step`) before and after `make()` builds the
-    trainer, restore it, and run on; `command` (train, sft) names how to resume from an earlier checkpoint."""
-    with RunLock(run_dir, f"{command} --resume"):
-        clean_leftovers(run_dir)  # of a save that was cut short
+    trainer, restore it, and run on; `command` (train, sft) names how to resume from an earlier checkpoint. With
+    several `ranks`, rank 0 locks and tidies the folder, and every rank loads the checkpoint."""
+    ranks = ranks or Single()
+    with main_lock(ranks, run_dir, f"{command} --resume"):
+        if ranks.is_main:
+            clean_leftovers(run_dir)  # of a save that was cut short
+        ranks.barrier()
         chosen = choose_checkpoint(run_dir, from_step)
         try:
             check_checkpoint(chosen)  # fail before the model loads
@@ -592,6 +673,8 @@ def continue_run(run_dir: Path, make: Callable[[], Trainer], from_step: int | No
             trainer.restore(chosen)  # every file checked against the model before any state changes
         except CheckpointError as e:
             raise _with_fallback(e, run_dir, chosen, command) from None
-        _set_aside_later(run_dir, trainer.step)
+        ranks.barrier()  # every rank has read the checkpoint
+        if ranks.is_main:
+            _set_aside_later(run_dir, trainer.step)
         trainer.run()
     return trainer

@@ -1,0 +1,66 @@
+"""One rank of the data-parallel tests (tests/test_distributed.py), also run as one process.
+
+`python tests/distributed_worker.py CONFIG.json RECORDS.pkl OUT.pt` (with WORLD_SIZE / RANK / MASTER_ADDR /
+MASTER_PORT set, as a launcher sets them) builds the trainer of the config, replays the recorded rollout trees
+instead of sampling (each rank is given the trees of its share of the step's questions) and runs one training step;
+it saves the step's metrics and the trained weights afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mhgpo.checkpoint import trainable_state
+from mhgpo.config import TrainConfig, load_config
+from mhgpo.records import Example
+from mhgpo.rollout import RolloutBatch, merge_batches
+from mhgpo.trainer import Trainer, build_team
+
+
+class Replay(Trainer):
+    """A trainer that grows no trees: the recorded trees of the questions asked (one step's rollouts sampled once,
+    as parts of consecutive questions) come back instead."""
+
+    records: list[tuple[tuple[str, ...], RolloutBatch]] = []
+
+    def _grow(self, questions: list[Example], rng: np.random.Generator) -> RolloutBatch:
+        asked = tuple(q.id for q in questions)
+        parts = [b for ids, b in self.records if set(ids) <= set(asked)]
+        got = tuple(i for ids, b in self.records if set(ids) <= set(asked) for i in ids)
+        if got != asked:
+            raise AssertionError(f"no recorded trees for the questions {asked} (recorded: {got})")
+        return merge_batches([copy.deepcopy(b) for b in parts])
+
+
+def replay_step(cfg: TrainConfig, records: list[tuple[tuple[str, ...], RolloutBatch]]) -> dict[str, Any]:
+    """One step of `cfg` on the recorded trees: its metrics and the trained weights (policy, and critic if any)."""
+    setup = build_team(cfg)
+    trainer = Replay(cfg, setup, Path(cfg.output_dir), progress=False)
+    trainer.records = records
+    metrics = trainer.train_step()
+    weights = {f"policy/{k}": v.clone() for k, v in trainable_state(setup.policy.model).items()}
+    if setup.critic is not None:
+        weights.update({f"critic/{k}": v.clone() for k, v in trainable_state(setup.critic.model).items()})
+    groups = [(n.question_index, n.group_id) for n in trainer._last_batch.llm_nodes() if n.trained]
+    return {"metrics": metrics, "weights": weights, "groups": groups, "rank": trainer.ranks.rank,
+            "world": trainer.ranks.world}
+
+
+def main(config: str, records: str, out: str) -> int:
+    cfg = load_config(TrainConfig, None, json.loads(Path(config).read_text()))
+    with open(records, "rb") as f:
+        recorded = pickle.load(f)
+    torch.save(replay_step(cfg, recorded), out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

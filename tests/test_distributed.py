@@ -1,0 +1,129 @@
+"""Data parallelism on CPU: two ranks (gloo) against one process, on the same recorded rollouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distributed_worker import replay_step
+from helpers import REPO, make_config, train_overrides
+from mhgpo.distributed import share_bounds, shares
+from mhgpo.trainer import Trainer, build_team
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+VOLATILE = ("seconds/", "memory/")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """What a launcher (accelerate launch, torchrun) sets for each rank."""
+    return {**os.environ, "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+
+
+def run_ranks(world: int, args: list[str], timeout: int = 300) -> list[subprocess.CompletedProcess]:
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, *args], env=rank_env(r, world, port), cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(world)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def record_step(cfg, world: int) -> list[tuple[tuple[str, ...], object]]:
+    """One step's rollout trees, sampled once in this process, recorded as one part per rank's share of questions."""
+    trainer = Trainer(cfg, build_team(cfg), Path(cfg.output_dir), progress=False)
+    questions = trainer._next_questions(cfg.questions_per_step)
+    parts = []
+    for r in range(world):
+        lo, hi = share_bounds(len(questions), world, r)
+        parts.append((tuple(q.id for q in questions[lo:hi]), trainer._grow(questions[lo:hi], trainer.rng)))
+    return parts
+
+
+@pytest.mark.parametrize("algo,extra", [
+    ("mhgpo", {"sampler": "rr", "rr_probs": "[0,0.5,0.5]"}),  # the rewriter calls before a later fork: singletons
+    ("mappo", {"sampler": "chains"}),
+])
+def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, world, tmp_path, algo, extra) -> None:
+    cfg = make_config(tiny_model_dir, world, tmp_path / "run", algo=algo, questions_per_step=4, eval_every=0,
+                      save_every=0, steps=1, precision="fp32", **extra)
+    records = record_step(cfg, world=2)
+    (tmp_path / "records.pkl").write_bytes(pickle.dumps(records))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(train_overrides(tiny_model_dir, world, tmp_path / "run", algo=algo,
+                                                 questions_per_step=4, eval_every=0, save_every=0, steps=1,
+                                                 precision="fp32", **extra)))
+
+    one = replay_step(cfg, records)  # one process on the whole step
+    runs = run_ranks(2, [str(WORKER), str(config), str(tmp_path / "records.pkl"), str(tmp_path / "rank.pt")])
+    assert [r.returncode for r in runs] == [0, 0], "\n".join(r.stderr[-3000:] for r in runs)
+    two = torch.load(tmp_path / "rank.pt", weights_only=False)  # rank 1 wrote last or first: the same state
+    assert (two["rank"] in (0, 1)) and two["world"] == 2
+
+    m1 = {k: v for k, v in one["metrics"].items() if not k.startswith(VOLATILE)}
+    m2 = {k: v for k, v in two["metrics"].items() if not k.startswith(VOLATILE)}
+    assert m1.keys() == m2.keys()
+    for k in m1:
+        assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
+    assert m1["loss"] != 0 and m1["samples"] >= 8
+    assert one["weights"].keys() == two["weights"].keys()
+    init = replay_initial_weights(cfg)
+    for k, w in one["weights"].items():
+        # Adam's first step moves each weight by about lr * g / (|g| + eps): where |g| is near eps the float sums'
+        # order (micro-batches per rank, then the all-reduce) shows, at ~1e-6 against steps of lr = 1e-2
+        torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=1e-5, msg=k)
+    assert any(not torch.equal(one["weights"][k], init[k]) for k in init if "lora_B" in k or "value_head" in k)
+    if algo == "mhgpo":  # RR pooled singletons of both ranks' questions into groups, as one process does
+        assert two["groups"] == one["groups"]
+        members: dict[int, set[bool]] = {}
+        for q, g in one["groups"]:
+            members.setdefault(g, set()).add(q < 2)
+        assert any(m == {True, False} for m in members.values()), "no group spans the ranks: nothing checked"
+
+
+def replay_initial_weights(cfg) -> dict[str, torch.Tensor]:
+    from mhgpo.checkpoint import trainable_state
+
+    setup = build_team(cfg)
+    out = {f"policy/{k}": v for k, v in trainable_state(setup.policy.model).items()}
+    if setup.critic is not None:
+        out.update({f"critic/{k}": v for k, v in trainable_state(setup.critic.model).items()})
+    return out
+
+
+def test_shares_cut_samples_by_tokens_and_questions_contiguously() -> None:
+    assert [share_bounds(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert shares([5, 1, 4, 2, 3], 2) == [[0, 3, 4], [1, 2]]  # 5+2+3 vs 1+4: longest first to the lighter
+    assert sorted(i for s in shares(list(range(7)), 3) for i in s) == list(range(7))
+
+
+def test_questions_per_step_not_divisible_by_the_ranks_is_refused(tiny_model_dir, world, tmp_path) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "mhgpo", "train", *train_overrides(tiny_model_dir, world, tmp_path / "run",
+                                                                    questions_per_step=3)]
+    procs = [subprocess.Popen(cmd, env=rank_env(r, 2, port), cwd=REPO, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for r in range(2)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2]
+    assert results[0][1].strip().splitlines()[-1] == (
+        "mhgpo: error: questions_per_step=3 is not divisible by the 2 processes of this run: each rank rolls out "
+        "questions_per_step / processes questions")
+    assert results[1][1].strip() == ""  # rank 0 alone says it
+    assert not (tmp_path / "run").exists()
