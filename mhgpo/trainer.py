@@ -17,6 +17,7 @@ critic before the policy; `train_roles` / `frozen_roles` untrain whole roles aft
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -184,6 +185,9 @@ def check_ranks(cfg: TrainConfig, ranks: Single) -> None:
     start (a run of one process) is done beforehand."""
     if ranks.world == 1:
         return
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        raise InputError("FSDP: mhgpo's ranks each hold the whole model (data parallelism); launch with "
+                         "configs/accelerate/gpu_ddp.yaml")
     if cfg.questions_per_step % ranks.world:
         raise InputError(f"questions_per_step={cfg.questions_per_step} is not divisible by the {ranks.world} "
                          f"processes of this run: each rank rolls out questions_per_step / processes questions")

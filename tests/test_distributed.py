@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from distributed_worker import replay_step
-from helpers import REPO, make_config, train_overrides
+from helpers import REPO, comparable, make_config, train_overrides
 from mhgpo.distributed import share_bounds, shares
 from mhgpo.trainer import Trainer, build_team
 
@@ -110,7 +110,8 @@ def replay_initial_weights(cfg) -> dict[str, torch.Tensor]:
 
 def test_shares_cut_samples_by_tokens_and_questions_contiguously() -> None:
     assert [share_bounds(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 8), (8, 10)]
-    assert shares([5, 1, 4, 2, 3], 2) == [[0, 3, 4], [1, 2]]  # 5+2+3 vs 1+4: longest first to the lighter
+    # longest first, each to the lighter share (ties: rank 0): 5 | 4, 3 | 2 (7 vs 7) | 1 to rank 0: 8 vs 7 tokens
+    assert shares([5, 1, 4, 2, 3], 2) == [[0, 1, 3], [2, 4]]
     assert sorted(i for s in shares(list(range(7)), 3) for i in s) == list(range(7))
 
 
@@ -127,3 +128,75 @@ def test_questions_per_step_not_divisible_by_the_ranks_is_refused(tiny_model_dir
         "questions_per_step / processes questions")
     assert results[1][1].strip() == ""  # rank 0 alone says it
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------ a two-rank run through accelerate
+
+
+def launch(out: Path, tiny_model_dir, world, *extra: str, resume: bool = False) -> subprocess.Popen:
+    """`accelerate launch --config_file configs/accelerate/cpu_ddp.yaml -m mhgpo train ...` (2 ranks, gloo)."""
+    args = ["--resume", str(out), *extra] if resume else [*train_overrides(
+        tiny_model_dir, world, out, questions_per_step=4, steps=4, eval_every=2, val_limit=4, save_every=1,
+        keep_checkpoints=4), *extra]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(REPO / "configs" / "accelerate" / "cpu_ddp.yaml"), "--main_process_port", str(free_port()),
+           "-m", "mhgpo", "train", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.Popen(cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    import psutil
+
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "mhgpo" in child.cmdline():
+                return child.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no rank {rank} under the launcher")
+
+
+def test_two_rank_run_logs_once_writes_every_question_once_and_resumes_after_a_rank_dies(
+    tiny_model_dir, world, tmp_path
+) -> None:
+    import signal
+    import time
+
+    from mhgpo.checkpoint import list_checkpoints
+
+    ref = tmp_path / "ref"
+    p = launch(ref, tiny_model_dir, world)
+    log, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, log[-3000:]
+    assert log.count("finished 4 steps") == 1  # rank 0 reports
+    rows = [json.loads(line) for line in (ref / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all("seconds/train_communication" in r for r in rows)
+    assert [r["samples"] > 0 for r in rows] == [True] * 4
+    for r in rows:
+        nodes = [json.loads(line) for line in (ref / "rollouts" / f"step_{r['step']:06d}.jsonl").read_text()
+                 .splitlines()]
+        assert [n["node_id"] for n in nodes] == list(range(len(nodes)))
+        roots = [n["question_id"] for n in nodes if n["parent_id"] == -1]
+        assert len(set(roots)) == 4 and len({n["question_id"] for n in nodes}) == 4  # every question, once
+        assert len(nodes) == r["llm_calls"] + sum(n["agent"] == "retriever" for n in nodes)
+    assert [c.name for c in list_checkpoints(ref)] == ["step_1", "step_2", "step_3", "step_4"]
+
+    killed = tmp_path / "killed"
+    p = launch(killed, tiny_model_dir, world)
+    deadline = time.time() + 240
+    while not (killed / "checkpoints" / "step_1").is_dir() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(rank_pid(p, 1), signal.SIGKILL)
+    log, _ = p.communicate(timeout=120)
+    assert p.returncode != 0
+    assert "rank      : 1 (local_rank: 1)" in log and "Signal 9 (SIGKILL)" in log  # the launcher names it
+    done = [checkpoint.name for checkpoint in list_checkpoints(killed)]
+    assert done and done[-1] != "step_4"
+
+    p = launch(killed, tiny_model_dir, world, resume=True)
+    log, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, log[-3000:]
+    again = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert comparable(again) == comparable(rows)
