@@ -405,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(f"{args.command}: only `mhgpo train` runs on several processes (accelerate launch)")
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("mhgpo: interrupted", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print("mhgpo: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - bad input and machine errors become one line; bugs keep their traceback
         line = None if debug else error_line(e)

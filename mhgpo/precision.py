@@ -21,6 +21,7 @@ Commands print the resolved value when they start, and a run's ``config.yaml`` r
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import AbstractContextManager
 from typing import Any
@@ -71,7 +72,8 @@ def resolve_precision(precision: str, device: Any = None) -> tuple[str, str]:
 
 def announce(precision: str, reason: str) -> None:
     """One line on stderr saying which precision a command runs in, and why."""
-    print(f"mhgpo: precision {precision} ({reason})", file=sys.stderr, flush=True)
+    if os.environ.get("RANK", "0") == "0":  # a data-parallel run: rank 0 says it
+        print(f"mhgpo: precision {precision} ({reason})", file=sys.stderr, flush=True)
 
 
 def weight_dtype(precision: str, trainable: bool) -> torch.dtype:

@@ -43,6 +43,7 @@ from mhgpo.rollout import RolloutBatch, RolloutSpec, assign_groups, grow_trees, 
 from mhgpo.rundir import RunLock
 from mhgpo.runlog import NoLog, RunLog, write_rollouts
 from mhgpo.statecodec import rng_states
+from mhgpo.stopguard import StopGuard
 from mhgpo.workflow import Workflow
 
 
@@ -113,59 +114,6 @@ class TrainingSetup:
     critic: Any = None  # mhgpo.critic.Critic for algo mappo | ppo
 
 
-class _StopGuard:
-    """SIGINT/SIGTERM raise KeyboardInterrupt, except inside `critical()` where they wait for its end. `deferred`
-    (several ranks): a signal never raises by itself, it is noted (`pending`) and the ranks stop together where the
-    trainer asks them all (after the rollouts' gather, at the step's end); a second one aborts this rank."""
-
-    def __init__(self, deferred: bool = False) -> None:
-        self.deferred = deferred
-        self.depth = 0
-        self.pending = False
-        self.aborted = False  # a second signal inside a critical section: stop at once, save nothing
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> "_StopGuard":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if self.deferred and not self.pending:
-            self.pending = True
-            print("\nmhgpo: stopping every rank at the end of this phase (again to abort without saving)", flush=True)
-            return
-        if self.depth > 0 and not self.pending:
-            self.pending = True
-            print("\nmhgpo: stopping after this update (Ctrl-C again to abort without saving)", flush=True)
-            return
-        self.aborted = self.depth > 0
-        raise KeyboardInterrupt
-
-    def critical(self) -> "_Critical":
-        return _Critical(self)
-
-
-class _Critical:
-    def __init__(self, guard: _StopGuard) -> None:
-        self.guard = guard
-
-    def __enter__(self) -> None:
-        self.guard.depth += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        self.guard.depth -= 1
-        if self.guard.depth == 0 and self.guard.pending and exc[0] is None and not self.guard.deferred:
-            raise KeyboardInterrupt
-
-
 @dataclass
 class _Completed:
     """The run's state after its last completed step: what a step stopped half-way is rewound to."""
@@ -214,7 +162,7 @@ class Trainer:
         for part in (setup.policy, setup.critic):  # their updates cut the step's samples across the ranks
             if part is not None:
                 part.ranks = self.ranks
-        self._guard: _StopGuard | None = None
+        self._guard: StopGuard | None = None
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
@@ -433,9 +381,9 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
                    dynamic_ncols=True)
         done = _Completed(rng_states(self.rng), self.position, self.failures, saved_step=self.step)
-        guard: _StopGuard | None = None
+        guard: StopGuard | None = None
         try:
-            with _StopGuard(deferred=self.ranks.world > 1) as guard:
+            with StopGuard(deferred=self.ranks.world > 1) as guard:
                 self._guard = guard
                 while self.step < cfg.steps:
                     metrics = self._run_step(log, guard, done)
@@ -450,7 +398,7 @@ class Trainer:
             log.close()
         return {"steps": self.step, "val": self.val_history}
 
-    def _run_step(self, log: RunLog, guard: _StopGuard, done: "_Completed") -> dict[str, float]:
+    def _run_step(self, log: RunLog, guard: StopGuard, done: "_Completed") -> dict[str, float]:
         """One step: collect (safe to interrupt), then learn, validate, log and save. From the first weight change
         on, the step is completed (logged, saved) before a signal stops the run: an interrupted update would leave
         weights that belong to no step."""
@@ -494,15 +442,19 @@ class Trainer:
             post["val_f1"] = f"{self.val_history[-1]['val/f1']:.1f}"
         return post
 
-    def _save_on_stop(self, stop: BaseException, guard: _StopGuard | None, done: "_Completed") -> None:
+    def _save_on_stop(self, stop: BaseException, guard: StopGuard | None, done: "_Completed") -> None:
         """On an interrupt (or too many failures): save the last completed step unless it is saved already,
         rewinding a step stopped half-way (data position, failures, rng); a second signal inside a critical
         section saves nothing."""
         if guard is not None and guard.aborted:
             print("mhgpo: aborted; nothing saved", flush=True)
             return
-        if done.saved_step == self.step:
-            return
+        if done.saved_step != self.step:
+            self._save_last(stop, done)
+        if guard is not None and guard.deferred:  # every rank stopped here: none ends before rank 0 has saved
+            self.ranks.barrier()
+
+    def _save_last(self, stop: BaseException, done: "_Completed") -> None:
         rng = None
         if self.position != done.position:  # stopped inside a step: rewind it
             self.position, self.failures = done.position, done.failures

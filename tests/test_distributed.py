@@ -142,7 +142,8 @@ def launch(out: Path, tiny_model_dir, world, *extra: str, resume: bool = False) 
            str(REPO / "configs" / "accelerate" / "cpu_ddp.yaml"), "--main_process_port", str(free_port()),
            "-m", "mhgpo", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.Popen(cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # its own process group, as a terminal's foreground job
 
 
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
@@ -200,3 +201,31 @@ def test_two_rank_run_logs_once_writes_every_question_once_and_resumes_after_a_r
     assert p.returncode == 0, log[-3000:]
     again = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert comparable(again) == comparable(rows)
+
+
+@pytest.mark.parametrize("how", ["sigterm to rank 1", "ctrl-c"])
+def test_a_signal_stops_every_rank_and_rank_0_saves_the_last_completed_step_once(
+    tiny_model_dir, world, tmp_path, how
+) -> None:
+    """SIGTERM to one rank, or Ctrl-C in a terminal (SIGINT to the launcher and every rank, which the launcher
+    forwards once more): every rank stops at its next sync point and rank 0 saves once."""
+    import signal
+    import time
+
+    from mhgpo.checkpoint import list_checkpoints
+
+    out = tmp_path / "run"
+    p = launch(out, tiny_model_dir, world, "steps=40", "save_every=50")
+    deadline = time.time() + 240
+    while not (out / "metrics.jsonl").is_file() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    if how == "ctrl-c":
+        os.killpg(p.pid, signal.SIGINT)
+    else:
+        os.kill(rank_pid(p, 1), signal.SIGTERM)
+    log, _ = p.communicate(timeout=120)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 1 <= len(rows) < 40
+    assert log.count("interrupted; saved") == 1, log[-3000:]
+    assert [c.name for c in list_checkpoints(out)] == [f"step_{len(rows)}"]  # the last completed step
+    assert "aborted" not in log and "SIGKILL" not in log  # no rank aborted or had to be killed
