@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -23,7 +24,7 @@ import torch
 
 T = TypeVar("T")
 
-TIMEOUT_S = 600  # a collective that waits longer (a rank died or hangs) ends the run naming the rank
+TIMEOUT_S = 1800  # a collective that waits longer (a rank died or hangs) ends the run, naming the waiting rank
 
 
 class Single:
@@ -67,8 +68,6 @@ class Ranks(Single):
         self.comm_seconds = 0.0  # time spent in collectives (the rollouts' gather included: it waits for the slowest)
 
     def _timed(self, fn: Any, *args: Any) -> Any:
-        import time
-
         t = time.perf_counter()
         try:
             return fn(*args)

@@ -133,6 +133,8 @@ def check_ranks(cfg: TrainConfig, ranks: Single) -> None:
     start (a run of one process) is done beforehand."""
     if ranks.world == 1:
         return
+    if not isinstance(cfg, TrainConfig):
+        raise InputError("only RL training (mhgpo train) runs on several processes")
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
         raise InputError("FSDP: mhgpo's ranks each hold the whole model (data parallelism); launch with "
                          "configs/accelerate/gpu_ddp.yaml")

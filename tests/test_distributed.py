@@ -183,6 +183,9 @@ def test_two_rank_run_logs_once_writes_every_question_once_and_resumes_after_a_r
         assert len(set(roots)) == 4 and len({n["question_id"] for n in nodes}) == 4  # every question, once
         assert len(nodes) == r["llm_calls"] + sum(n["agent"] == "retriever" for n in nodes)
     assert [c.name for c in list_checkpoints(ref)] == ["step_1", "step_2", "step_3", "step_4"]
+    exported = subprocess.run([sys.executable, "-m", "mhgpo", "export", str(ref), "--out", str(tmp_path / "export")],
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, text=True, capture_output=True)
+    assert exported.returncode == 0 and (tmp_path / "export" / "model.safetensors").is_file(), exported.stderr
 
     killed = tmp_path / "killed"
     p = launch(killed, tiny_model_dir, world)
