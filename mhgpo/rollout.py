@@ -158,31 +158,15 @@ def run_rollouts(
     rng: np.random.Generator,
     max_rounds: int = 64,
     on_error: str = "raise",
+    grouped: bool = True,
 ) -> RolloutBatch:
     """Run every tree of the batch breadth-first; assign group ids; score the leaves (`workflow.reward`).
 
     `on_error`: "raise" (a failing question stops with a `WorkflowError`) or "skip" (it is left out and listed in
-    the batch's `failures`)."""
-    batch = grow_trees(examples, workflow, generator, encode, spec, rng, max_rounds, on_error)
-    assign_groups(batch, spec, rng)
-    return batch
-
-
-def grow_trees(
-    examples: list[Example],
-    workflow: Workflow,
-    generator: Generator,
-    encode: Callable[[list[dict[str, str]]], list[int]],
-    spec: RolloutSpec,
-    rng: np.random.Generator,
-    max_rounds: int = 64,
-    on_error: str = "raise",
-) -> RolloutBatch:
-    """The trees of :func:`run_rollouts` with their leaves scored but no group ids yet (:func:`assign_groups`);
-    several ranks each grow the trees of their questions and the whole step's trees are grouped together."""
+    the batch's `failures`). `grouped=False`: the trees without group ids, for :func:`assign_groups` later (several
+    ranks each grow the trees of their questions, and the whole step's trees are grouped together)."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error: expected raise or skip, got {on_error!r}")
-    G = spec.width
     starts, fork_agents = initial_branches(len(examples), workflow, spec, rng)
     guard = _Guard(workflow, examples, on_error)
     nodes: list[Node] = []
@@ -228,7 +212,10 @@ def grow_trees(
         examples, nodes, fork_agents = _without_questions(set(guard.failures), examples, nodes, fork_agents)
     stats = dict(llm_calls=float(llm_calls), tokens_generated=float(tokens),
                  failed_questions=float(len(guard.failures)))
-    return RolloutBatch(examples, nodes, fork_agents, stats, list(guard.failures.values()))
+    batch = RolloutBatch(examples, nodes, fork_agents, stats, list(guard.failures.values()))
+    if grouped:
+        assign_groups(batch, spec, rng)
+    return batch
 
 
 def assign_groups(batch: RolloutBatch, spec: RolloutSpec, rng: np.random.Generator) -> None:
@@ -307,8 +294,10 @@ def _without_questions(failed: set[int], examples: list[Example], nodes: list[No
 
 def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
     """One batch holding the trees of `batches` in order: node ids, parent ids, question indices, fork ids and
-    group ids are shifted so that they stay distinct (group ids stay per batch: groups never span batches); stats
-    add up and failures are listed together."""
+    group ids are shifted so that they stay distinct (group ids stay per batch: groups never span batches), and
+    group keys are tagged with their batch, so that grouping the merged trees (:func:`assign_groups`: the ranks'
+    trees of one step) groups within each question as each batch would; stats add up and failures are listed
+    together."""
     if len(batches) == 1:
         return batches[0]
     examples: list[Example] = []

@@ -39,7 +39,7 @@ from mhgpo.distributed import Single, current
 from mhgpo.evaluation import evaluate_examples, merge_results
 from mhgpo.policy import Policy, Sample, peak_memory_mb
 from mhgpo.records import Example, InputError, RunError
-from mhgpo.rollout import RolloutBatch, RolloutSpec, assign_groups, grow_trees, merge_batches
+from mhgpo.rollout import RolloutBatch, RolloutSpec, assign_groups, merge_batches, run_rollouts
 from mhgpo.rundir import RunLock
 from mhgpo.runlog import NoLog, RunLog, write_rollouts
 from mhgpo.statecodec import rng_states
@@ -292,10 +292,10 @@ class Trainer:
         return batch, adv_stats, apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
 
     def _grow(self, questions: list[Example], rng: np.random.Generator) -> RolloutBatch:
-        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rollout.grow_trees`)."""
+        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rollout.run_rollouts`)."""
         setup = self.setup
-        return grow_trees(questions, setup.workflow, setup.generator, setup.encode, self._spec(), rng,
-                          max_rounds=self.cfg.max_rounds, on_error="skip")
+        return run_rollouts(questions, setup.workflow, setup.generator, setup.encode, self._spec(), rng,
+                            max_rounds=self.cfg.max_rounds, on_error="skip", grouped=False)
 
     def _gather_trees(self, questions: list[Example]) -> RolloutBatch:
         """Several ranks: this rank grows the trees of its share of `questions` (its own random streams, seeded by
