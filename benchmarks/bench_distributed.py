@@ -7,7 +7,7 @@ all-reduces of gradients and statistics), averaged over the steps after the firs
 set-up). Settings: one process with 1 thread, one process with N threads, N ranks of 1 thread each.
 
     python benchmarks/bench_distributed.py [--model smollm2-135m] [--ranks 2] [--steps 3] [--questions 2]
-        [--group-size 2] [extra key=value overrides ...]
+        [--group-size 2] [--settings one,threads,ranks] [extra key=value overrides ...]
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--questions", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=2)
+    ap.add_argument("--settings", default="one,threads,ranks",
+                    help="which of: one (1 process, 1 thread), threads (1 process, N threads), ranks (N ranks)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_distributed_"))
@@ -53,11 +55,12 @@ def main() -> None:
              "save_every=0", *args.overrides]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
               str(REPO / "configs" / "accelerate" / "cpu_ddp.yaml"), "--num_processes", str(args.ranks)]
-    settings = [
-        ("1 process, 1 thread", [sys.executable, *train], 1),
-        (f"1 process, {args.ranks} threads", [sys.executable, *train], args.ranks),
-        (f"{args.ranks} ranks x 1 thread", [*launch, *train], 1),
-    ]
+    settings = {
+        "one": ("1 process, 1 thread", [sys.executable, *train], 1),
+        "threads": (f"1 process, {args.ranks} threads", [sys.executable, *train], args.ranks),
+        "ranks": (f"{args.ranks} ranks x 1 thread", [*launch, *train], 1),
+    }
+    settings = [settings[name] for name in args.settings.split(",")]
     results = []
     for i, (label, command, threads) in enumerate(settings):
         out = tmp / f"run{i}"
