@@ -31,7 +31,8 @@ from mhgpo.sft import resume_sft, run_sft
 from mhgpo.teams import require_demonstrations
 from mhgpo.trained import portable_model_spec, run_model_spec
 from mhgpo.distributed import current
-from mhgpo.trainer import Trainer, build_team, check_ranks, continue_run, load_team_data, main_lock, run_config
+from mhgpo.resuming import continue_run, main_lock, run_config
+from mhgpo.trainer import Trainer, build_team, check_ranks, load_team_data
 
 WARM_START_DIR = "warm_start"
 

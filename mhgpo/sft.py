@@ -34,7 +34,8 @@ from mhgpo.metrics import normalize_answer, score
 from mhgpo.policy import Sample, micro_batches
 from mhgpo.records import Example, InputError
 from mhgpo.teams import WorkflowError, failure, require_demonstrations
-from mhgpo.trainer import Trainer, TrainingSetup, continue_run, load_team_data, run_config
+from mhgpo.resuming import continue_run, run_config
+from mhgpo.trainer import Trainer, TrainingSetup, load_team_data
 from mhgpo.workflow import State, Workflow
 
 
