@@ -14,7 +14,7 @@ The baselines share the loop: GRPO is the group-relative path on the single-agen
 PPO (`algo=mappo|ppo`) replace the group advantages with the critic's GAE (`mhgpo/critic.py`) and update the
 critic before the policy; `train_roles` / `frozen_roles` untrain whole roles after the rewards are assigned.
 
-Under `accelerate launch` the trainer runs on every rank (`mhgpo/distributed.py`, docs/design.md §4): each rank
+Under `accelerate launch` the trainer runs on every rank (`mhgpo/distributed.py`, docs/design.md §5): each rank
 rolls out its share of the step's questions, the trees are gathered and the step's bookkeeping runs on all of them,
 the update is cut across the ranks, and rank 0 writes the run.
 """
