@@ -232,3 +232,23 @@ def test_a_signal_stops_every_rank_and_rank_0_saves_the_last_completed_step_once
     assert log.count("interrupted; saved") == 1, log[-3000:]
     assert [c.name for c in list_checkpoints(out)] == [f"step_{len(rows)}"]  # the last completed step
     assert "aborted" not in log and "SIGKILL" not in log  # no rank aborted or had to be killed
+
+
+def test_owned_cuts_the_step_between_ranks_keeping_a_shared_prompt_on_one_rank() -> None:
+    from types import SimpleNamespace
+
+    from mhgpo.policy import Sample, owned
+
+    def sample(prompt: list[int], out: int) -> Sample:
+        return Sample(prompt, [7] * out, [0.0] * out, 0.0, "a")
+
+    samples = [sample([1, 2, 3], 4), sample([5] * 9, 2), sample([1, 2, 3], 5), sample([5] * 9, 1), sample([6], 3)]
+    for share in (False, True):
+        cuts = [owned(samples, SimpleNamespace(world=2, rank=r), share) for r in range(2)]
+        assert sorted(cuts[0] + cuts[1]) == list(range(5))
+        if share:  # the prompt [1, 2, 3] (samples 0, 2) and the prompt [5]*9 (samples 1, 3) each on one rank
+            assert [{0, 2} <= set(c) or not {0, 2} & set(c) for c in cuts] == [True, True]
+            assert [{1, 3} <= set(c) or not {1, 3} & set(c) for c in cuts] == [True, True]
+        else:  # by tokens alone (11, 10, 8, 7, 4 to the lighter rank): both prompts split
+            assert cuts == [[0, 1, 4], [2, 3]]
+    assert owned(samples, SimpleNamespace(world=1, rank=0), True) == [0, 1, 2, 3, 4]
