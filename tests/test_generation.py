@@ -44,6 +44,34 @@ def test_greedy_batched_equals_one_at_a_time(tiny_lm, prompts) -> None:
     assert len({tuple(g.output_ids) for g in batched}) >= 3  # the prompts do lead to different outputs
 
 
+def test_a_shared_prefix_is_prefilled_once_with_the_same_outputs(tiny_lm) -> None:
+    from mhgpo.generation import MIN_SHARED_PREFIX, shared_prefix_length
+
+    rng = random.Random(3)
+    vocab = len(tiny_lm.tokenizer)
+    head = [rng.randrange(4, vocab) for _ in range(30)]  # an instruction every prompt starts with
+    prompts = [head + [rng.randrange(4, vocab) for _ in range(n)] for n in (1, 9, 4, 17)]
+    shared = shared_prefix_length(prompts)
+    assert shared >= MIN_SHARED_PREFIX
+    assert shared == 30
+    assert shared_prefix_length([prompts[0], prompts[0]]) == len(prompts[0]) - 1
+    lengths: list[int] = []
+    hook = tiny_lm.model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        params = SamplingParams(max_new_tokens=12, temperature=0.0)
+        batched = _generate(tiny_lm, prompts, params, batch_size=8)
+        prefills = lengths[:2]
+        alone = [g for p in prompts for g in _generate(tiny_lm, [p], params, batch_size=1)]
+    finally:
+        hook.remove()
+    assert prefills == [shared, max(len(p) for p in prompts) - shared]  # the prefix once, then the rests
+    for a, b in zip(batched, alone, strict=True):
+        assert a.output_ids == b.output_ids and a.text == b.text and a.finished == b.finished
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5, rel=0)
+    assert len({tuple(g.output_ids) for g in batched}) >= 2  # the rests lead to different outputs
+
+
 def test_left_padding_does_not_change_a_short_prompt(tiny_lm, prompts) -> None:
     short, long = prompts[1], prompts[2]
     assert len(short) == 1 and len(long) == 40
