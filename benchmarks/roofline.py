@@ -224,8 +224,8 @@ def main() -> None:
     print(f"\nOne step, demo settings ({r['settings']}), precision {r['precision']}, {threads} thread(s): "
           f"rollout {r['rollout_seconds']:.1f} s (generation {gen['seconds']:.1f} s, {gen['calls']} decoder calls), "
           f"update {r['update_seconds']:.1f} s, {r['samples']} trained samples\n")
-    print("| phase | s | tokens | GFLOP | GFLOP/s | % of fp32 GEMM (training shape) | % of bf16 GEMM (training shape) | "
-          "% of fp32 / bf16 GEMM (decoding shape) |")
+    print("| phase | s | tokens | GFLOP | GFLOP/s | % of fp32 GEMM (training shape) | "
+          "% of bf16 GEMM (training shape) | % of fp32 / bf16 GEMM (decoding shape) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, secs, flops, tokens, decoding in rows:
         rate = flops / secs / 1e9 if secs > 0 else 0.0
