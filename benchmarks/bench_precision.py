@@ -108,6 +108,21 @@ def in_own_processes(script: str, args: argparse.Namespace, passed: list[str]) -
     return results
 
 
+def dispatch(script: str, args: argparse.Namespace, one: Callable[[str, argparse.Namespace], dict[str, Any]],
+             options: list[str]) -> list[dict[str, Any]] | None:
+    """With `--one PRECISION`: print `one`'s result as JSON and return None (a child's run). Else run `script` once
+    per precision in processes of their own, passing on the common options and the script's own `options` (flag
+    names; list values joined by commas), and return their results."""
+    if args.one:
+        print(json.dumps(one(args.one, args)))
+        return None
+    passed = []
+    for flag in options:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        passed += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return in_own_processes(script, args, passed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_arguments(parser)
@@ -119,13 +134,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
     args.gen = [int(n) for n in str(args.gen).split(",")]
-    if args.one:
-        print(json.dumps(one(args.one, args)))
+    results = dispatch(__file__, args, one, ["--batch", "--length", "--output-len", "--gen", "--prompt-len",
+                                             "--new-tokens"])
+    if results is None:
         return
-    passed = ["--batch", str(args.batch), "--length", str(args.length), "--output-len", str(args.output_len),
-              "--gen", ",".join(map(str, args.gen)), "--prompt-len", str(args.prompt_len), "--new-tokens",
-              str(args.new_tokens)]
-    results = in_own_processes(__file__, args, passed)
     print(f"\n{args.model}, LoRA r={args.lora_r}, gradient checkpointing {'on' if args.checkpointing else 'off'}, "
           f"{results[0]['threads']} thread(s); forward+backward and forward: {args.batch} x {args.length} tokens "
           f"({args.output_len} output tokens each); generation: {args.new_tokens} new tokens per sequence, "

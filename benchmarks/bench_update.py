@@ -19,13 +19,12 @@ and prints the largest gap between the two ways' log-probs.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import torch
 
 from bench_generation import PeakRSS
-from bench_precision import best_of, common_arguments, in_own_processes
+from bench_precision import best_of, common_arguments, dispatch
 
 
 def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -78,12 +77,9 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=500)
     parser.add_argument("--output-len", type=int, default=32)
     args = parser.parse_args()
-    if args.one:
-        print(json.dumps(one(args.one, args)))
+    results = dispatch(__file__, args, one, ["--groups", "--group-size", "--prompt-len", "--output-len"])
+    if results is None:
         return
-    passed = ["--groups", str(args.groups), "--group-size", str(args.group_size), "--prompt-len",
-              str(args.prompt_len), "--output-len", str(args.output_len)]
-    results = in_own_processes(__file__, args, passed)
     print(f"\n{args.model}, LoRA r={args.lora_r}, gradient checkpointing {'on' if args.checkpointing else 'off'}, "
           f"{results[0]['threads']} thread(s); one micro-batch of {args.groups} group(s) x {args.group_size} samples, "
           f"prompts of {args.prompt_len} tokens, outputs of {args.output_len}. Each cell: wall / CPU seconds")
