@@ -1,15 +1,17 @@
 """How close a training step comes to this machine's limits: measured GEMM and copy rates, and the FLOP/s that
-generation and the update achieve in one step with the demo settings, as fractions of them.
+generation and the update achieve in a step with the demo settings, as fractions of them.
 
 Limits (measured here, `torch.matmul` on random matrices, best of a few runs): GEMM GFLOP/s in float32 and
 bfloat16 at the default model's shapes (M×K×N: 2048×576×1536, a 2,048-token micro-batch through an MLP projection;
 512×576×49152, the LM head over 512 positions; 16×576×1536, one decoding step of 16 sequences), and the copy
 bandwidth (GB/s read + written by `Tensor.copy_` of 256 MiB).
 
-Then one step with the demo settings (`mhgpo/demo.yaml`: the default model, LoRA r16, 4 questions, G = 4, RR
-sampler, no warm start, no validation; `--short`: 2 questions, G = 2), timing every `generate` call and the update
-(with its reference pass), and counting the FLOPs the computation needs, analytically, from the model's dimensions
-and the step's token counts (padding and finished rows left out, so what padding costs shows as lost efficiency):
+Then `--steps` steps (default 1) with the demo settings (`mhgpo/demo.yaml`: the default model, LoRA r16, 4
+questions, G = 4, RR sampler, no warm start, no validation; `--short`: 2 questions, G = 2), timing every
+`generate` call and the update (with its reference pass), and counting the FLOPs the computation needs,
+analytically, from the model's dimensions and the step's token counts (padding and finished rows left out, so what
+padding costs shows as lost efficiency); the table holds the means per step, and each step's rollout and update
+seconds are printed:
 
 - a forward pass over a token: 2 × (the decoder layers' weights + the LoRA adapters'), plus attention 4 × hidden ×
   (keys attended, causal) per layer, plus 2 × vocabulary × hidden for the LM head where logits are taken
@@ -24,7 +26,7 @@ It prints a markdown table: seconds, GFLOP, achieved GFLOP/s, and that as a perc
 GEMM rates at the training shape (and, for generation, at the decoding shape), plus generation's bandwidth bound
 (the weight bytes read by every decoder call over the copy bandwidth).
 
-    python benchmarks/roofline.py [--threads N] [--short] [--precision auto] [key=value ...]
+    python benchmarks/roofline.py [--threads N] [--short] [--steps N] [--precision auto] [key=value ...]
 """
 
 from __future__ import annotations
@@ -161,23 +163,32 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
 
         generator.generate, policy.reference_logprobs = timed_generate, timed_reference
         hook = causal_lm(team.policy.model).get_decoder().register_forward_pre_hook(count_call, with_kwargs=True)
-        t = time.perf_counter()
-        batch, samples, metrics = trainer.collect()
-        rollout_seconds = time.perf_counter() - t
+        per_step: list[tuple[float, float]] = []  # (rollout, update) seconds of each step
+        samples_with_output: list[Any] = []
+        ref_flops = train_flops = 0.0
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            batch, samples, metrics = trainer.collect()
+            rollout_seconds = time.perf_counter() - t
+            trained = [s for s in samples if s.output_ids]
+            t = time.perf_counter()
+            trainer.learn(samples, metrics)
+            trainer.step += 1
+            per_step.append((rollout_seconds, time.perf_counter() - t))
+            ref, train = update_flops(dims, trained, cfg.optim.kl_beta != 0, cfg.optim.gradient_checkpointing)
+            ref_flops, train_flops = ref_flops + ref, train_flops + train
+            samples_with_output += trained
         hook.remove()
-        samples_with_output = [s for s in samples if s.output_ids]
-        t = time.perf_counter()
-        trainer.learn(samples, metrics)
-        update_seconds = time.perf_counter() - t
-        ref_flops, train_flops = update_flops(dims, samples_with_output, cfg.optim.kl_beta != 0,
-                                              cfg.optim.gradient_checkpointing)
     weight_bytes = sum(p.numel() * p.element_size() for n, p in team.policy.model.named_parameters()
                        if "lora_" not in n or p.requires_grad)
-    return {"precision": cfg.precision, "gen": gen, "rollout_seconds": rollout_seconds,
-            "update_seconds": update_seconds, "ref_seconds": ref_seconds[0], "ref_flops": ref_flops,
-            "train_flops": train_flops, "trained_tokens": sum(len(s.prompt_ids) + len(s.output_ids)
-                                                              for s in samples_with_output),
-            "samples": len(samples_with_output), "weight_bytes": weight_bytes,
+    n = len(per_step)  # every figure below is a mean over the steps
+    gen = {k: v / n for k, v in gen.items()}
+    return {"precision": cfg.precision, "gen": gen, "per_step": per_step,
+            "rollout_seconds": sum(r for r, _ in per_step) / n, "update_seconds": sum(u for _, u in per_step) / n,
+            "ref_seconds": ref_seconds[0] / n, "ref_flops": ref_flops / n,
+            "train_flops": train_flops / n, "trained_tokens": sum(len(s.prompt_ids) + len(s.output_ids)
+                                                                  for s in samples_with_output) / n,
+            "samples": len(samples_with_output) / n, "weight_bytes": weight_bytes,
             "settings": f"{cfg.questions_per_step} questions, G = {cfg.group_size}, sampler {cfg.sampler}, "
                         f"LoRA r{cfg.lora.r}, kl_beta {cfg.optim.kl_beta}, gradient checkpointing "
                         f"{cfg.optim.gradient_checkpointing}, gen_batch_size {cfg.gen_batch_size}"}
@@ -189,6 +200,7 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="shorter limit timings, 2 questions × G = 2")
     parser.add_argument("--precision", default="auto", help="the step's precision (fp32, bf16-mixed, auto)")
     parser.add_argument("--limits-only", action="store_true", help="measure the machine's limits only")
+    parser.add_argument("--steps", type=int, default=1, help="steps measured; the figures are means over them")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides")
     args = parser.parse_args()
     if args.threads:
@@ -214,16 +226,18 @@ def main() -> None:
     bound = gen["calls"] * r["weight_bytes"] / (bandwidth * 1e9)
     train_seconds = r["update_seconds"] - r["ref_seconds"]
     rows = [
-        ("generation", gen["seconds"], gen["flops"], f"{gen['prompt_tokens']} prompt + {gen['tokens']} new",
+        ("generation", gen["seconds"], gen["flops"], f"{gen['prompt_tokens']:.0f} prompt + {gen['tokens']:.0f} new",
          f"{100 * gen['flops'] / gen['seconds'] / 1e9 / dec_f32:.0f}% / "
          f"{100 * gen['flops'] / gen['seconds'] / 1e9 / dec_b16:.0f}%"),
-        ("update: reference pass", r["ref_seconds"], r["ref_flops"], f"{r['trained_tokens']}", "—"),
-        ("update: forward + backward", train_seconds, r["train_flops"], f"{r['trained_tokens']}", "—"),
-        ("update (all)", r["update_seconds"], r["ref_flops"] + r["train_flops"], f"{r['trained_tokens']}", "—"),
+        ("update: reference pass", r["ref_seconds"], r["ref_flops"], f"{r['trained_tokens']:.0f}", "—"),
+        ("update: forward + backward", train_seconds, r["train_flops"], f"{r['trained_tokens']:.0f}", "—"),
+        ("update (all)", r["update_seconds"], r["ref_flops"] + r["train_flops"], f"{r['trained_tokens']:.0f}", "—"),
     ]
-    print(f"\nOne step, demo settings ({r['settings']}), precision {r['precision']}, {threads} thread(s): "
-          f"rollout {r['rollout_seconds']:.1f} s (generation {gen['seconds']:.1f} s, {gen['calls']} decoder calls), "
-          f"update {r['update_seconds']:.1f} s, {r['samples']} trained samples\n")
+    steps = "; ".join(f"{a:.1f} + {b:.1f} s" for a, b in r["per_step"])
+    print(f"\n{args.steps} step(s), demo settings ({r['settings']}), precision {r['precision']}, {threads} thread(s); "
+          f"mean per step: rollout {r['rollout_seconds']:.1f} s (generation {gen['seconds']:.1f} s, "
+          f"{gen['calls']:.0f} decoder calls), update {r['update_seconds']:.1f} s, {r['samples']:.0f} trained "
+          f"samples; each step's rollout + update: {steps}\n")
     print("| phase | s | tokens | GFLOP | GFLOP/s | % of fp32 GEMM (training shape) | "
           "% of bf16 GEMM (training shape) | % of fp32 / bf16 GEMM (decoding shape) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -231,7 +245,7 @@ def main() -> None:
         rate = flops / secs / 1e9 if secs > 0 else 0.0
         print(f"| {name} | {secs:.1f} | {tokens} | {flops / 1e9:.0f} | {rate:.0f} | {100 * rate / train_f32:.0f}% | "
               f"{100 * rate / train_b16:.0f}% | {decoding} |")
-    print(f"\ngeneration's bandwidth bound: {gen['calls']} decoder calls × {r['weight_bytes'] / 1e6:.0f} MB of "
+    print(f"\ngeneration's bandwidth bound: {gen['calls']:.0f} decoder calls × {r['weight_bytes'] / 1e6:.0f} MB of "
           f"weights / {bandwidth:.1f} GB/s = {bound:.1f} s ({100 * bound / gen['seconds']:.0f}% of the measured "
           f"generation time)")
 
