@@ -2,16 +2,16 @@
 
 :class:`HFGenerator` wraps ``model.generate`` (KV cache, left padding). The prompts of a batch are laid out
 ``[shared prefix | padding | rest of the prompt]``: the prefix every prompt of the batch starts with (an agent's
-instructions) is run once and its keys and values copied to every row of the KV cache (in float32 a preallocated,
-static one, which grows without copying itself at every step); positions are counted over real tokens, so each row
+instructions) is run once and its keys and values copied to every row of the KV cache (a preallocated, static
+one, which grows without copying itself at every step); positions are counted over real tokens, so each row
 computes what it computes alone. The log-probs are those of the
 policy at the sampling temperature, ``log_softmax(logits / T)`` of the *raw* logits (before top-p), at
 the chosen token; they are taken step by step by a logits processor that runs before any warper, so
 at most one step of full-vocabulary log-probs is alive at a time.
 
 Where several rows of a batch have the same prompt (the G samples at a fork), each distinct prompt but its last token
-is run through the decoder once instead, and its key/value cache is copied to every row that asked for it before
-``generate`` decodes the whole batch (:func:`prefill_once`).
+is run through the decoder once instead, and its keys and values are copied to every row that asked for them (into
+the static cache) before ``generate`` decodes the whole batch (:func:`prefill_once`).
 
 Every sampling setting is passed explicitly, and the model's own ``generation_config`` (a checkpoint's
 ``generation_config.json`` may set a repetition penalty, a temperature, top-k, ``do_sample``...) is swapped out for
@@ -35,6 +35,7 @@ from transformers import LogitsProcessor
 from mhgpo.logprobs import backbone_and_head, causal_lm
 from mhgpo.pretrained import stop_token_ids
 from mhgpo.precision import autocast
+from transformers.cache_utils import StaticLayer
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,25 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     return n
 
 
+class _StaticLayer(StaticLayer):
+    """A static cache layer that keeps its keys and its values each in the dtype a dynamic cache would: the dtype
+    they first come in (the values may differ from the keys: float32 keys from the rotary embedding, bfloat16
+    values from an autocast projection), widened as ``torch.cat`` would when a wider one comes (a float32 prefill,
+    then bfloat16 decoding steps under autocast, stays float32)."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.values = self.values.to(value_states.dtype)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = torch.promote_types(self.keys.dtype, key_states.dtype), \
+            torch.promote_types(self.values.dtype, value_states.dtype)
+        self.keys, self.values = self.keys.to(keys), self.values.to(values)
+        return super().update(key_states.to(keys), value_states.to(values), *args, **kwargs)
+
+
 class HFGenerator:
     """:class:`Generator` over a Hugging Face causal LM (plain or peft-wrapped) and its tokenizer; ``precision`` is a
     resolved one (:mod:`mhgpo.precision`): ``bf16-mixed`` decodes under bfloat16 autocast."""
@@ -237,25 +257,21 @@ class HFGenerator:
             self.model.train(was_training)
         return [r for r in results if r is not None]
 
-    def _cache(self, prefix: torch.Tensor, rows: int, length: int) -> Any:
-        """A KV cache for ``rows`` rows holding the keys and values of ``prefix`` (1, P; computed once, for every
-        row) when P > 0. In float32: a static cache of ``length`` positions, preallocated, which grows without the
-        per-step copy of the whole cache that a dynamic cache makes (at 400 prompt tokens, half of a decoding step's
-        time on a CPU). Under autocast keys and values may come in different dtypes, which a static cache cannot
-        hold: a dynamic cache (None without a prefix)."""
+    def _cache(self, prefilled: Any, rows: int, length: int) -> Any:
+        """A static KV cache of ``length`` positions for ``rows`` rows holding the keys and values of ``prefilled``
+        (a dynamic cache of one row, the prefix every prompt shares, or of ``rows`` rows; None: nothing prefilled).
+        Preallocated, it grows without the per-step copy of the whole cache that a dynamic cache makes (at 400
+        prompt tokens, half of a decoding step's time on a CPU). Each layer holds its keys and its values in the
+        dtype they come in (under autocast the values are bfloat16, the keys float32 or bfloat16 with the model's
+        own dtype), so the attention sees what it would see with a dynamic cache."""
         from transformers import StaticCache
 
-        shared = None
-        if prefix.shape[1]:
-            shared = self.model(input_ids=prefix.to(self.device), use_cache=True, logits_to_keep=1).past_key_values
-        if self.precision == "bf16-mixed":
-            if shared is not None:
-                shared.batch_repeat_interleave(rows)
-            return shared
         cache = StaticCache(config=causal_lm(self.model).config, max_cache_len=length)
-        for layer, prefilled in zip(cache.layers, shared.layers if shared is not None else []):
-            keys = prefilled.keys.expand(rows, -1, -1, -1)  # (B, heads, P, dim)
-            values = prefilled.values.expand(rows, -1, -1, -1)  # (B, heads, P, dim)
+        cache.layers = [_StaticLayer(max_cache_len=length) if type(layer) is StaticLayer else layer
+                        for layer in cache.layers]
+        for layer, filled in zip(cache.layers, prefilled.layers if prefilled is not None else []):
+            keys = filled.keys.expand(rows, -1, -1, -1)  # (B, heads, P, dim)
+            values = filled.values.expand(rows, -1, -1, -1)  # (B, heads, P, dim)
             layer.lazy_initialization(keys, values)
             layer.keys[:, :, : keys.shape[2]] = keys
             layer.values[:, :, : values.shape[2]] = values
@@ -279,16 +295,17 @@ class HFGenerator:
         recorder = _LogprobRecorder(params.logprob_temperature)
         config = _generation_config(params, self.eos_ids, self.pad_id)
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        cache = prefill_once(self.model, input_ids, attention_mask)  # None unless a prompt repeats
-        if cache is None:
-            cache = self._cache(input_ids[:1, :n_prefix], len(prompts), width + params.max_new_tokens)
+        prefilled = prefill_once(self.model, input_ids, attention_mask)  # None unless a prompt repeats
+        if prefilled is None and n_prefix:
+            prefilled = self.model(input_ids=input_ids[:1, :n_prefix], use_cache=True, logits_to_keep=1).past_key_values
+        cache = self._cache(prefilled, len(prompts), width + params.max_new_tokens)
         with _only_this_config(self.model, config):
             out = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=config,
                 logits_processor=[recorder],
-                **({} if cache is None else {"past_key_values": cache}),
+                past_key_values=cache,
             )
         new_ids = out.sequences[:, width:]  # (B, S)
         logprobs = recorder.finish(new_ids)  # (B, S)
