@@ -113,10 +113,38 @@ class _LogprobRecorder(LogitsProcessor):
         return torch.stack(self.chosen, dim=1).float().cpu()  # (B, S)
 
 
+class _Nucleus(LogitsProcessor):
+    """Sampling's warper: ``logits / T``, then top-p as transformers' ``TopPLogitsWarper`` keeps it (a token stays
+    when the probability of the tokens ranked above it is below p; the most probable always stays), found among the
+    k most probable tokens, k growing until every row's nucleus ends inside them, instead of a sort of the whole
+    vocabulary at every step (a tenth of a decoding step's time at 49k tokens on a CPU)."""
+
+    FIRST_K = 64
+
+    def __init__(self, temperature: float, top_p: float) -> None:
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores / self.temperature  # (B, V)
+        if self.top_p >= 1.0:
+            return scores
+        probs = scores.float().softmax(dim=-1)  # (B, V)
+        vocab, k = scores.shape[-1], min(self.FIRST_K, scores.shape[-1])
+        while True:
+            top, ids = probs.topk(k, dim=-1)  # (B, k), descending
+            above = top.cumsum(dim=-1) - top  # (B, k): the mass ranked above each
+            if k == vocab or bool((above[:, -1] >= self.top_p).all()):
+                break
+            k = min(vocab, k * 8)
+        kept = torch.where(above < self.top_p, scores.gather(1, ids), float("-inf"))  # (B, k)
+        return torch.full_like(scores, float("-inf")).scatter(1, ids, kept)
+
+
 def _generation_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> Any:
-    """A config that samples from ``softmax(logits / T)`` truncated by top-p and nothing else (or decodes
-    greedily): every setting a model's own generation config may carry (top-k, repetition penalty, min-p...) is
-    given its neutral value here, and :func:`_only_this_config` keeps the model's config out of the call."""
+    """A config that samples from the scores the logits processors leave (:class:`_Nucleus`: ``softmax(logits /
+    T)`` truncated by top-p) and nothing else, or decodes greedily: every setting a model's own generation config
+    may carry (temperature, top-k, top-p, repetition penalty, min-p...) is given its neutral value here, and
+    :func:`_only_this_config` keeps the model's config out of the call."""
     from transformers import GenerationConfig
 
     neutral: dict[str, Any] = dict(
@@ -125,9 +153,9 @@ def _generation_config(params: SamplingParams, eos_ids: list[int], pad_id: int) 
     )
     if params.greedy:
         sampling: dict[str, Any] = dict(do_sample=False, temperature=1.0, top_p=1.0)
-    else:
+    else:  # temperature and top-p: _Nucleus, after the log-prob recorder
         sampling = dict(
-            do_sample=True, temperature=params.temperature, top_p=params.top_p,
+            do_sample=True, temperature=1.0, top_p=1.0,
             top_k=0, typical_p=1.0, min_p=0.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
         )
     return GenerationConfig(
@@ -304,7 +332,7 @@ class HFGenerator:
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=config,
-                logits_processor=[recorder],
+                logits_processor=[recorder] + ([] if params.greedy else [_Nucleus(params.temperature, params.top_p)]),
                 past_key_values=cache,
             )
         new_ids = out.sequences[:, width:]  # (B, S)

@@ -275,3 +275,33 @@ def test_the_static_cache_decodes_as_a_dynamic_one(tiny_lm, prompts, monkeypatch
         gaps = [abs(x - y) for a, b in zip(static, plain) for x, y in zip(a.logprobs, b.logprobs)]
         assert sum(gaps) / len(gaps) < 2e-3 and max(gaps) < 6e-2
     assert len({tuple(g.output_ids) for g in static}) >= 3
+
+
+def test_the_nucleus_warper_keeps_what_transformers_top_p_keeps() -> None:
+    """Temperature then top-p, found among the top k: the same scores (kept tokens and their values, -inf elsewhere)
+    as transformers' TemperatureLogitsWarper then TopPLogitsWarper, on peaked rows and on flat rows whose nucleus
+    needs k to grow past its first guess, for several p and T. (Where the mass above a token equals p to the last
+    bit, as with exactly tied tokens, the two sums round apart and may keep one token more or less.)"""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    from mhgpo.generation import _Nucleus
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = 3000
+    scores = torch.stack([torch.randn(vocab, generator=gen) * scale for scale in (0.05, 0.5, 2.0, 8.0)])  # (4, V)
+    ids = torch.zeros((4, 1), dtype=torch.long)
+
+    def reference(x: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+        out = TemperatureLogitsWarper(temperature)(ids, x.clone())
+        return TopPLogitsWarper(top_p)(ids, out) if top_p < 1.0 else out
+
+    grew = False
+    for temperature in (0.7, 1.0, 1.3):
+        for top_p in (0.3, 0.9, 0.99, 1.0):
+            got = _Nucleus(temperature, top_p)(ids, scores.clone())
+            torch.testing.assert_close(got, reference(scores, temperature, top_p), rtol=0, atol=0)
+            kept = (got > float("-inf")).sum(dim=-1)  # (4,)
+            grew |= bool((kept > _Nucleus.FIRST_K).any())
+            if top_p < 1.0:
+                assert bool((kept >= 1).all()) and bool((kept < vocab).any())
+    assert grew  # the flat rows' nuclei are wider than the first guess of k
