@@ -31,11 +31,11 @@ from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 from transformers import LogitsProcessor
+from transformers.cache_utils import StaticLayer
 
 from mhgpo.logprobs import backbone_and_head, causal_lm
 from mhgpo.pretrained import stop_token_ids
 from mhgpo.precision import autocast
-from transformers.cache_utils import StaticLayer
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class _Nucleus(LogitsProcessor):
     """Sampling's warper: ``logits / T``, then top-p as transformers' ``TopPLogitsWarper`` keeps it (a token stays
     when the probability of the tokens ranked above it is below p; the most probable always stays), found among the
     k most probable tokens, k growing until every row's nucleus ends inside them, instead of a sort of the whole
-    vocabulary at every step (a tenth of a decoding step's time at 49k tokens on a CPU)."""
+    vocabulary at every step (a tenth of the rollouts' CPU time at 49k tokens)."""
 
     FIRST_K = 64
 
