@@ -303,14 +303,18 @@ class SearchSystem(Workflow):
         return getattr(self.config, agent)
 
     def behaviour(self, agent: str, calls: list) -> dict[str, float]:
+        # penalty_rate: the share of outputs that break the agent's format rule (a `reason` in the call's info),
+        # counted even where that agent's penalty is set to 0 (`search.reranker_penalty: 0.0`)
+        broken = {"penalty_rate": mean_of(calls, lambda n: bool(n.info.get("reason")) or n.penalty < 0)}
         if agent == REWRITER:
-            return {"num_subqueries": mean_of(calls, lambda n: len(n.info.get("queries", [])))}
-        if agent == RERANKER:
-            return {"num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
-                    "invalid_rate": mean_of(calls, lambda n: n.penalty < 0)}
+            return {**broken, "num_subqueries": mean_of(calls, lambda n: len(n.info.get("queries", [])))}
+        if agent == RERANKER:  # invalid: a duplicated or out-of-range id, or no id at all
+            return {**broken, "num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
+                    "invalid_rate": broken["penalty_rate"]}
         # starts_with_document: answers that open like a Reranker's candidate list ("Document 0: ..."), the sign
         # of one role's format leaking into another through the shared weights
-        return {"answer_words": mean_of(calls, _answer_words), "starts_with_document": mean_of(calls, _copies_document)}
+        return {**broken, "answer_words": mean_of(calls, _answer_words),
+                "starts_with_document": mean_of(calls, _copies_document)}
 
     def trace(self, state: State) -> dict[str, Any]:
         candidates = state.get("candidates") or ()

@@ -571,6 +571,23 @@ def test_step_metrics_on_a_real_batch():
     assert m["rewriter/penalty_rate"] == 8 / 12
 
 
+def test_format_breaks_are_counted_when_their_penalty_is_zero():
+    """penalty_rate / invalid_rate count the outputs that break an agent's format rule, not the penalties paid:
+    with every penalty set to 0 (no reward changes), the rates are those of the penalised run."""
+    batch, system, _ = rollout("fof", n_questions=3)
+    free, gen = search_system(), search_generator()
+    free.config = SystemConfig(rewriter_penalty=0.0, reranker_penalty=0.0, answerer_penalty=0.0)
+    spec = RolloutSpec(sampler="fof", group_size=G, rr_probs=(0.7, 0.1, 0.2))
+    unpenalised = run_rollouts(EXAMPLES[:3], free, gen, encode, spec, np.random.default_rng(0))
+    assert all(n.penalty == 0.0 for n in unpenalised.llm_nodes())
+    m, m_free = step_metrics(batch, system), step_metrics(unpenalised, free)
+    assert m_free["rewriter/penalty_rate"] == m["rewriter/penalty_rate"] == 8 / 12
+    broken = [n for n in batch.llm_nodes() if n.agent == "reranker" and n.penalty < 0]
+    assert broken  # the fake Reranker's outputs include invalid ids
+    assert m_free["reranker/invalid_rate"] == m["reranker/invalid_rate"] == len(broken) / 12
+    assert m_free["reranker/penalty_rate"] == m["reranker/penalty_rate"]
+
+
 # ------------------------------------------------------------------------------------------ 6. role switches
 
 
