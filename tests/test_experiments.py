@@ -38,6 +38,9 @@ ROWS: dict[str, dict[str, object]] = {
     "warm_mappo": {"warm_start.enabled": True, "algo": "mappo", "sampler": "chains"},
     "rr_per_role": {"lora.enabled": True, "lora.per_role": True},
     "rr_filter": {"filter_zero_variance": True},
+    "warm_rr_no_reranker_penalty": {"warm_start.enabled": True, "search.reranker_penalty": 0.0},
+    "warm_mappo_no_reranker_penalty": {"warm_start.enabled": True, "algo": "mappo", "sampler": "chains",
+                                       "search.reranker_penalty": 0.0},
 }
 
 
