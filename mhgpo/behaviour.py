@@ -8,7 +8,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from mhgpo.rollout import Node
-from mhgpo.workflow import Call, Workflow
+from mhgpo.workflow import Call, Workflow, breaks_format
 
 
 def call_record(node: Node) -> dict[str, Any]:
@@ -24,9 +24,9 @@ def _call(n: Node | dict[str, Any]) -> Call:
 
 
 def agent_behaviour(calls: Iterable[Node | dict[str, Any]], workflow: Workflow) -> dict[str, float]:
-    """For every agent of `workflow` that was called: `<agent>/penalty_rate` (share of its outputs with a format
-    penalty), `<agent>/output_tokens` (mean output length), and the workflow's own measures
-    (`workflow.behaviour(agent, calls)`, e.g. the default team's `rewriter/num_subqueries`). `calls` are rollout
+    """For every agent of `workflow` that was called: `<agent>/penalty_rate` (share of its outputs that break
+    its format rule: :func:`breaks_format`), `<agent>/output_tokens` (mean output length), and the workflow's own
+    measures (`workflow.behaviour(agent, calls)`, e.g. the default team's `rewriter/num_subqueries`). `calls` are rollout
     nodes (tool nodes are skipped) or their :func:`call_record`s (an evaluation's prediction lines)."""
     by_agent: dict[str, list[Call]] = defaultdict(list)
     for n in calls:
@@ -38,7 +38,7 @@ def agent_behaviour(calls: Iterable[Node | dict[str, Any]], workflow: Workflow) 
         mine = by_agent.get(agent, [])
         if not mine:
             continue
-        out[f"{agent}/penalty_rate"] = float(np.mean([c.penalty < 0 for c in mine]))
+        out[f"{agent}/penalty_rate"] = float(np.mean([breaks_format(c) for c in mine]))
         out[f"{agent}/output_tokens"] = float(np.mean([c.output_tokens for c in mine]))
         for name, value in workflow.behaviour(agent, mine).items():
             out[f"{agent}/{name}"] = float(value)

@@ -18,7 +18,7 @@ import yaml
 from mhgpo.config import AgentSampling, SystemConfig
 from mhgpo.metrics import normalize_answer
 from mhgpo.records import Example, Passage
-from mhgpo.workflow import State, StepResult, Workflow, mean_of
+from mhgpo.workflow import State, StepResult, Workflow, breaks_format, mean_of
 
 REWRITER, RETRIEVER, RERANKER, ANSWERER = "rewriter", "retriever", "reranker", "answerer"
 LLM = "llm"
@@ -303,18 +303,14 @@ class SearchSystem(Workflow):
         return getattr(self.config, agent)
 
     def behaviour(self, agent: str, calls: list) -> dict[str, float]:
-        # penalty_rate: the share of outputs that break the agent's format rule (a `reason` in the call's info),
-        # counted even where that agent's penalty is set to 0 (`search.reranker_penalty: 0.0`)
-        broken = {"penalty_rate": mean_of(calls, lambda n: bool(n.info.get("reason")) or n.penalty < 0)}
         if agent == REWRITER:
-            return {**broken, "num_subqueries": mean_of(calls, lambda n: len(n.info.get("queries", [])))}
+            return {"num_subqueries": mean_of(calls, lambda n: len(n.info.get("queries", [])))}
         if agent == RERANKER:  # invalid: a duplicated or out-of-range id, or no id at all
-            return {**broken, "num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
-                    "invalid_rate": broken["penalty_rate"]}
+            return {"num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
+                    "invalid_rate": mean_of(calls, breaks_format)}
         # starts_with_document: answers that open like a Reranker's candidate list ("Document 0: ..."), the sign
         # of one role's format leaking into another through the shared weights
-        return {**broken, "answer_words": mean_of(calls, _answer_words),
-                "starts_with_document": mean_of(calls, _copies_document)}
+        return {"answer_words": mean_of(calls, _answer_words), "starts_with_document": mean_of(calls, _copies_document)}
 
     def trace(self, state: State) -> dict[str, Any]:
         candidates = state.get("candidates") or ()

@@ -139,6 +139,12 @@ class Workflow(ABC):
         return {k: v for k, v in state.values.items() if _jsonable(v)}
 
 
+def breaks_format(call: Call) -> bool:
+    """Whether an output broke its agent's format rule: it was penalised, or the workflow gave a `reason` in its
+    info (counted even where that agent's penalty is set to 0, e.g. `search.reranker_penalty: 0.0`)."""
+    return call.penalty < 0 or bool(call.info.get("reason"))
+
+
 def mean_of(calls: list[Call], measure: Callable[[Call], float]) -> float:
     """The mean of `measure(call)` over `calls` (0.0 for none): a helper for `Workflow.behaviour`."""
     return float(sum(measure(c) for c in calls) / len(calls)) if calls else 0.0
