@@ -1,37 +1,32 @@
 """Batched sampling from the shared causal LM, with the log-probability of every generated token.
 
-:class:`HFGenerator` wraps ``model.generate`` (KV cache, left padding). The prompts of a batch are laid out
-``[shared prefix | padding | rest of the prompt]``: the prefix every prompt of the batch starts with (an agent's
-instructions) is run once and its keys and values copied to every row of the KV cache (a preallocated, static
-one, which grows without copying itself at every step); positions are counted over real tokens, so each row
-computes what it computes alone. The log-probs are those of the
-policy at the sampling temperature, ``log_softmax(logits / T)`` of the *raw* logits (before top-p), at
-the chosen token; they are taken step by step by a logits processor that runs before any warper, so
-at most one step of full-vocabulary log-probs is alive at a time.
+:class:`HFGenerator` decodes a batch of token-id prompts on a preallocated (static) KV cache, which grows without
+copying itself at every step. The prompts of a batch are laid out ``[shared prefix | padding | rest of the prompt]``
+and prefilled by :func:`prefill`: the prefix every prompt starts with (an agent's instructions) is run once, then each
+distinct rest once (the G samples at a fork share one), in buckets of rests of about one length, so that the prefill
+costs about what the real tokens cost however the lengths differ; positions are counted over real tokens, so each
+row computes what it computes alone. Decoding (:meth:`HFGenerator._decode`) drops finished rows from the batch and
+its cache as it goes. The log-probs are those of the policy at the sampling temperature, ``log_softmax(logits / T)``
+of the *raw* logits (before top-p), at the chosen token, taken step by step, so at most one step of full-vocabulary
+log-probs is alive at a time.
 
-Where several rows of a batch have the same prompt (the G samples at a fork), each distinct prompt but its last token
-is run through the decoder once instead, and its keys and values are copied to every row that asked for them (into
-the static cache) before ``generate`` decodes the whole batch (:func:`prefill_once`).
-
-Every sampling setting is passed explicitly, and the model's own ``generation_config`` (a checkpoint's
-``generation_config.json`` may set a repetition penalty, a temperature, top-k, ``do_sample``...) is swapped out for
-the duration of the call, so that none of it reaches the decoding, whatever the transformers version: greedy is
-greedy, sampling is from ``softmax(logits / T)`` truncated by top-p only, and the recorded log-probs are the ones
-the trainer recomputes. Under ``precision=bf16-mixed`` generation runs under bfloat16 autocast, as the trainer's
-forwards do.
+Decoding is mhgpo's own loop over the model's forward, not ``model.generate``: greedy is greedy, sampling is from
+``softmax(logits / T)`` truncated by top-p only, and the recorded log-probs are the ones the trainer recomputes. The
+model's own ``generation_config`` (a checkpoint's ``generation_config.json`` may set a repetition penalty, a
+temperature, top-k, ``do_sample``...) is never read. Under ``precision=bf16-mixed`` generation runs under bfloat16
+autocast, as the trainer's forwards do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import inspect
 from dataclasses import dataclass
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 from transformers import LogitsProcessor
-from transformers.cache_utils import StaticLayer
+from transformers.cache_utils import DynamicCache, StaticLayer
 
 from mhgpo.logprobs import backbone_and_head, causal_lm
 from mhgpo.pretrained import stop_token_ids
@@ -82,39 +77,8 @@ class Generator(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
 
 
-class _LogprobRecorder(LogitsProcessor):
-    """Logits processor that keeps, per step, the log-prob of the token chosen at that step.
-
-    ``generate`` calls it with the raw float32 logits of step ``t`` and the ids so far; the id chosen at
-    step ``t - 1`` is then ``input_ids[:, -1]``, so only the previous step's log-probs are held.
-    """
-
-    def __init__(self, temperature: float) -> None:
-        self.temperature = temperature
-        self.previous: torch.Tensor | None = None  # (B, V) log-probs of the last step seen
-        self.chosen: list[torch.Tensor] = []  # per step: (B,) log-prob of the chosen id
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.previous is not None:
-            self.chosen.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))  # (B,)
-        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
-        return scores
-
-    def finish(self, new_ids: torch.Tensor) -> torch.Tensor:
-        """Log-probs of ``new_ids`` (B, S), the ids generated by the call; returns (B, S)."""
-        steps = new_ids.shape[1]
-        if self.previous is not None and len(self.chosen) < steps:
-            self.chosen.append(self.previous.gather(1, new_ids[:, -1:]).squeeze(1))  # (B,)
-        self.previous = None
-        if len(self.chosen) != steps:
-            raise RuntimeError(f"recorded {len(self.chosen)} log-prob steps for {steps} generated tokens")
-        if steps == 0:
-            return torch.zeros(new_ids.shape, dtype=torch.float32)
-        return torch.stack(self.chosen, dim=1).float().cpu()  # (B, S)
-
-
 class _Nucleus(LogitsProcessor):
-    """Sampling's warper: ``logits / T``, then top-p as transformers' ``TopPLogitsWarper`` keeps it (a token stays
+    """Sampling's warper (a transformers logits processor): ``logits / T``, then top-p as transformers' ``TopPLogitsWarper`` keeps it (a token stays
     when the probability of the tokens ranked above it is below p; the most probable always stays), found among the
     k most probable tokens, k growing until every row's nucleus ends inside them, instead of a sort of the whole
     vocabulary at every step (a tenth of the rollouts' CPU time at 49k tokens)."""
@@ -140,73 +104,93 @@ class _Nucleus(LogitsProcessor):
         return torch.full_like(scores, float("-inf")).scatter(1, ids, kept)
 
 
-def _generation_config(params: SamplingParams, eos_ids: list[int], pad_id: int) -> Any:
-    """A config that samples from the scores the logits processors leave (:class:`_Nucleus`: ``softmax(logits /
-    T)`` truncated by top-p) and nothing else, or decodes greedily: every setting a model's own generation config
-    may carry (temperature, top-k, top-p, repetition penalty, min-p...) is given its neutral value here, and
-    :func:`_only_this_config` keeps the model's config out of the call."""
-    from transformers import GenerationConfig
-
-    neutral: dict[str, Any] = dict(
-        repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_repetition_penalty=1.0,
-        encoder_no_repeat_ngram_size=0, length_penalty=1.0,
-    )
-    if params.greedy:
-        sampling: dict[str, Any] = dict(do_sample=False, temperature=1.0, top_p=1.0)
-    else:  # temperature and top-p: _Nucleus, after the log-prob recorder
-        sampling = dict(
-            do_sample=True, temperature=1.0, top_p=1.0,
-            top_k=0, typical_p=1.0, min_p=0.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
-        )
-    return GenerationConfig(
-        max_new_tokens=params.max_new_tokens,
-        eos_token_id=eos_ids,
-        pad_token_id=pad_id,
-        num_beams=1,
-        use_cache=True,
-        return_dict_in_generate=True,
-        output_logits=False,
-        output_scores=False,
-        **sampling,
-        **neutral,
-    )
-
-
-@contextmanager
-def _only_this_config(model: Any, config: Any) -> Iterator[None]:
-    """Make ``config`` the model's own generation config for the duration: ``generate`` fills what a passed config
-    leaves unset (or, in some transformers versions, what it sets to a global default) from the model's config,
-    so the model's config must hold nothing else. The model is the causal LM itself (a peft wrapper hands its
-    own config down to it, so it is swapped too)."""
-    holders = [m for m in (model, causal_lm(model)) if "generation_config" in vars(m)]
-    holders = list({id(m): m for m in holders}.values())
-    saved = [m.generation_config for m in holders]
-    for m in holders:
-        m.generation_config = config
-    try:
-        yield
-    finally:
-        for m, original in zip(holders, saved):
-            m.generation_config = original
-
-
-def prefill_once(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
-    """The key/value cache of every column but the last of the left-padded batch ``input_ids``, ``attention_mask``
-    (B, W), each distinct row computed once and copied to the rows that repeat it; None when no row repeats another
-    (nothing to save: ``generate`` prefills as usual). Positions count real tokens only, as ``generate``'s do."""
-    if input_ids.shape[1] < 2:
+def prefill(model: Any, prompts: list[list[int]], n_prefix: int, width: int) -> Any:
+    """The key/value cache of every column but the last of the batch laid out ``[shared prefix | padding | rest of
+    the prompt]`` in ``width`` columns (``n_prefix`` tokens shared by every prompt): the prefix is run once, then each
+    distinct rest once, in buckets of rests of about the same length (:func:`prefill_buckets`) on the prefix's keys
+    and values, and copied to the columns and rows that hold it. No row is padded beyond its bucket, so the work is
+    about that of the real tokens, however the lengths differ. Positions count real tokens only, as ``generate``'s
+    do; columns left of a row's rest are padding (zeros, masked). None for one prompt (``generate`` prefills it)."""
+    if len(prompts) < 2 or width < 2:
         return None
-    rows = torch.cat([input_ids, attention_mask], dim=1)  # (B, 2W): a prompt and its padding
-    distinct, row_of = torch.unique(rows, dim=0, return_inverse=True)  # (D, 2W) (B,)
-    if distinct.shape[0] == rows.shape[0]:
-        return None
-    width = input_ids.shape[1]
-    ids, mask = distinct[:, : width - 1], distinct[:, width : 2 * width - 1]  # (D, W-1) (D, W-1)
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (D, W-1)
     backbone, _ = backbone_and_head(model)
-    cache = backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True).past_key_values
-    cache.batch_select_indices(row_of)  # (B, ...) each row a copy of its prompt's computation
+    device = next(model.parameters()).device
+    rows_of: dict[tuple[int, ...], list[int]] = {}
+    for row, p in enumerate(prompts):
+        rows_of.setdefault(tuple(p[n_prefix:-1]), []).append(row)
+    head = None
+    if n_prefix:
+        ids = torch.tensor([prompts[0][:n_prefix]], dtype=torch.long, device=device)  # (1, P)
+        head = [(layer.keys, layer.values) for layer in backbone(input_ids=ids, use_cache=True).past_key_values.layers]
+    keys: list[torch.Tensor] = []  # per layer (B, heads, W-1, dim)
+    values: list[torch.Tensor] = []
+
+    def place(layer: int, k: torch.Tensor, v: torch.Tensor, rows: Any, cols: slice) -> None:
+        if len(keys) <= layer:
+            shape = (len(prompts), k.shape[-3], width - 1)  # (B, heads, W-1)
+            keys.append(torch.zeros(shape + k.shape[-1:], dtype=k.dtype, device=device))
+            values.append(torch.zeros(shape + v.shape[-1:], dtype=v.dtype, device=device))
+        keys[layer][rows, :, cols] = k
+        values[layer][rows, :, cols] = v
+
+    if head is not None:
+        for layer, (k, v) in enumerate(head):
+            place(layer, k, v, slice(None), slice(0, n_prefix))
+    distinct = sorted((r for r in rows_of if r), key=len)  # the rests to run (an empty one is all prefix)
+    for lo, hi in prefill_buckets([len(r) for r in distinct]):
+        rests = distinct[lo:hi]
+        w = max(len(r) for r in rests)
+        ids = torch.full((len(rests), w), 0, dtype=torch.long)  # (b, w), left-padded
+        mask = torch.zeros((len(rests), w), dtype=torch.long)  # (b, w)
+        for j, rest in enumerate(rests):
+            ids[j, w - len(rest):] = torch.tensor(rest, dtype=torch.long)
+            mask[j, w - len(rest):] = 1
+        positions = n_prefix + (mask.cumsum(-1) - 1).clamp(min=0)  # (b, w)
+        past = None
+        if head is not None:
+            past = DynamicCache()
+            for layer, (k, v) in enumerate(head):
+                past.update(k.expand(len(rests), -1, -1, -1), v.expand(len(rests), -1, -1, -1), layer)
+            mask = torch.cat([torch.ones((len(rests), n_prefix), dtype=torch.long), mask], dim=1)  # (b, P + w)
+        out = backbone(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                       use_cache=True, **{cache_argument(backbone): past}).past_key_values
+        for j, rest in enumerate(rests):
+            rows, n = rows_of[rest], len(rest)
+            for layer, computed in enumerate(out.layers):
+                place(layer, computed.keys[j, :, -n:], computed.values[j, :, -n:], rows, slice(width - 1 - n, width - 1))
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(zip(keys, values)):
+        cache.update(k, v, layer)
     return cache
+
+
+MAX_PREFILL_PADDING = 0.125  # a prefill bucket's padding, as a share of its real tokens, at most ...
+MIN_PREFILL_TOKENS = 256  # ... unless the bucket is this small: short rests go together (small products are slow)
+MAX_PREFILL_TOKENS = 1024  # a bucket's tokens, padding included, at most: the activations stay in the CPU's cache
+
+
+def prefill_buckets(lengths: list[int]) -> list[tuple[int, int]]:
+    """Cut ``lengths`` (ascending) into runs ``[lo, hi)`` prefilled together, each padded to its longest: a length
+    joins the run while the run's padded size stays within ``1 + MAX_PREFILL_PADDING`` times its real tokens or
+    within ``MIN_PREFILL_TOKENS``, and within ``MAX_PREFILL_TOKENS``."""
+    runs: list[tuple[int, int]] = []
+    lo, real = 0, 0
+    for i, n in enumerate(lengths):
+        padded = (i - lo + 1) * n
+        if i > lo and (padded > MAX_PREFILL_TOKENS or
+                       padded > max((1 + MAX_PREFILL_PADDING) * (real + n), MIN_PREFILL_TOKENS)):
+            runs.append((lo, i))
+            lo, real = i, 0
+        real += n
+    if lengths:
+        runs.append((lo, len(lengths)))
+    return runs
+
+
+def cache_argument(module: Any) -> str:
+    """The name under which ``module``'s forward takes a KV cache: ``cache`` (newer transformers), else
+    ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 MIN_SHARED_PREFIX = 16  # prompt tokens shared by a whole batch below which the batch is prefilled as usual
@@ -260,6 +244,9 @@ class HFGenerator:
             raise ValueError("the tokenizer has no EOS token: generation could never finish")
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
+        forward = inspect.signature(causal_lm(model).forward).parameters
+        self._takes_cache_position = "cache_position" in forward  # transformers 4.x: the positions written
+        self._cache_argument = cache_argument(causal_lm(model))
 
     @property
     def device(self) -> torch.device:
@@ -287,7 +274,7 @@ class HFGenerator:
 
     def _cache(self, prefilled: Any, rows: int, length: int) -> Any:
         """A static KV cache of ``length`` positions for ``rows`` rows holding the keys and values of ``prefilled``
-        (a dynamic cache of one row, the prefix every prompt shares, or of ``rows`` rows; None: nothing prefilled).
+        (:func:`prefill`'s dynamic cache of ``rows`` rows; None: nothing prefilled).
         Preallocated, it grows without the per-step copy of the whole cache that a dynamic cache makes (at 400
         prompt tokens, half of a decoding step's time on a CPU). Each layer holds its keys and its values in the
         dtype they come in (under autocast the values are bfloat16, the keys float32 or bfloat16 with the model's
@@ -298,13 +285,62 @@ class HFGenerator:
         cache.layers = [_StaticLayer(max_cache_len=length) if type(layer) is StaticLayer else layer
                         for layer in cache.layers]
         for layer, filled in zip(cache.layers, prefilled.layers if prefilled is not None else []):
-            keys = filled.keys.expand(rows, -1, -1, -1)  # (B, heads, P, dim)
-            values = filled.values.expand(rows, -1, -1, -1)  # (B, heads, P, dim)
+            keys, values = filled.keys, filled.values  # (B, heads, P, dim)
             layer.lazy_initialization(keys, values)
             layer.keys[:, :, : keys.shape[2]] = keys
             layer.values[:, :, : values.shape[2]] = values
             layer.cumulative_length.fill_(keys.shape[2])
         return cache
+
+    def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any, filled: int,
+                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode the left-padded batch ``input_ids``, ``attention_mask`` (B, W) on ``cache`` (its first ``filled``
+        columns computed): greedily, or by sampling from ``softmax(logits / T)`` truncated by top-p
+        (:class:`_Nucleus`), until every row has given an EOS token or ``max_new_tokens``. Returns the new ids (B, S),
+        the pad id after a row's EOS, and the log-prob of each, ``log_softmax(logits / T)`` of the raw logits at the
+        chosen id. Rows that have finished are dropped from the batch and its cache once they are a quarter of it,
+        so the steps after cost what the rows still running cost (each row computes what it computes alone)."""
+        rows, width = input_ids.shape
+        steps, device = params.max_new_tokens, input_ids.device
+        new_ids = torch.full((rows, steps), self.pad_id, dtype=torch.long)  # (B, S)
+        logprobs = torch.zeros((rows, steps), dtype=torch.float32)  # (B, S)
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        nucleus = None if params.greedy else _Nucleus(params.temperature, params.top_p)
+        live = torch.arange(rows)  # the batch row each row of the cache holds
+        done = torch.zeros(rows, dtype=torch.bool, device=device)  # (b,) finished rows still in the cache
+        mask = torch.cat([attention_mask, attention_mask.new_zeros((rows, steps))], dim=1)  # (B, W + S)
+        feed = input_ids[:, filled:]  # (B, W - filled): what the cache does not hold yet
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, filled:]  # (B, W - filled)
+        for t in range(steps):
+            end = width + t  # columns computed after this step's forward
+            extra = {"cache_position": torch.arange(end - feed.shape[1], end, device=device)} \
+                if self._takes_cache_position else {}
+            logits = self.model(input_ids=feed, attention_mask=mask[:, :end], position_ids=positions,
+                                use_cache=True, logits_to_keep=1, **{self._cache_argument: cache}, **extra).logits
+            logits = logits[:, -1].float()  # (b, V)
+            logp = torch.log_softmax(logits / params.logprob_temperature, dim=-1)  # (b, V)
+            if nucleus is None:
+                chosen = logits.argmax(dim=-1)  # (b,)
+            else:
+                chosen = torch.multinomial(nucleus(None, logits).softmax(dim=-1), num_samples=1).squeeze(1)  # (b,)
+            running = ~done
+            at = live[running.cpu()]
+            new_ids[at, t] = chosen[running].cpu()
+            logprobs[at, t] = logp.gather(1, chosen[:, None]).squeeze(1)[running].float().cpu()
+            done = done | torch.isin(chosen, eos)
+            if t + 1 == steps or bool(done.all()):
+                break
+            mask[:, end] = 1
+            feed = chosen.masked_fill(done, self.pad_id)[:, None]  # (b, 1)
+            positions = positions[:, -1:] + 1  # (b, 1)
+            if int(done.sum()) * 4 >= done.numel():  # drop the finished rows
+                keep = (~done).nonzero().squeeze(1)  # (b',)
+                for layer in cache.layers:
+                    layer.keys, layer.values = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
+                    layer.batch_size = keep.numel()
+                live, done, mask = live[keep.cpu()], done[keep], mask[keep]
+                feed, positions = feed[keep], positions[keep]
+        return new_ids, logprobs
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         n_prefix = shared_prefix_length(prompts) if len(prompts) > 1 else 0
@@ -320,24 +356,11 @@ class HFGenerator:
         for row, rest in enumerate(rests):  # [shared prefix | padding | rest of the prompt]
             input_ids[row, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
             attention_mask[row, width - len(rest) :] = 1
-        recorder = _LogprobRecorder(params.logprob_temperature)
-        config = _generation_config(params, self.eos_ids, self.pad_id)
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        prefilled = prefill_once(self.model, input_ids, attention_mask)  # None unless a prompt repeats
-        if prefilled is None and n_prefix:
-            prefilled = self.model(input_ids=input_ids[:1, :n_prefix], use_cache=True, logits_to_keep=1).past_key_values
+        prefilled = prefill(self.model, prompts, n_prefix, width)  # None for one prompt
         cache = self._cache(prefilled, len(prompts), width + params.max_new_tokens)
-        with _only_this_config(self.model, config):
-            out = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                generation_config=config,
-                logits_processor=[recorder] + ([] if params.greedy else [_Nucleus(params.temperature, params.top_p)]),
-                past_key_values=cache,
-            )
-        new_ids = out.sequences[:, width:]  # (B, S)
-        logprobs = recorder.finish(new_ids)  # (B, S)
-        new_ids = new_ids.cpu()
+        filled = prefilled.get_seq_length() if prefilled is not None else 0
+        new_ids, logprobs = self._decode(input_ids, attention_mask, cache, filled, params)  # (B, S) (B, S)
         eos = torch.tensor(self.eos_ids, dtype=torch.long)
         generations = []
         for row, prompt in enumerate(prompts):

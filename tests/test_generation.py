@@ -32,8 +32,21 @@ def _generate(lm, prompts: list[list[int]], params: SamplingParams, batch_size: 
 
 
 def test_greedy_batched_equals_one_at_a_time(tiny_lm, prompts) -> None:
+    """The same tokens and log-probs (1e-5) in one batch, in batches of 3 and alone; rows that finish early are
+    dropped from the batch while the others decode."""
+    from mhgpo.logprobs import backbone_and_head
+
     params = SamplingParams(max_new_tokens=24, temperature=0.0)
-    batched = _generate(tiny_lm, prompts, params, batch_size=16)
+    rows: list[int] = []
+    embed = backbone_and_head(tiny_lm.model)[0].embed_tokens
+    handle = embed.register_forward_hook(lambda mod, args, out: rows.append(args[0].shape[0]))
+    try:
+        batched = _generate(tiny_lm, prompts, params, batch_size=16)
+    finally:
+        handle.remove()
+    early = sum(len(g.output_ids) < params.max_new_tokens for g in batched)
+    assert early >= len(prompts) // 4  # enough rows finish early to be dropped ...
+    assert rows[-1] < len(prompts)  # ... and they are
     for size in (1, 3):
         other = _generate(tiny_lm, prompts, params, batch_size=size)
         for a, b in zip(batched, other, strict=True):
@@ -65,7 +78,8 @@ def test_a_shared_prefix_is_prefilled_once_with_the_same_outputs(tiny_lm) -> Non
         alone = [g for p in prompts for g in _generate(tiny_lm, [p], params, batch_size=1)]
     finally:
         hook.remove()
-    assert prefills == [shared, max(len(p) for p in prompts) - shared]  # the prefix once, then the rests
+    # the prefix once, then the rests together (their last tokens go with the first decoding step)
+    assert prefills == [shared, max(len(p) for p in prompts) - shared - 1]
     for a, b in zip(batched, alone, strict=True):
         assert a.output_ids == b.output_ids and a.text == b.text and a.finished == b.finished
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5, rel=0)
@@ -193,22 +207,27 @@ def forked(prompts: list[list[int]]) -> list[list[int]]:
 def test_a_repeated_prompt_is_prefilled_once_with_the_same_results(tiny_lm, prompts, monkeypatch,
                                                                    temperature: float) -> None:
     """Rows that repeat a prompt get copies of one prefill: the same tokens (greedy, and sampled with one seed) and
-    log-probs within 1e-5 of a plain batched prefill; the prefill runs one row per distinct prompt."""
+    log-probs within 1e-5 of generate's own prefill of the padded batch; the prefill runs each distinct prompt once
+    (a one-token prompt has nothing to prefill: its token goes with the first decoding step)."""
     import mhgpo.generation as generation
     from mhgpo.logprobs import backbone_and_head
 
     batch = forked(prompts)
     params = SamplingParams(max_new_tokens=16, temperature=temperature, top_p=0.9)
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     embed = backbone_and_head(tiny_lm.model)[0].embed_tokens
-    handle = embed.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    handle = embed.register_forward_hook(lambda mod, args, out: seen.append(tuple(args[0].shape)))
     try:
         shared = _generate(tiny_lm, batch, params, batch_size=16)
     finally:
         handle.remove()
-    assert seen[0] == len({tuple(p) for p in batch}) == 5  # the prefill: one row per distinct prompt
-    assert all(rows == len(batch) for rows in seen[1:])  # then every row decodes
-    monkeypatch.setattr(generation, "prefill_once", lambda *args: None)
+    first = next(i for i, (rows, _) in enumerate(seen) if rows == len(batch))  # the first decoding step
+    distinct = {tuple(p) for p in batch if len(p) > 1}
+    assert sum(rows for rows, _ in seen[:first]) == len(distinct) == 4
+    decoding = seen[first:]  # then the rows decode, one token a step, finished rows dropped as they go
+    assert all(cols == 1 for _, cols in decoding)
+    assert all(a[0] >= b[0] for a, b in zip(decoding, decoding[1:]))
+    monkeypatch.setattr(generation, "prefill", lambda *args: None)
     plain = _generate(tiny_lm, batch, params, batch_size=16)
     for a, b in zip(shared, plain, strict=True):
         assert a.output_ids == b.output_ids and a.finished == b.finished
@@ -216,14 +235,54 @@ def test_a_repeated_prompt_is_prefilled_once_with_the_same_results(tiny_lm, prom
     assert len({tuple(g.output_ids) for g in shared[:4]}) > (1 if temperature else 0)
 
 
-def test_prefill_once_keeps_the_plain_path_without_repeats(tiny_lm, prompts) -> None:
-    from mhgpo.generation import prefill_once
+def test_the_prefill_holds_what_a_padded_batch_computes(tiny_lm, prompts) -> None:
+    """`prefill` of a batch laid out [shared prefix | padding | rest]: the keys and values of every real column but
+    the last equal those of one forward over the padded batch (1e-5); padding columns are zero; one prompt: None."""
+    from mhgpo.generation import prefill
+    from mhgpo.logprobs import backbone_and_head
 
-    ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 5, 6]])  # (3, 3)
-    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1]])  # (3, 3): the first and last rows differ in padding
-    assert prefill_once(tiny_lm.model, ids, mask) is None
-    cache = prefill_once(tiny_lm.model, ids[[0, 1, 0]], mask[[0, 1, 0]])
-    assert cache.get_seq_length() == 2 and cache.layers[0].keys.shape[0] == 3
+    head = prompts[3][:20]
+    batch = [head + p for p in (prompts[0], prompts[1], prompts[2], prompts[0], prompts[4])]
+    width = max(len(p) for p in batch)
+    ids = torch.zeros((len(batch), width - 1), dtype=torch.long)  # (B, W-1)
+    mask = torch.zeros((len(batch), width - 1), dtype=torch.long)
+    for row, p in enumerate(batch):  # no shared prefix taken: every row left-padded whole
+        ids[row, width - len(p):] = torch.tensor(p[:-1])
+        mask[row, width - len(p):] = 1
+    with torch.no_grad():
+        expected = backbone_and_head(tiny_lm.model)[0](
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True).past_key_values
+        assert prefill(tiny_lm.model, batch[:1], 20, width) is None
+        cache = prefill(tiny_lm.model, batch, 20, width)
+    assert cache.get_seq_length() == width - 1
+    for got, want in zip(cache.layers, expected.layers, strict=True):
+        for row, p in enumerate(batch):
+            start = width - len(p)  # where the row starts in the padded batch
+            for mine, theirs in ((slice(0, 20), slice(start, start + 20)),  # the prefix
+                                 (slice(start + 20, width - 1), slice(start + 20, width - 1))):  # the rest
+                assert torch.allclose(got.keys[row, :, mine], want.keys[row, :, theirs], atol=1e-5, rtol=0)
+                assert torch.allclose(got.values[row, :, mine], want.values[row, :, theirs], atol=1e-5, rtol=0)
+            pad = slice(20, start + 20)  # [prefix | padding | rest]: the padding follows the prefix
+            assert not got.keys[row, :, pad].any() and not got.values[row, :, pad].any()
+
+
+def test_prefill_buckets_keep_padding_small() -> None:
+    """Rests of about one length go together; a much longer one starts a bucket of its own, unless the bucket is
+    still small; a bucket never passes MAX_PREFILL_TOKENS; every length is in exactly one bucket, in order."""
+    from mhgpo.generation import MAX_PREFILL_PADDING, MAX_PREFILL_TOKENS, MIN_PREFILL_TOKENS, prefill_buckets
+
+    assert prefill_buckets([]) == []
+    assert prefill_buckets([3, 8, 16]) == [(0, 3)]  # small: one bucket whatever the padding
+    assert prefill_buckets([100, 100, 105, 300, 310]) == [(0, 3), (3, 5)]
+    lengths = sorted([17, 40, 41, 90, 95, 200, 210, 220, 400, 401, 1000] * 3)
+    runs = prefill_buckets(lengths)
+    assert [i for lo, hi in runs for i in range(lo, hi)] == list(range(len(lengths)))
+    for lo, hi in runs:
+        padded, real = (hi - lo) * lengths[hi - 1], sum(lengths[lo:hi])
+        assert padded <= MAX_PREFILL_TOKENS or hi - lo == 1
+        assert padded <= max((1 + MAX_PREFILL_PADDING) * real, MIN_PREFILL_TOKENS)
+    assert prefill_buckets([5000, 5000]) == [(0, 1), (1, 2)]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
@@ -237,9 +296,9 @@ def test_the_static_cache_decodes_as_a_dynamic_one(tiny_lm, prompts, monkeypatch
     from transformers import DynamicCache, StaticCache
 
     batch = forked(prompts) + prompts
-    noise = [prompts[i] for i in (1, 2, 4, 6, 7)]  # random ids: no shared prefix, no repeat, nothing prefilled
+    noise = [prompts[i] for i in (1, 2, 4, 6, 7)]  # random ids: no shared prefix, no repeat
     params = SamplingParams(max_new_tokens=16, temperature=temperature, top_p=0.9)
-    caches: list[tuple[bool, type]] = []  # (something was prefilled, the cache decoded on)
+    caches: list[tuple[bool, type]] = []  # (something was prefilled, the cache decoded on): one prompt alone is not
 
     def run() -> list[Generation]:
         torch.manual_seed(0)
@@ -252,7 +311,7 @@ def test_the_static_cache_decodes_as_a_dynamic_one(tiny_lm, prompts, monkeypatch
             return cache
 
         gen._cache = recorded  # type: ignore[method-assign]
-        return gen.generate(batch, params) + gen.generate(noise, params)
+        return gen.generate(batch, params) + gen.generate(noise, params) + gen.generate(prompts[2:3], params)
 
     static = run()
     assert {kind for kind, _ in caches} == {True, False} and {cache for _, cache in caches} == {StaticCache}
