@@ -249,13 +249,14 @@ def test_a_policy_update_is_the_same_with_shared_prompts(tiny_model_dir, lora, c
 def test_a_bf16_mixed_update_agrees_within_bfloat16_rounding(tiny_model_dir, lora) -> None:
     """bf16-mixed (float32 master weights, bfloat16 autocast; a bfloat16 base under LoRA): the shared and unshared
     rows multiply differently shaped matrices, so they round differently. The first step's gradients agree to 1e-2 of
-    the largest entry, its gradient norm and mean ratio to 1e-2 and 1e-3 relative, its loss (a sum of terms of both
-    signs, about 1e-2) to 2e-3 (measured: 4e-3, 2e-3, 1e-4, 7e-4 at most)."""
+    the largest entry, its gradient norm to 1e-2 relative, its mean ratio to 2^-8 relative (one bfloat16 step), its
+    loss (a sum of terms of both signs, about 1e-2) to 2e-3. Measured at most: 4e-3, 2e-3, 1e-4, 7e-4 on a CPU with
+    AMX; the ratio 2.1e-3 on one with AVX-512 bfloat16 instructions only, whose kernels round otherwise."""
     (stats, seen, _, _), (stats_alone, seen_alone, _, _) = (
         policy_run(tiny_model_dir, share, lora, True, "bf16-mixed") for share in (True, False))
     assert stats[0]["loss"] == pytest.approx(stats_alone[0]["loss"], abs=2e-3)
     assert stats[0]["grad_norm"] == pytest.approx(stats_alone[0]["grad_norm"], rel=1e-2)
-    assert stats[0]["ratio"] == pytest.approx(stats_alone[0]["ratio"], rel=1e-3)
+    assert stats[0]["ratio"] == pytest.approx(stats_alone[0]["ratio"], rel=2 ** -8)
     assert_grads_close(seen[0], seen_alone[0], 1e-2)
 
 
