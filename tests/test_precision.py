@@ -28,14 +28,17 @@ QUESTIONS = ["Who wrote the novel Dune?", "What is the capital of France?", "hi"
 # ------------------------------------------------------------------------------------------- resolution
 
 
-def test_auto_is_bf16_mixed_on_cuda_and_on_amx_cpus_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prec, "cpu_has_bf16_matmul", lambda: True)
-    assert resolve_precision("auto", "cpu")[0] == "bf16-mixed"
-    monkeypatch.setattr(prec, "AUTO_MIXED_ON_AMX_CPU", False)  # the switch that keeps CPUs on fp32
+def test_auto_is_bf16_mixed_on_cuda_and_on_cpus_with_bf16_instructions_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    for found in ("AMX", "AVX-512 BF16"):
+        monkeypatch.setattr(prec, "cpu_bf16_matmul", lambda found=found: found)
+        assert resolve_precision("auto", "cpu") == ("bf16-mixed", f"auto: CPU with bfloat16 matrix instructions "
+                                                                  f"({found})")
+    monkeypatch.setattr(prec, "AUTO_MIXED_ON_BF16_CPU", False)  # the switch that keeps CPUs on fp32
     assert resolve_precision("auto", "cpu")[0] == "fp32"
-    monkeypatch.setattr(prec, "AUTO_MIXED_ON_AMX_CPU", True)
-    monkeypatch.setattr(prec, "cpu_has_bf16_matmul", lambda: False)
-    assert resolve_precision("auto", "cpu") == ("fp32", "auto: this CPU has no bfloat16 matrix instructions (AMX)")
+    monkeypatch.setattr(prec, "AUTO_MIXED_ON_BF16_CPU", True)
+    monkeypatch.setattr(prec, "cpu_bf16_matmul", lambda: None)
+    assert resolve_precision("auto", "cpu") == ("fp32", "auto: this CPU has no bfloat16 matrix instructions (AMX, "
+                                                        "AVX-512 BF16)")
     for bf16_gpu, want in ((True, "bf16-mixed"), (False, "fp32")):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16_gpu)
         assert resolve_precision("auto", "cuda")[0] == want
@@ -47,12 +50,14 @@ def test_auto_is_bf16_mixed_on_cuda_and_on_amx_cpus_only(monkeypatch: pytest.Mon
         load_config(TrainConfig, None, ["precision=half"])
 
 
-def test_amx_detection_agrees_with_the_cpu_flags() -> None:
+def test_bf16_instruction_detection_agrees_with_the_cpu_flags() -> None:
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.is_file():
         pytest.skip("no /proc/cpuinfo to compare with")
     flags = set(" ".join(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split())
-    assert prec.cpu_has_bf16_matmul() == ("amx_tile" in flags and "amx_bf16" in flags)
+    amx = "amx_tile" in flags and "amx_bf16" in flags
+    expected = "AMX" if amx else "AVX-512 BF16" if "avx512_bf16" in flags else None
+    assert prec.cpu_bf16_matmul() == expected
 
 
 def test_weights_are_stored_float32_unless_frozen_under_bf16_mixed_or_pure_bf16() -> None:
