@@ -246,6 +246,7 @@ class HFGenerator:
         self.pad_id = int(pad) if pad is not None else self.eos_ids[0]
         forward = inspect.signature(causal_lm(model).forward).parameters
         self._takes_cache_position = "cache_position" in forward  # transformers 4.x: the positions written
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}  # the LM head on one column
         self._cache_argument = cache_argument(causal_lm(model))
 
     @property
@@ -315,8 +316,8 @@ class HFGenerator:
             end = width + t  # columns computed after this step's forward
             extra = {"cache_position": torch.arange(end - feed.shape[1], end, device=device)} \
                 if self._takes_cache_position else {}
-            logits = self.model(input_ids=feed, attention_mask=mask[:, :end], position_ids=positions,
-                                use_cache=True, logits_to_keep=1, **{self._cache_argument: cache}, **extra).logits
+            logits = self.model(input_ids=feed, attention_mask=mask[:, :end], position_ids=positions, use_cache=True,
+                                **{self._cache_argument: cache}, **self._last_logits, **extra).logits
             logits = logits[:, -1].float()  # (b, V)
             logp = torch.log_softmax(logits / params.logprob_temperature, dim=-1)  # (b, V)
             if nucleus is None:
