@@ -109,8 +109,9 @@ def prefill(model: Any, prompts: list[list[int]], n_prefix: int, width: int) -> 
     the prompt]`` in ``width`` columns (``n_prefix`` tokens shared by every prompt): the prefix is run once, then each
     distinct rest once, in buckets of rests of about the same length (:func:`prefill_buckets`) on the prefix's keys
     and values, and copied to the columns and rows that hold it. No row is padded beyond its bucket, so the work is
-    about that of the real tokens, however the lengths differ. Positions count real tokens only, as ``generate``'s
-    do; columns left of a row's rest are padding (zeros, masked). None for one prompt (``generate`` prefills it)."""
+    about that of the real tokens, however the lengths differ. Positions count real tokens only, as decoding's do;
+    columns left of a row's rest are padding (zeros, masked). None for one prompt (decoding's first step prefills
+    it whole)."""
     if len(prompts) < 2 or width < 2:
         return None
     backbone, _ = backbone_and_head(model)
