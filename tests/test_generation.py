@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -285,8 +286,10 @@ def test_prefill_buckets_keep_padding_small() -> None:
     assert prefill_buckets([5000, 5000]) == [(0, 1), (1, 2)]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+# not bf16-mixed sampled: bfloat16 moves a logit by up to a rounding step (3e-2), which flips a draw whose two best
+# tokens race that close (one or two rows of 32 here), and a row that then ends at another step shifts the random
+# stream of every later draw. Sampling's random stream is checked in fp32, bfloat16's cache in greedy decoding
+@pytest.mark.parametrize(("precision", "temperature"), [("fp32", 0.0), ("fp32", 1.0), ("bf16-mixed", 0.0)])
 def test_the_static_cache_decodes_as_a_dynamic_one(tiny_lm, prompts, monkeypatch, precision: str,
                                                    temperature: float) -> None:
     """Decoding on the preallocated static cache (after a repeated prompt's prefill, or with nothing prefilled)
@@ -364,3 +367,58 @@ def test_the_nucleus_warper_keeps_what_transformers_top_p_keeps() -> None:
             if top_p < 1.0:
                 assert bool((kept >= 1).all()) and bool((kept < vocab).any())
     assert grew  # the flat rows' nuclei are wider than the first guess of k
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 1.0])
+def test_sampling_draws_from_the_warped_distribution_within_the_nucleus(top_p: float) -> None:
+    """`_Nucleus.sample` draws only tokens the warper keeps, each as often as softmax of the kept scores says:
+    40,000 draws of one row of 50 logits, every token's count within 5 standard deviations of its expectation."""
+    from mhgpo.generation import _Nucleus
+
+    gen = torch.Generator().manual_seed(0)
+    row = torch.randn(50, generator=gen)  # (V,)
+    warper = _Nucleus(0.8, top_p)
+    probs = warper(None, row[None].clone()).softmax(dim=-1)[0]  # (V,): the target, zero outside the nucleus
+    draws = 40_000
+    torch.manual_seed(1)
+    chosen = warper.sample(row.expand(draws, -1).clone())  # (N,)
+    counts = torch.bincount(chosen, minlength=row.numel()).double()  # (V,)
+    assert counts[probs == 0].sum() == 0
+    sigma = (draws * probs * (1 - probs)).sqrt()
+    assert bool(((counts - draws * probs).abs() <= 5 * sigma + 1e-9).all())
+    if top_p < 1.0:
+        assert 1 < int((probs > 0).sum()) < row.numel()  # the nucleus truncates, and keeps more than one token
+
+
+def test_lora_input_casts_off_give_the_same_bf16_mixed_generations(tiny_model_dir, prompts, monkeypatch) -> None:
+    """Under bf16-mixed, generation turns off peft's cast of a LoRA layer's input up to its float32 weights (the
+    bfloat16 matmul casts it back): the same tokens and the same log-probs, bit for bit, as with the casts."""
+    from peft import LoraConfig, get_peft_model
+
+    import mhgpo.generation as generation
+    from mhgpo.models import load_model
+
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    model = get_peft_model(lm.model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                init_lora_weights=False))
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9)
+    casts: list[bool] = []
+    forward = type(model.base_model.model.model.layers[0].self_attn.q_proj).forward
+
+    def recorded(self, x, *args, **kwargs):
+        casts.append(self.cast_input_dtype_enabled)
+        return forward(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(type(model.base_model.model.model.layers[0].self_attn.q_proj), "forward", recorded)
+    runs = []
+    for off in (True, False):
+        if not off:
+            monkeypatch.setattr(generation, "disable_input_dtype_casting", lambda model, active: nullcontext())
+        torch.manual_seed(3)
+        runs.append(HFGenerator(model, lm.tokenizer, batch_size=4, precision="bf16-mixed").generate(prompts, params))
+    n = len(casts) // 2
+    assert not any(casts[:n]) and all(casts[n:])  # off in the first run, on in the second
+    for a, b in zip(*runs, strict=True):
+        assert a.output_ids == b.output_ids and a.logprobs == b.logprobs
