@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -197,7 +198,9 @@ class Policy:
         (:func:`owned`); the gradients and statistics are summed across ranks."""
         samples = [s for s in samples if s.output_ids]
         if not samples:
-            self.scheduler.step()
+            with warnings.catch_warnings():  # a step without samples keeps the schedule in step, on purpose
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+                self.scheduler.step()
             return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "ratio": 1.0}
         ranks = self.ranks
         mine = owned(samples, ranks, self.cfg.share_prefix)
