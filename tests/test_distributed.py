@@ -35,9 +35,11 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
 
 
-def run_ranks(world: int, args: list[str], timeout: int = 300) -> list[subprocess.CompletedProcess]:
+def run_ranks(world: int, args: list[str], timeout: int = 300, env: dict[str, str] | None = None
+              ) -> list[subprocess.CompletedProcess]:
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, *args], env=rank_env(r, world, port), cwd=REPO, text=True,
+    procs = [subprocess.Popen([sys.executable, *args], env={**rank_env(r, world, port), **(env or {})}, cwd=REPO,
+                              text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(world)]
     out = []
     for p in procs:
@@ -57,11 +59,15 @@ def record_step(cfg, world: int) -> list[tuple[tuple[str, ...], object]]:
     return parts
 
 
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
 @pytest.mark.parametrize("algo,extra", [
     ("mhgpo", {"sampler": "rr", "rr_probs": "[0,0.5,0.5]"}),  # the rewriter calls before a later fork: singletons
     ("mappo", {"sampler": "chains"}),
 ])
-def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, world, tmp_path, algo, extra) -> None:
+def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, world, tmp_path, algo, extra,
+                                                              fsdp) -> None:
+    """Each rank holds the whole model (ddp), or the actor's layers are sharded (fsdp, as `accelerate launch` with
+    distributed_type: FSDP asks): the same update as one process."""
     cfg = make_config(tiny_model_dir, world, tmp_path / "run", algo=algo, questions_per_step=4, eval_every=0,
                       save_every=0, steps=1, precision="fp32", **extra)
     records = record_step(cfg, world=2)
@@ -72,10 +78,15 @@ def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, wo
                                                  precision="fp32", **extra)))
 
     one = replay_step(cfg, records)  # one process on the whole step
-    runs = run_ranks(2, [str(WORKER), str(config), str(tmp_path / "records.pkl"), str(tmp_path / "rank.pt")])
+    runs = run_ranks(2, [str(WORKER), str(config), str(tmp_path / "records.pkl"), str(tmp_path / "rank.pt")],
+                     env={"ACCELERATE_USE_FSDP": "true", "SINGLETON_BATCHES_ON_RANK": "1"} if fsdp else None)
     assert [r.returncode for r in runs] == [0, 0], "\n".join(r.stderr[-3000:] for r in runs)
     two = torch.load(tmp_path / "rank.pt", weights_only=False)  # rank 1 wrote last or first: the same state
     assert (two["rank"] in (0, 1)) and two["world"] == 2
+    assert two["sharded"] == fsdp
+    if fsdp:  # rank 1 cut its share into one micro-batch per sample: rank 0 ran zero-weight ones to match
+        counts = [json.loads((tmp_path / f"rank.pt.batches{r}.json").read_text()) for r in range(2)]
+        assert counts[1] > counts[0] >= 1
 
     m1 = {k: v for k, v in one["metrics"].items() if not k.startswith(VOLATILE)}
     m2 = {k: v for k, v in two["metrics"].items() if not k.startswith(VOLATILE)}
