@@ -163,6 +163,9 @@ class Trainer:
                 setup.policy.shard(self.ranks.device, self.ranks.world)
             except ValueError as e:
                 raise InputError(str(e)) from None
+            if self.ranks.is_main:
+                print(f"mhgpo: FSDP: the actor's decoder layers sharded over {self.ranks.world} ranks", file=sys.stderr,
+                      flush=True)
         self._guard: StopGuard | None = None
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0

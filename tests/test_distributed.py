@@ -144,13 +144,15 @@ def test_questions_per_step_not_divisible_by_the_ranks_is_refused(tiny_model_dir
 # ------------------------------------------------------------------------ a two-rank run through accelerate
 
 
-def launch(out: Path, tiny_model_dir, world, *extra: str, resume: bool = False) -> subprocess.Popen:
-    """`accelerate launch --config_file configs/accelerate/cpu_ddp.yaml -m mhgpo train ...` (2 ranks, gloo)."""
+def launch(out: Path, tiny_model_dir, world, *extra: str, resume: bool = False,
+           config: str = "cpu_ddp.yaml") -> subprocess.Popen:
+    """`accelerate launch --config_file configs/accelerate/cpu_ddp.yaml -m mhgpo train ...` (2 ranks, gloo);
+    `config`: another of configs/accelerate (cpu_fsdp.yaml)."""
     args = ["--resume", str(out), *extra] if resume else [*train_overrides(
         tiny_model_dir, world, out, questions_per_step=4, steps=4, eval_every=2, val_limit=4, save_every=1,
         keep_checkpoints=4), *extra]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(REPO / "configs" / "accelerate" / "cpu_ddp.yaml"), "--main_process_port", str(free_port()),
+           str(REPO / "configs" / "accelerate" / config), "--main_process_port", str(free_port()),
            "-m", "mhgpo", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.Popen(cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -263,3 +265,49 @@ def test_owned_cuts_the_step_between_ranks_keeping_a_shared_prompt_on_one_rank()
         else:  # by tokens alone (11, 10, 8, 7, 4 to the lighter rank): both prompts split
             assert cuts == [[0, 1, 4], [2, 3]]
     assert owned(samples, SimpleNamespace(world=1, rank=0), True) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrupted_run(
+    tiny_model_dir, world, tmp_path
+) -> None:
+    """`accelerate launch --config_file configs/accelerate/cpu_fsdp.yaml`: the actor sharded over 2 ranks; 3 steps
+    (validation at steps 2 and 3), against 2 steps resumed to 3; a checkpoint holds whole tensors (the shapes of one
+    process's), `mhgpo export` turns the run into a model, and the resumed run logs the uninterrupted run's
+    metrics."""
+    from safetensors.torch import load_file
+
+    from mhgpo.checkpoint import list_checkpoints
+
+    def run(out: Path, *extra: str, resume: bool = False) -> str:
+        p = launch(out, tiny_model_dir, world, "steps=3", *extra, resume=resume, config="cpu_fsdp.yaml")
+        log, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, log[-3000:]
+        return log
+
+    ref = tmp_path / "ref"
+    log = run(ref)
+    assert log.count("finished 3 steps") == 1
+    assert log.count("mhgpo: FSDP: the actor's decoder layers sharded over 2 ranks") == 1
+    rows = [json.loads(line) for line in (ref / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and "val/f1" in rows[1]
+    assert all(r["samples"] > 0 and r["grad_norm"] > 0 for r in rows)
+
+    setup = build_team(make_config(tiny_model_dir, world, tmp_path / "one"))  # one process: the tensors' shapes
+    from mhgpo.checkpoint import trainable_state
+
+    shapes = {k: tuple(v.shape) for k, v in trainable_state(setup.policy.model).items()}
+    saved = load_file(str(list_checkpoints(ref)[-1] / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in saved.items()} == shapes
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())  # trained (B starts at 0)
+
+    exported = subprocess.run([sys.executable, "-m", "mhgpo", "export", str(ref), "--out", str(tmp_path / "export")],
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, text=True, capture_output=True)
+    assert exported.returncode == 0 and (tmp_path / "export" / "model.safetensors").is_file(), exported.stderr
+
+    cut = tmp_path / "cut"
+    run(cut, "steps=2")
+    assert [c.name for c in list_checkpoints(cut)][-1] == "step_2"
+    run(cut, "steps=3", resume=True)
+    again = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert comparable(again) == comparable(rows)
