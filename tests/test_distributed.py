@@ -63,7 +63,8 @@ def record_step(cfg, world: int) -> list[tuple[tuple[str, ...], object]]:
 @pytest.mark.parametrize("algo,extra", [
     ("mhgpo", {"sampler": "rr", "rr_probs": "[0,0.5,0.5]"}),  # the rewriter calls before a later fork: singletons
     ("mappo", {"sampler": "chains"}),
-])
+    ("mhgpo", {"sampler": "fof", "lora.enabled": "false"}),  # full fine-tuning: a frozen reference copy
+], ids=["mhgpo-rr", "mappo", "mhgpo-full"])
 def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, world, tmp_path, algo, extra,
                                                               fsdp) -> None:
     """Each rank holds the whole model (ddp), or the actor's layers are sharded (fsdp, as `accelerate launch` with
@@ -96,12 +97,18 @@ def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, wo
     assert m1["loss"] != 0 and m1["samples"] >= 8
     assert one["weights"].keys() == two["weights"].keys()
     init = replay_initial_weights(cfg)
+    full_ft = not cfg.lora.enabled
     for k, w in one["weights"].items():
         # Adam's first step moves each weight by about lr * g / (|g| + eps): where |g| is near eps the float sums'
-        # order (micro-batches per rank, then the all-reduce) shows, at ~1e-6 against steps of lr = 1e-2
-        torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=1e-5, msg=k)
-    assert any(not torch.equal(one["weights"][k], init[k]) for k in init if "lora_B" in k or "value_head" in k)
-    if algo == "mhgpo":  # RR pooled singletons of both ranks' questions into groups, as one process does
+        # order (micro-batches per rank, then the all-reduce) shows, at ~1e-6 against steps of lr = 1e-2; under full
+        # fine-tuning about one entry in a thousand of the whole model has such a gradient (seen up to 1.6e-4 apart):
+        # every entry within 3% of a step, and the weights on average within 1e-6
+        tol = 3e-4 if full_ft else 1e-5
+        torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=tol, msg=lambda m, k=k: f"{k}: {m}")
+        assert float((two["weights"][k] - w).abs().mean()) < 1e-6, k
+    assert any(not torch.equal(one["weights"][k], init[k]) for k in init
+               if "lora_B" in k or "value_head" in k or full_ft)
+    if extra["sampler"] == "rr":  # RR pooled singletons of both ranks' questions into groups, as one process does
         assert two["groups"] == one["groups"]
         members: dict[int, set[bool]] = {}
         for q, g in one["groups"]:
