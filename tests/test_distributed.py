@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -315,6 +316,37 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
     cut = tmp_path / "cut"
     run(cut, "steps=2")
     assert [c.name for c in list_checkpoints(cut)][-1] == "step_2"
+    shutil.copytree(cut, tmp_path / "to_ddp")
     run(cut, "steps=3", resume=True)
     again = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
     assert comparable(again) == comparable(rows)
+
+    # the same checkpoint resumed by ranks that each hold the whole model: the same step, but for the order of the
+    # gradients' float sums (FSDP's reduce-scatter against one flat all-reduce)
+    p = launch(tmp_path / "to_ddp", tiny_model_dir, world, "steps=3", resume=True)
+    log, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, log[-3000:]
+    assert "FSDP" not in log
+    last = comparable([json.loads(line) for line in (tmp_path / "to_ddp" / "metrics.jsonl").read_text()
+                       .splitlines()])[-1]
+    assert last.keys() == comparable(rows)[-1].keys() and last["step"] == 3
+    for k, v in comparable(rows)[-1].items():
+        assert last[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+
+
+def test_fsdp_refuses_one_adapter_per_role_and_a_launch_without_fsdp_shards_nothing(
+    tiny_model_dir, world, tmp_path, monkeypatch
+) -> None:
+    from types import SimpleNamespace
+
+    from mhgpo.records import InputError
+    from mhgpo.trainer import check_ranks
+
+    two = SimpleNamespace(world=2, rank=0, is_main=True)
+    cfg = make_config(tiny_model_dir, world, tmp_path / "run", **{"lora.per_role": "true"})
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
+    check_ranks(cfg, two)  # plain data parallelism: one adapter per role is fine
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(InputError, match="FSDP: lora.per_role is not supported"):
+        check_ranks(cfg, two)
+    check_ranks(make_config(tiny_model_dir, world, tmp_path / "run"), two)  # one shared adapter: FSDP runs
