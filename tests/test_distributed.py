@@ -334,7 +334,7 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
         assert last[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
 
 
-def test_fsdp_refuses_one_adapter_per_role_and_a_launch_without_fsdp_shards_nothing(
+def test_fsdp_refuses_one_adapter_per_role(
     tiny_model_dir, world, tmp_path, monkeypatch
 ) -> None:
     from types import SimpleNamespace
