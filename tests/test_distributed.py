@@ -227,19 +227,21 @@ def test_two_rank_run_logs_once_writes_every_question_once_and_resumes_after_a_r
     assert comparable(again) == comparable(rows)
 
 
-@pytest.mark.parametrize("how", ["sigterm to rank 1", "ctrl-c"])
+@pytest.mark.parametrize("how,config", [("sigterm to rank 1", "cpu_ddp.yaml"), ("ctrl-c", "cpu_ddp.yaml"),
+                                        ("sigterm to rank 1", "cpu_fsdp.yaml")])
 def test_a_signal_stops_every_rank_and_rank_0_saves_the_last_completed_step_once(
-    tiny_model_dir, world, tmp_path, how
+    tiny_model_dir, world, tmp_path, how, config
 ) -> None:
     """SIGTERM to one rank, or Ctrl-C in a terminal (SIGINT to the launcher and every rank, which the launcher
-    forwards once more): every rank stops at its next sync point and rank 0 saves once."""
+    forwards once more): every rank stops at its next sync point and rank 0 saves once (under FSDP every rank
+    gathers the weights for it)."""
     import signal
     import time
 
     from mhgpo.checkpoint import list_checkpoints
 
     out = tmp_path / "run"
-    p = launch(out, tiny_model_dir, world, "steps=40", "save_every=50")
+    p = launch(out, tiny_model_dir, world, "steps=40", "save_every=50", config=config)
     deadline = time.time() + 240
     while not (out / "metrics.jsonl").is_file() and p.poll() is None and time.time() < deadline:
         time.sleep(0.2)
@@ -253,6 +255,7 @@ def test_a_signal_stops_every_rank_and_rank_0_saves_the_last_completed_step_once
     assert log.count("interrupted; saved") == 1, log[-3000:]
     assert [c.name for c in list_checkpoints(out)] == [f"step_{len(rows)}"]  # the last completed step
     assert "aborted" not in log and "SIGKILL" not in log  # no rank aborted or had to be killed
+    assert ("decoder layers sharded over 2 ranks" in log) == (config == "cpu_fsdp.yaml")
 
 
 def test_owned_cuts_the_step_between_ranks_keeping_a_shared_prompt_on_one_rank() -> None:
