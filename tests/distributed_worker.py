@@ -23,7 +23,7 @@ from mhgpo.checkpoint import trainable_state
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.records import Example
 from mhgpo.rollout import RolloutBatch, merge_batches
-from mhgpo.sharding import is_sharded
+from mhgpo.sharding import is_dtensor, is_sharded
 from mhgpo.trainer import Trainer, build_team
 
 
@@ -53,7 +53,18 @@ def replay_step(cfg: TrainConfig, records: list[tuple[tuple[str, ...], RolloutBa
         weights.update({f"critic/{k}": v.clone() for k, v in trainable_state(setup.critic.model).items()})
     groups = [(n.question_index, n.group_id) for n in trainer._last_batch.llm_nodes() if n.trained]
     return {"metrics": metrics, "weights": weights, "groups": groups, "rank": trainer.ranks.rank,
-            "world": trainer.ranks.world, "sharded": is_sharded(setup.policy.model)}
+            "world": trainer.ranks.world, "sharded": is_sharded(setup.policy.model), "held": held(setup.policy.model)}
+
+
+def held(model: torch.nn.Module) -> dict[str, float]:
+    """The share of the decoder layers' and of the other weights that this rank holds (its shards, or whole)."""
+    out = {"layers": [0, 0], "other": [0, 0]}
+    for name, p in model.named_parameters():
+        local = p.to_local() if is_dtensor(p) else p
+        part = out["layers" if ".layers." in name else "other"]
+        part[0] += local.numel()
+        part[1] += p.numel()
+    return {k: mine / total for k, (mine, total) in out.items()}
 
 
 def singleton_batches(out: str) -> None:

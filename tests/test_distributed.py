@@ -86,6 +86,8 @@ def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, wo
     two = torch.load(tmp_path / "rank.pt", weights_only=False)  # rank 1 wrote last or first: the same state
     assert (two["rank"] in (0, 1)) and two["world"] == 2
     assert two["sharded"] == fsdp
+    # each rank holds half the decoder layers' weights under FSDP (the embedding and head whole), all of them else
+    assert two["held"] == pytest.approx({"layers": 0.5 if fsdp else 1.0, "other": 1.0}, abs=0.01)
     if fsdp:  # rank 1 cut its share into one micro-batch per sample: rank 0 ran zero-weight ones to match
         counts = [json.loads((tmp_path / f"rank.pt.batches{r}.json").read_text()) for r in range(2)]
         assert counts[1] > counts[0] >= 1
