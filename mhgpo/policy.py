@@ -131,13 +131,16 @@ class Policy:
     def shard(self, device: torch.device, world: int) -> None:
         """Shard the actor's decoder layers over the `world` ranks (FSDP, :mod:`mhgpo.sharding`); the optimiser
         and scheduler are made again on the sharded parameters (call it before any update). A frozen reference
-        copy (full fine-tuning) stays whole on every rank; under LoRA the reference is the sharded model itself."""
+        model of its own (full fine-tuning) is sharded the same way; under LoRA the reference is the sharded model
+        itself, its adapter off. Both are gathered whole for the reference's log-probs (:meth:`reference_logprobs`)."""
         if self.roles:
             raise ValueError("FSDP: lora.per_role is not supported (each rank would reduce other adapters)")
         if self.reference_adapters:
             raise ValueError("FSDP: a reference made of negated adapters (reference=base on a trained LoRA run) is "
                              "not supported")
         shard_model(self.model, device, world)
+        if self.ref_model is not None:
+            shard_model(self.ref_model, device, world)
         self._make_optimizer()
 
     # ----------------------------------------------------------------------------------------------- helpers

@@ -53,7 +53,8 @@ def replay_step(cfg: TrainConfig, records: list[tuple[tuple[str, ...], RolloutBa
         weights.update({f"critic/{k}": v.clone() for k, v in trainable_state(setup.critic.model).items()})
     groups = [(n.question_index, n.group_id) for n in trainer._last_batch.llm_nodes() if n.trained]
     return {"metrics": metrics, "weights": weights, "groups": groups, "rank": trainer.ranks.rank,
-            "world": trainer.ranks.world, "sharded": is_sharded(setup.policy.model), "held": held(setup.policy.model)}
+            "world": trainer.ranks.world, "sharded": is_sharded(setup.policy.model), "held": held(setup.policy.model),
+            "held_reference": held(setup.policy.ref_model) if setup.policy.ref_model is not None else None}
 
 
 def held(model: torch.nn.Module) -> dict[str, float]:

@@ -88,6 +88,10 @@ def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, wo
     assert two["sharded"] == fsdp
     # each rank holds half the decoder layers' weights under FSDP (the embedding and head whole), all of them else
     assert two["held"] == pytest.approx({"layers": 0.5 if fsdp else 1.0, "other": 1.0}, abs=0.01)
+    if not cfg.lora.enabled:  # the frozen reference copy: sharded alike
+        assert two["held_reference"] == pytest.approx({"layers": 0.5 if fsdp else 1.0, "other": 1.0}, abs=0.01)
+    else:
+        assert two["held_reference"] is None  # the reference is the model, its adapter off
     if fsdp:  # rank 1 cut its share into one micro-batch per sample: rank 0 ran zero-weight ones to match
         counts = [json.loads((tmp_path / f"rank.pt.batches{r}.json").read_text()) for r in range(2)]
         assert counts[1] > counts[0] >= 1
