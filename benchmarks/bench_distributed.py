@@ -5,7 +5,8 @@ Each setting trains a fresh run (no warm start, no validation, no checkpoints) a
 step's rollout seconds, update seconds and `seconds/train_communication` (rank 0's time in the update's
 all-reduces of gradients and statistics), averaged over the steps after the first (the first pays for one-time
 set-up). Settings: one process with 1 thread, one process with N threads, N ranks of 1 thread each (each holding the
-whole model), N ranks of 1 thread each under FSDP (the actor's decoder layers sharded: configs/accelerate/cpu_fsdp.yaml).
+whole model), N ranks of 1 thread each under FSDP (the actor's decoder layers sharded:
+configs/accelerate/cpu_fsdp.yaml).
 
     python benchmarks/bench_distributed.py [--model smollm2-135m] [--ranks 2] [--steps 3] [--questions 2]
         [--group-size 2] [--settings one,threads,ranks,fsdp] [extra key=value overrides ...]

@@ -9,8 +9,8 @@ root; the input embedding (and so an LM head tied to it) and an untied LM head s
 (`mhgpo/distributed.py`) is unchanged; what differs:
 
 - Passes whose number differs between ranks (the rollouts' decoding, validation, the reference's log-probs; a
-  frozen reference copy under full fine-tuning is sharded too) run on the whole model: :func:`gathered` all-gathers every sharded layer before them and reshards after,
-  so no collective runs inside them.
+  frozen reference copy under full fine-tuning is sharded too) run on the whole model: :func:`gathered`
+  all-gathers every sharded layer before them and reshards after, so no collective runs inside them.
 - The update's forward / backward passes reduce-scatter each layer's gradient: every rank runs the same number of
   micro-batches (the shorter ranks add zero-weight ones) and the gradients are summed, not averaged
   (:func:`sum_gradients`: divide factor 1, reduced with plain sums, which gloo supports). The replicated weights'
