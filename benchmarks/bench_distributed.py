@@ -4,10 +4,12 @@ ranks spend in the update's all-reduces.
 Each setting trains a fresh run (no warm start, no validation, no checkpoints) and reads its `metrics.jsonl`: the
 step's rollout seconds, update seconds and `seconds/train_communication` (rank 0's time in the update's
 all-reduces of gradients and statistics), averaged over the steps after the first (the first pays for one-time
-set-up). Settings: one process with 1 thread, one process with N threads, N ranks of 1 thread each.
+set-up). Settings: one process with 1 thread, one process with N threads, N ranks of 1 thread each (each holding the
+whole model), N ranks of 1 thread each under FSDP (the actor's decoder layers sharded:
+configs/accelerate/cpu_fsdp.yaml).
 
     python benchmarks/bench_distributed.py [--model smollm2-135m] [--ranks 2] [--steps 3] [--questions 2]
-        [--group-size 2] [--settings one,threads,ranks] [extra key=value overrides ...]
+        [--group-size 2] [--settings one,threads,ranks,fsdp] [extra key=value overrides ...]
 """
 
 from __future__ import annotations
@@ -46,19 +48,21 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=2)
     ap.add_argument("--settings", default="one,threads,ranks",
-                    help="which of: one (1 process, 1 thread), threads (1 process, N threads), ranks (N ranks)")
+                    help="which of: one (1 process, 1 thread), threads (1 process, N threads), ranks (N ranks), "
+                         "fsdp (N ranks, FSDP)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_distributed_"))
     train = ["-m", "mhgpo", "train", "--model", args.model, "--steps", str(args.steps), "--questions-per-step",
              str(args.questions), "--group-size", str(args.group_size), "warm_start.enabled=false", "eval_every=0",
              "save_every=0", *args.overrides]
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-              str(REPO / "configs" / "accelerate" / "cpu_ddp.yaml"), "--num_processes", str(args.ranks)]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(args.ranks), "--config_file"]
+    ddp, fsdp = (str(REPO / "configs" / "accelerate" / name) for name in ("cpu_ddp.yaml", "cpu_fsdp.yaml"))
     settings = {
         "one": ("1 process, 1 thread", [sys.executable, *train], 1),
         "threads": (f"1 process, {args.ranks} threads", [sys.executable, *train], args.ranks),
-        "ranks": (f"{args.ranks} ranks x 1 thread", [*launch, *train], 1),
+        "ranks": (f"{args.ranks} ranks x 1 thread", [*launch, ddp, *train], 1),
+        "fsdp": (f"{args.ranks} ranks x 1 thread, FSDP", [*launch, fsdp, *train], 1),
     }
     settings = [settings[name] for name in args.settings.split(",")]
     results = []

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from mhgpo.io import fsync_dir, fsync_file, usual_permissions, write_synced
 from mhgpo.records import InputError
+from mhgpo.sharding import full, is_dtensor, placed
 from mhgpo.statecodec import StateError, decode, decode_rng_states, encode, restore_rng_states
 
 FORMAT = 2  # 1: the earlier layout with a pickled trainer.pt (refused)
@@ -52,8 +53,35 @@ class CheckpointMismatch(CheckpointError):
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that training changes (LoRA: the adapter only; else the whole model)."""
-    return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    """The parameters that training changes (LoRA: the adapter only; else the whole model), whole: of a sharded
+    model (FSDP) every rank must call it (each sharded tensor is gathered)."""
+    return {n: full(p.detach()).cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`optimizer.state_dict()` with whole tensors: the state of sharded parameters (FSDP) gathered, so that every
+    rank must call it."""
+    sd = optimizer.state_dict()
+    state = {i: {k: full(v).cpu() if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+             for i, entry in sd["state"].items()}
+    return {**sd, "state": state}
+
+
+@dataclass
+class Snapshot:
+    """What a checkpoint writes of the trained modules: whole tensors (:func:`snapshot`)."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    extras: dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]]
+
+
+def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extras: Extras | None = None) -> Snapshot:
+    """The trained tensors and optimiser states of a checkpoint; a collective when `model` is sharded (FSDP):
+    every rank calls it, rank 0 writes it."""
+    return Snapshot(trainable_state(model), optimizer_state(optimizer),
+                    {name: (trainable_state(module), optimizer_state(opt))
+                     for name, (module, opt) in (extras or {}).items()})
 
 
 def checkpoint_step(path: Path) -> int:
@@ -117,9 +145,12 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     keep: int,
     extras: Extras | None = None,
+    taken: Snapshot | None = None,
 ) -> Path:
     """Write `checkpoints/step_N/`. `rng` comes from :func:`mhgpo.statecodec.rng_states`; `trainer_state` is JSON
-    (position, validation history); `extras` are further trained modules with their optimisers (the critic)."""
+    (position, validation history); `extras` are further trained modules with their optimisers (the critic);
+    `taken`: their :func:`snapshot` already taken (by every rank of a sharded model), else it is taken here."""
+    taken = taken or snapshot(model, optimizer, extras)
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     clean_leftovers(run_dir)
@@ -127,12 +158,12 @@ def save_checkpoint(
     tmp = root / f".tmp_{STEP_PREFIX}{step}"
     tmp.mkdir()
     try:
-        _write_tensors(tmp / MODEL_FILE, trainable_state(model))
+        _write_tensors(tmp / MODEL_FILE, taken.model)
         opt_tensors: dict[str, torch.Tensor] = {}
-        optimizers = {"actor": encode(optimizer.state_dict(), opt_tensors, "actor/")}
-        for name, (module, opt) in (extras or {}).items():
-            _write_tensors(tmp / f"{name}.safetensors", trainable_state(module))
-            optimizers[name] = encode(opt.state_dict(), opt_tensors, f"{name}/")
+        optimizers = {"actor": encode(taken.optimizer, opt_tensors, "actor/")}
+        for name, (tensors, opt_state) in taken.extras.items():
+            _write_tensors(tmp / f"{name}.safetensors", tensors)
+            optimizers[name] = encode(opt_state, opt_tensors, f"{name}/")
         _write_tensors(tmp / OPTIMIZER_FILE, opt_tensors)
         sched_tensors: dict[str, torch.Tensor] = {}
         sched = encode(scheduler.state_dict(), sched_tensors, "") if scheduler is not None else None
@@ -341,14 +372,23 @@ def apply_checkpoint(loaded: LoadedCheckpoint, live: Live) -> dict[str, Any]:
         for key, module in modules.items():
             params = dict(module.named_parameters())
             for name, value in loaded.tensors[key].items():
-                params[name].copy_(value.to(params[name].device, params[name].dtype))
-    live.optimizer.load_state_dict(loaded.optimizers["actor"])
-    for name, (_, opt) in live.extras.items():
+                params[name].copy_(placed(value.to(params[name].device, params[name].dtype), params[name]))
+    for name, opt in (("actor", live.optimizer), *((n, o) for n, (_, o) in live.extras.items())):
         opt.load_state_dict(loaded.optimizers[name])
+        _place_state(opt)
     if live.scheduler is not None and loaded.scheduler is not None:
         live.scheduler.load_state_dict(loaded.scheduler)
     restore_rng_states(loaded.rng, live.np_rng)
     return loaded.state
+
+
+def _place_state(optimizer: torch.optim.Optimizer) -> None:
+    """After `load_state_dict` of whole tensors: the state of a sharded parameter (FSDP) cut to its shard."""
+    for p, entry in optimizer.state.items():
+        if is_dtensor(p):
+            for k, v in entry.items():
+                if isinstance(v, torch.Tensor) and not is_dtensor(v) and v.shape == p.shape:
+                    entry[k] = placed(v, p)
 
 
 def load_checkpoint(path: Path, live: Live) -> dict[str, Any]:

@@ -10,6 +10,8 @@ bookkeeping of the step (groups, RR's singleton pools, rewards, advantages, the 
 on the whole step, identically everywhere; the forward and backward passes of the update are cut into one share of
 the samples per rank (:func:`shares`), with the step-wide token weights, and the gradients are summed across ranks
 (:meth:`Ranks.sum_grads`) before clipping, so the optimiser step equals one process's step on the same batch.
+Under an FSDP launch the actor's decoder layers are sharded instead (:mod:`mhgpo.sharding`): FSDP sums their
+gradients in the backward passes, and :meth:`Ranks.sum_grads` sums the rest.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft
 from mhgpo.logprobs import output_logprobs
 from mhgpo.losses import mhgpo_policy_loss, token_weights
 from mhgpo.precision import autocast, module_device, weight_dtype
+from mhgpo.sharding import clip_grad_norm, gathered, is_dtensor, is_sharded, shard_model
 
 
 @dataclass
@@ -120,10 +121,28 @@ class Policy:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.model = model
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.params = params
-        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim, total_steps))
+        self.total_steps = total_steps
+        self._make_optimizer()
+
+    def _make_optimizer(self) -> None:
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(self.cfg, self.total_steps))
+
+    def shard(self, device: torch.device, world: int) -> None:
+        """Shard the actor's decoder layers over the `world` ranks (FSDP, :mod:`mhgpo.sharding`); the optimiser
+        and scheduler are made again on the sharded parameters (call it before any update). A frozen reference
+        model of its own (full fine-tuning) is sharded the same way; under LoRA the reference is the sharded model
+        itself, its adapter off. Both are gathered whole for the reference's log-probs (:meth:`reference_logprobs`)."""
+        if self.roles:
+            raise ValueError("FSDP: lora.per_role is not supported (each rank would reduce other adapters)")
+        if self.reference_adapters:
+            raise ValueError("FSDP: a reference made of negated adapters (reference=base on a trained LoRA run) is "
+                             "not supported")
+        shard_model(self.model, device, world)
+        if self.ref_model is not None:
+            shard_model(self.ref_model, device, world)
+        self._make_optimizer()
 
     # ----------------------------------------------------------------------------------------------- helpers
 
@@ -177,7 +196,8 @@ class Policy:
         was_training = self.model.training
         self.model.eval()
         model = self.model if self.ref_model is None else self.ref_model
-        with self._reference_context():
+        # the ranks' shares differ in micro-batches: a sharded model is gathered whole for them
+        with gathered(model), self._reference_context():
             for idx in micro_batches(samples, self.cfg.micro_batch_tokens, share=self.cfg.share_prefix):
                 with autocast(self.precision, module_device(model)):  # the base, or a frozen model: no roles
                     logp, mask = output_logprobs(model, [samples[i].prompt_ids for i in idx],
@@ -204,6 +224,8 @@ class Policy:
             return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "ratio": 1.0}
         ranks = self.ranks
         mine = owned(samples, ranks, self.cfg.share_prefix)
+        if is_sharded(self.model) and not mine:
+            mine = [0]  # a rank without samples repeats sample 0 with weight 0 (accumulated_steps)
         ref: list[torch.Tensor | None] | None = None
         if self.cfg.kl_beta != 0:
             ref = [None] * len(samples)
@@ -248,19 +270,31 @@ def accumulated_steps(
     pass's ``loss`` (summed over its micro-batches), ``grad_norm`` (before clipping) and each of `stats` as a token
     mean. With several `ranks`, each computes the micro-batches of its share of `samples` (:func:`owned`) under the
     weights of the whole step; the gradients (a sum of the samples' terms) and the statistics are summed across
-    ranks before clipping."""
+    ranks before clipping. A sharded `model` (FSDP, :mod:`mhgpo.sharding`) reduces its layers' gradients in each
+    backward pass: every rank then runs as many micro-batches as the busiest, the others' extra ones zero-weight
+    repeats of one of theirs (or of sample 0), which add nothing; only its replicated weights' gradients are summed
+    here."""
     ranks = ranks or Single()
     weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
     mine = owned(samples, ranks, optim.share_prefix)
     batches = [[mine[j] for j in b] for b in micro_batches([samples[i] for i in mine], optim.micro_batch_tokens,
                                                            by_agent=by_agent, share=optim.share_prefix)]
+    real = len(batches)
+    if is_sharded(model):
+        busiest = int(max(ranks.gather(real)))
+        batches += [batches[0] if batches else [0]] * (busiest - real)
+    replicated = [p for p in params if not is_dtensor(p)]
     totals: dict[str, float] = {}
     with no_dropout(model):
         for _epoch in range(optim.ppo_epochs):
             optimizer.zero_grad(set_to_none=True)
             loss_sum, tokens = 0.0, 0.0
             acc = dict.fromkeys(stats, 0.0)
-            for idx in batches:
+            for j, idx in enumerate(batches):
+                if j >= real:  # a zero-weight micro-batch: the backward pass's collectives, no gradient
+                    loss, _ = batch_loss(idx, torch.zeros(len(idx), dtype=weights.dtype))
+                    loss.backward()
+                    continue
                 loss, batch_stats = batch_loss(idx, weights[idx])
                 loss.backward()
                 loss_sum += float(loss.detach())
@@ -268,10 +302,11 @@ def accumulated_steps(
                 tokens += n
                 for k in acc:
                     acc[k] += batch_stats.get(k, 0.0) * n
-            ranks.sum_grads(params)
+            if replicated:
+                ranks.sum_grads(replicated)
             loss_sum, tokens, *sums = ranks.sum([loss_sum, tokens, *acc.values()])
             acc = dict(zip(acc, sums))
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
+            grad_norm = clip_grad_norm(params, optim.max_grad_norm)
             optimizer.step()
             means = {k: v / max(tokens, 1) for k, v in acc.items()}
             totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **means}

@@ -21,7 +21,6 @@ the update is cut across the ranks, and rank 0 writes the run.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import time
@@ -34,7 +33,8 @@ import torch
 
 from mhgpo.advantages import drop_zero_variance, group_advantages, propagate_rewards, total_rewards
 from mhgpo.behaviour import agent_behaviour
-from mhgpo.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint
+from mhgpo import sharding
+from mhgpo.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config
 from mhgpo.distributed import Single, current
 from mhgpo.evaluation import evaluate_examples, merge_results
@@ -135,9 +135,8 @@ def check_ranks(cfg: TrainConfig, ranks: Single) -> None:
         return
     if not isinstance(cfg, TrainConfig):
         raise InputError("only RL training (mhgpo train) runs on several processes")
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
-        raise InputError("FSDP: mhgpo's ranks each hold the whole model (data parallelism); launch with "
-                         "configs/accelerate/gpu_ddp.yaml")
+    if sharding.requested() and cfg.lora.enabled and cfg.lora.per_role:
+        raise InputError("FSDP: lora.per_role is not supported; launch with configs/accelerate/gpu_ddp.yaml")
     if cfg.questions_per_step % ranks.world:
         raise InputError(f"questions_per_step={cfg.questions_per_step} is not divisible by the {ranks.world} "
                          f"processes of this run: each rank rolls out questions_per_step / processes questions")
@@ -159,6 +158,14 @@ class Trainer:
         for part in (setup.policy, setup.critic):  # their updates cut the step's samples across the ranks
             if part is not None:
                 part.ranks = self.ranks
+        if self.ranks.world > 1 and sharding.requested():  # FSDP: the actor's layers sharded (mhgpo/sharding.py)
+            try:
+                setup.policy.shard(self.ranks.device, self.ranks.world)
+            except ValueError as e:
+                raise InputError(str(e)) from None
+            if self.ranks.is_main:
+                print(f"mhgpo: FSDP: the actor's decoder layers sharded over {self.ranks.world} ranks", file=sys.stderr,
+                      flush=True)
         self._guard: StopGuard | None = None
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
@@ -192,11 +199,13 @@ class Trainer:
     def save(self, rng: dict[str, Any] | None = None) -> Path:
         """Write the checkpoint of the current step (rank 0; the other ranks hold the same state and write nothing)."""
         p = self.setup.policy
+        # a sharded actor (FSDP) is gathered whole by every rank; else rank 0 alone reads it
+        taken = snapshot(p.model, p.optimizer, self._extras()) if sharding.is_sharded(p.model) else None
         if not self.ranks.is_main:
             return self.run_dir / "checkpoints" / f"step_{self.step}"
         state = {"position": self.position, "val_history": self.val_history, "failures": self.failures}
         return save_checkpoint(self.run_dir, self.step, p.model, p.optimizer, p.scheduler,
-                               rng or rng_states(self.rng), state, self.cfg.keep_checkpoints, self._extras())
+                               rng or rng_states(self.rng), state, self.cfg.keep_checkpoints, self._extras(), taken)
 
     def _extras(self) -> dict[str, Any]:
         return {"critic": self.setup.critic.state()} if self.setup.critic is not None else {}
@@ -230,6 +239,10 @@ class Trainer:
     def validate(self, desc: str = "") -> Any:
         """Greedy evaluation of the team on the fixed validation subset (an `EvalResult`); a progress bar with
         `desc`."""
+        with sharding.gathered(self.setup.policy.model):  # FSDP: each rank decodes its own number of steps
+            return self._validate(desc)
+
+    def _validate(self, desc: str) -> Any:
         t = self.setup
         if self.ranks.world == 1:
             return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
@@ -246,7 +259,8 @@ class Trainer:
         cfg, setup = self.cfg, self.setup
         t0 = time.perf_counter()
         setup.policy.model.eval()
-        batch, adv_stats, untrained, filter_stats = self._sample()
+        with sharding.gathered(setup.policy.model):  # FSDP: each rank decodes its own number of steps
+            batch, adv_stats, untrained, filter_stats = self._sample()
         trained = [n for n in batch.llm_nodes() if n.trained]
         samples = [
             Sample(n.prompt_ids, n.output_ids, n.logprobs, n.advantage, n.agent,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from mhgpo.checkpoint import trainable_state
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.records import Example
 from mhgpo.rollout import RolloutBatch, merge_batches
+from mhgpo.sharding import is_dtensor, is_sharded
 from mhgpo.trainer import Trainer, build_team
 
 
@@ -51,10 +53,50 @@ def replay_step(cfg: TrainConfig, records: list[tuple[tuple[str, ...], RolloutBa
         weights.update({f"critic/{k}": v.clone() for k, v in trainable_state(setup.critic.model).items()})
     groups = [(n.question_index, n.group_id) for n in trainer._last_batch.llm_nodes() if n.trained]
     return {"metrics": metrics, "weights": weights, "groups": groups, "rank": trainer.ranks.rank,
-            "world": trainer.ranks.world}
+            "world": trainer.ranks.world, "sharded": is_sharded(setup.policy.model), "held": held(setup.policy.model),
+            "held_reference": held(setup.policy.ref_model) if setup.policy.ref_model is not None else None}
+
+
+def held(model: torch.nn.Module) -> dict[str, float]:
+    """The share of the decoder layers' and of the other weights that this rank holds (its shards, or whole)."""
+    out = {"layers": [0, 0], "other": [0, 0]}
+    for name, p in model.named_parameters():
+        local = p.to_local() if is_dtensor(p) else p
+        part = out["layers" if ".layers." in name else "other"]
+        part[0] += local.numel()
+        part[1] += p.numel()
+    return {k: mine / total for k, (mine, total) in out.items()}
+
+
+def singleton_batches(out: str) -> None:
+    """This rank's update cuts its share into one micro-batch per sample (the gradient does not depend on the cut);
+    the number of micro-batches of its update goes to OUT.batchesRANK.json."""
+    import mhgpo.policy
+
+    def cut(samples: list, *args: Any, **kwargs: Any) -> list[list[int]]:
+        batches = [[i] for i in range(len(samples))]
+        Path(f"{out}.batches{os.environ['RANK']}.json").write_text(json.dumps(len(batches)))
+        return batches
+
+    mhgpo.policy.micro_batches = cut
+
+
+def count_batches(out: str) -> None:
+    import mhgpo.policy
+
+    plain = mhgpo.policy.micro_batches
+
+    def cut(samples: list, *args: Any, **kwargs: Any) -> list[list[int]]:
+        batches = plain(samples, *args, **kwargs)
+        Path(f"{out}.batches{os.environ['RANK']}.json").write_text(json.dumps(len(batches)))
+        return batches
+
+    mhgpo.policy.micro_batches = cut
 
 
 def main(config: str, records: str, out: str) -> int:
+    if "SINGLETON_BATCHES_ON_RANK" in os.environ:
+        (singleton_batches if os.environ["RANK"] == os.environ["SINGLETON_BATCHES_ON_RANK"] else count_batches)(out)
     cfg = load_config(TrainConfig, None, json.loads(Path(config).read_text()))
     with open(records, "rb") as f:
         recorded = pickle.load(f)

@@ -37,3 +37,17 @@ def test_hotpotqa_cpu_config_trains_the_default_model_on_split_files():
     demo = load_config(TrainConfig, ROOT / "mhgpo" / "demo.yaml")  # the demo's recipe
     assert cfg.search.reranker_penalty == demo.search.reranker_penalty == 0.0
     assert (cfg.optim.lr, cfg.warm_start.enabled) == (demo.optim.lr, demo.warm_start.enabled)
+
+
+def test_accelerate_configs_launch_what_their_names_say():
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    folder = ROOT / "configs" / "accelerate"
+    for name, kind, processes in (("cpu_ddp", DistributedType.MULTI_GPU, 2), ("gpu_ddp", DistributedType.MULTI_GPU, 8),
+                                  ("cpu_fsdp", DistributedType.FSDP, 2), ("gpu_fsdp", DistributedType.FSDP, 8)):
+        cfg = load_config_from_file(str(folder / f"{name}.yaml"))
+        assert (cfg.distributed_type, cfg.num_processes) == (kind, processes), name
+        assert cfg.mixed_precision == "no" and not cfg.use_cpu, name  # mhgpo picks its precision; torchrun starts ranks
+        if kind == DistributedType.FSDP:
+            assert cfg.fsdp_config["fsdp_version"] == 2, name
