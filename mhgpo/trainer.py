@@ -31,9 +31,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from mhgpo import sharding
 from mhgpo.advantages import drop_zero_variance, group_advantages, propagate_rewards, total_rewards
 from mhgpo.behaviour import agent_behaviour
-from mhgpo import sharding
 from mhgpo.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config
 from mhgpo.distributed import Single, current
