@@ -51,6 +51,9 @@ class Single:
     def barrier(self) -> None:
         return None
 
+    def close(self) -> None:
+        return None
+
     def share(self, items: Sequence[T]) -> list[T]:
         return list(items)
 
@@ -111,6 +114,12 @@ class Ranks(Single):
 
     def barrier(self) -> None:
         self._timed(torch.distributed.barrier)
+
+    def close(self) -> None:
+        """Once every rank is done: end the process group, so that none of its threads outlives the interpreter
+        (an exit with the group still open may abort in its teardown)."""
+        self.barrier()
+        torch.distributed.destroy_process_group()
 
     def share(self, items: Sequence[T]) -> list[T]:
         """This rank's contiguous share of `items` (the shares of all ranks, in rank order, are `items`)."""

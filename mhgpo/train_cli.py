@@ -47,7 +47,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(TrainConfig, args.config, _overrides(args))
         trainer = train(cfg)
-    if not trainer.ranks.is_main:  # a data-parallel run: rank 0 reports
+    trainer.ranks.close()  # a data-parallel run: every rank got here (a failure raises before)
+    if not trainer.ranks.is_main:  # rank 0 reports
         return 0
     print(f"finished {trainer.step} steps; run directory: {trainer.run_dir}")
     if trainer.val_history:

@@ -359,3 +359,28 @@ def test_fsdp_refuses_one_adapter_per_role(
     with pytest.raises(InputError, match="FSDP: lora.per_role is not supported"):
         check_ranks(cfg, two)
     check_ranks(make_config(tiny_model_dir, world, tmp_path / "run"), two)  # one shared adapter: FSDP runs
+
+
+def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsys) -> None:
+    """`mhgpo train` closes its ranks after training (a barrier, then the process group destroyed), on every rank,
+    before rank 0 reports."""
+    import argparse
+    from types import SimpleNamespace
+
+    import mhgpo.distributed as distributed
+    import mhgpo.pipeline
+    from mhgpo.train_cli import cmd_train
+
+    calls: list[str] = []
+    monkeypatch.setattr(distributed.torch.distributed, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(distributed.torch.distributed, "destroy_process_group", lambda: calls.append("destroy"))
+    for rank in (0, 1):
+        ranks = distributed.Ranks.__new__(distributed.Ranks)
+        ranks.world, ranks.rank, ranks.is_main, ranks.comm_seconds = 2, rank, rank == 0, 0.0
+        trainer = SimpleNamespace(ranks=ranks, step=3, run_dir="runs/x", val_history=[])
+        monkeypatch.setattr(mhgpo.pipeline, "train", lambda cfg, trainer=trainer: trainer)
+        args = argparse.Namespace(resume=None, from_step=None, scale=None, config=None, overrides=[])
+        assert cmd_train(args) == 0
+        assert calls == ["barrier", "destroy"]
+        calls.clear()
+        assert ("finished 3 steps" in capsys.readouterr().out) == (rank == 0)
