@@ -84,20 +84,27 @@ def sum_gradients(module: Any) -> None:
 @contextmanager
 def gathered(model: torch.nn.Module | None) -> Iterator[None]:
     """The whole `model` on every rank inside (no collective in its forward passes, which may then differ in
-    number between ranks); resharded on exit. Every rank enters and leaves together. A no-op if not sharded."""
+    number between ranks); resharded on exit. Every rank enters and leaves together. A no-op if not sharded, and
+    inside another `gathered` of the same model (the outer one reshards: an inner exit must not, or collectives
+    would come back into the outer block's passes)."""
     modules = _fsdp_modules(model) if model is not None else []
-    if not modules:
+    if not modules or id(model) in _GATHERED:
         yield
         return
-    for m in modules:
-        m.set_reshard_after_forward(False)
-        m.unshard()
+    _GATHERED.add(id(model))
     try:
+        for m in modules:
+            m.set_reshard_after_forward(False)
+            m.unshard()
         yield
     finally:
+        _GATHERED.discard(id(model))
         for m in modules:
             m.reshard()
             m.set_reshard_after_forward(True)
+
+
+_GATHERED: set[int] = set()  # id() of the models inside a `gathered` block
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

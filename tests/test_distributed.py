@@ -384,3 +384,36 @@ def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsy
         assert calls == ["barrier", "destroy"]
         calls.clear()
         assert ("finished 3 steps" in capsys.readouterr().out) == (rank == 0)
+
+
+def test_gathered_is_reentrant_only_the_outer_block_reshards(monkeypatch) -> None:
+    """`sharding.gathered` inside another of the same model neither gathers again nor reshards on its exit: the
+    outer block's passes stay free of collectives until the outer exit, which reshards once."""
+    import mhgpo.sharding as sharding
+
+    calls: list[str] = []
+
+    class Layer:
+        def set_reshard_after_forward(self, flag: bool) -> None:
+            calls.append(f"after_forward={flag}")
+
+        def unshard(self) -> None:
+            calls.append("unshard")
+
+        def reshard(self) -> None:
+            calls.append("reshard")
+
+    model = torch.nn.Linear(1, 1)
+    monkeypatch.setattr(sharding, "_fsdp_modules", lambda m: [Layer()] if m is model else [])
+    with sharding.gathered(model):
+        assert calls == ["after_forward=False", "unshard"]
+        with sharding.gathered(model):
+            pass
+        assert calls == ["after_forward=False", "unshard"]
+    assert calls == ["after_forward=False", "unshard", "reshard", "after_forward=True"]
+    with sharding.gathered(model):  # a later block gathers again
+        pass
+    assert calls[-4:] == ["after_forward=False", "unshard", "reshard", "after_forward=True"]
+    with sharding.gathered(torch.nn.Linear(1, 1)):  # not sharded: nothing
+        pass
+    assert len(calls) == 8
