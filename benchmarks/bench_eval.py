@@ -68,6 +68,9 @@ def one(precision: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from mhgpo.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--questions", type=int, default=32)

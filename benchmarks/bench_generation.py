@@ -138,6 +138,9 @@ def bench_logprobs(lm: Any, skip_full: bool, batch: int = 8, length: int = 256, 
 
 
 def main() -> None:
+    from mhgpo.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--skip-full", action="store_true", help="skip the full-logits comparison")

@@ -124,6 +124,9 @@ def dispatch(script: str, args: argparse.Namespace, one: Callable[[str, argparse
 
 
 def main() -> None:
+    from mhgpo.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_arguments(parser)
     parser.add_argument("--batch", type=int, default=8)

@@ -70,6 +70,9 @@ def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    from mhgpo.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_arguments(parser)
     parser.add_argument("--groups", type=int, default=1)

@@ -195,6 +195,9 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    from mhgpo.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--short", action="store_true", help="shorter limit timings, 2 questions × G = 2")

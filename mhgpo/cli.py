@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from mhgpo import retrieval_cli, train_cli
+from mhgpo.allocator import keep_freed_memory
 from mhgpo.choices import EXPORT_DTYPES
 from mhgpo.cli_common import (DATA_HELP, add_common_flags, flag_overrides, load_generator,
                               resolve_config_precision)
@@ -389,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("MHGPO_DEBUG") not in (None, "", "0")
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
     _quiet_libraries()
+    keep_freed_memory()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse fills the `key=value` positionals of `ask` together with its question, so trailing overrides
