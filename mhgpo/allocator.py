@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+from collections.abc import Mapping
 
 M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
 M_TOP_PAD = -2
@@ -31,7 +32,7 @@ TOP_PAD = 64 << 20  # the heap grows by at least this much at a time
 _applied: bool | None = None
 
 
-def user_chose_allocator(environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+def user_chose_allocator(environ: Mapping[str, str] = os.environ) -> str | None:
     """The environment variable by which the user has chosen the allocator or its settings, else None."""
     if environ.get("MHGPO_MALLOC", "").lower() == "default":
         return "MHGPO_MALLOC"
