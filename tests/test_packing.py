@@ -18,7 +18,7 @@ from mhgpo.logprobs import backbone_and_head, output_logprobs, output_logprobs_r
 from mhgpo.models import load_model
 from mhgpo.packing import micro_batches as pack_micro_batches
 from mhgpo.packing import pack, segment_length
-from mhgpo.policy import Policy, Sample, micro_batches
+from mhgpo.policy import Policy, Sample, enable_gradient_checkpointing, micro_batches
 from mhgpo.sft import sft_update
 
 
@@ -121,7 +121,7 @@ def test_shared_logprobs_and_gradients_equal_one_row_per_sample(tiny_model_dir, 
     model = fresh(tiny_model_dir).model
     model.config._attn_implementation = attention
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     model.train()
     weights = torch.linspace(0.5, 1.5, 9)  # (T,) a non-uniform loss
     results = []
@@ -183,13 +183,7 @@ def group_samples(loaded) -> list[Sample]:
 def recording_steps(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
     """Record every trainable gradient as the optimiser is about to step (the accumulated, clipped gradient)."""
     seen: list[dict[str, torch.Tensor]] = []
-    step = optimizer.step
-
-    def recorded(*args, **kwargs):
-        seen.append(grads(model))
-        return step(*args, **kwargs)
-
-    optimizer.step = recorded
+    optimizer.register_step_pre_hook(lambda *_: seen.append(grads(model)))  # step itself stays PyTorch's
     return seen
 
 
@@ -214,6 +208,7 @@ def policy_run(model_dir: Path, share: bool, lora: str, checkpointing: bool, pre
     # plain SGD: Adam's first step turns the rounding noise of a near-zero gradient into a full step of either sign,
     # so the runs would no longer be comparable after it
     policy.optimizer = torch.optim.SGD(policy.params, lr=0.02)
+    policy.scheduler = torch.optim.lr_scheduler.ConstantLR(policy.optimizer, factor=1.0)  # on the optimiser it steps
     seen = recording_steps(policy.optimizer, policy.model)
     stats = [policy.update(copy.deepcopy(samples))]
     optim.ppo_epochs = 2
