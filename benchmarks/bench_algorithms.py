@@ -1,7 +1,7 @@
 """Seconds per training step and peak memory of MHGPO-FoF, MHGPO-RR, MHGPO-IS and MAPPO, and their ratios to MAPPO
 (and of MHGPO-FoF(os) with `--algos fof_os`).
 
-Every algorithm runs `--steps` steps with the demo settings (`mhgpo/demo.yaml`: the default model, LoRA, 4 questions
+Every algorithm runs `--steps` steps with the demo settings (`mhgpo/config/demo.yaml`: the default model, LoRA, 4 questions
 per step, G = 4, short generations) on the same questions, each in its own process so that its peak memory is its
 own (CPU: peak RSS of the process, model loading included; CUDA: peak allocated). MAPPO's critic warm-up is set to
 0 so that every timed step updates both the critic and the actor. Per step: wall seconds (rollout, update) and the
@@ -32,9 +32,9 @@ LABELS = {"fof": "MHGPO-FoF", "rr": "MHGPO-RR", "is": "MHGPO-IS", "fof_os": "MHG
 
 def one(name: str, steps: int, overrides: list[str]) -> dict:
     from mhgpo.config import TrainConfig, load_config
-    from mhgpo.policy import peak_memory_mb
+    from mhgpo.rl.policy import peak_memory_mb
     from mhgpo.config import demo_config_path
-    from mhgpo.trainer import Trainer, build_team
+    from mhgpo.rl.trainer import Trainer, build_team
 
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = load_config(

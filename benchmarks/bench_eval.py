@@ -24,12 +24,12 @@ import time
 def one(precision: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from mhgpo.cli_common import load_generator
+    from mhgpo.model.loading import load_generator
     from mhgpo.config import RetrievalConfig, SystemConfig
-    from mhgpo.evaluation import evaluate_examples
-    from mhgpo.factory import build_workflow, load_examples
-    from mhgpo.generation import HFGenerator
-    from mhgpo.precision import resolve_precision
+    from mhgpo.rl.evaluation import evaluate_examples
+    from mhgpo.team.build import build_workflow, load_examples
+    from mhgpo.model.generation import HFGenerator
+    from mhgpo.model.precision import resolve_precision
 
     precision, _ = resolve_precision(precision)
     examples = load_examples("synthetic:dev", args.questions)
@@ -68,7 +68,7 @@ def one(precision: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    from mhgpo.allocator import keep_freed_memory
+    from mhgpo.model.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

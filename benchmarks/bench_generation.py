@@ -1,8 +1,8 @@
 """Throughput of sampling and cost of training-time log-probs on the default model.
 
-Prints new tokens/s of :class:`mhgpo.generation.HFGenerator` for batch sizes 1, 4 and 16 on 16 prompts
+Prints new tokens/s of :class:`mhgpo.model.generation.HFGenerator` for batch sizes 1, 4 and 16 on 16 prompts
 of about 200 tokens (32 new tokens each), then the wall time and peak resident memory of
-:func:`mhgpo.logprobs.output_logprobs` forward + backward on 8 sequences of 256 tokens, next to a plain
+:func:`mhgpo.model.logprobs.output_logprobs` forward + backward on 8 sequences of 256 tokens, next to a plain
 full-logits forward + backward for comparison.
 
     python benchmarks/bench_generation.py [--model smollm2-135m] [--skip-full]
@@ -21,9 +21,10 @@ from typing import Any, Callable
 import psutil
 import torch
 
-from mhgpo.generation import HFGenerator, SamplingParams
-from mhgpo.logprobs import output_logprobs
-from mhgpo.models import DEFAULT_MODEL, encode_chat, load_model
+from mhgpo.model.generation import HFGenerator, SamplingParams
+from mhgpo.model.logprobs import output_logprobs
+from mhgpo.model.pretrained import DEFAULT_MODEL, encode_chat
+from mhgpo.model.trained import load_model
 
 PASSAGE = (
     "The Berlin Wall was a guarded concrete barrier that encircled West Berlin from 1961 to 1989, "
@@ -138,7 +139,7 @@ def bench_logprobs(lm: Any, skip_full: bool, batch: int = 8, length: int = 256, 
 
 
 def main() -> None:
-    from mhgpo.allocator import keep_freed_memory
+    from mhgpo.model.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

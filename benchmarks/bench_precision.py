@@ -45,10 +45,10 @@ def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
 
 def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
     from mhgpo.config import LoraConfig, OptimConfig
-    from mhgpo.generation import HFGenerator, SamplingParams
-    from mhgpo.models import load_model
-    from mhgpo.policy import Policy, Sample, no_dropout
-    from mhgpo.precision import weight_dtype
+    from mhgpo.model.generation import HFGenerator, SamplingParams
+    from mhgpo.model.trained import load_model
+    from mhgpo.rl.policy import Policy, Sample, no_dropout
+    from mhgpo.model.precision import weight_dtype
 
     with PeakRSS() as peak:
         loaded = load_model(args.model, dtype=weight_dtype(precision, trainable=False))  # LoRA: a frozen base
@@ -124,7 +124,7 @@ def dispatch(script: str, args: argparse.Namespace, one: Callable[[str, argparse
 
 
 def main() -> None:
-    from mhgpo.allocator import keep_freed_memory
+    from mhgpo.model.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -5,7 +5,7 @@ For each data SPEC (`hotpotqa:PATH`, `2wiki:PATH`, `musique:PATH`) this prints, 
 - an independent plain `bm25s` run: the file read with `json` only, the corpus built here (paragraphs de-duplicated
   by title and text, indexed as `title text`, English stop words, no stemming), top 10 for the raw question;
 - mhgpo's BM25 retriever and its dense retriever (the default encoder, flat FAISS index), through
-  `mhgpo.retrieval_eval.evaluate_retrieval`, as `mhgpo eval-retrieval --corpus context` computes them;
+  `mhgpo.team.retrieval_eval.evaluate_retrieval`, as `mhgpo eval-retrieval --corpus context` computes them;
 
 with the corpus sizes and the index build times (wall seconds, and CPU seconds of this process, which depend
 less on other jobs sharing the machine). Recall is in percent: `all` = questions whose gold paragraphs
@@ -81,16 +81,16 @@ def plain_bm25s(layout: str, path: Path) -> dict:
 
 
 def mhgpo_recall(spec: str, dense: bool) -> dict[str, dict]:
-    from mhgpo.data import context_corpus
-    from mhgpo.dataspec import load_data
-    from mhgpo.retrieval import BM25Retriever
-    from mhgpo.retrieval_eval import evaluate_retrieval
+    from mhgpo.data.formats import context_corpus
+    from mhgpo.data.spec import load_data
+    from mhgpo.retrieval.bm25 import BM25Retriever
+    from mhgpo.team.retrieval_eval import evaluate_retrieval
 
     examples = load_data(spec)
     passages = context_corpus(examples)
     builders = {"bm25": lambda: BM25Retriever.build(passages)}
     if dense:
-        from mhgpo.dense import DenseRetriever
+        from mhgpo.retrieval.dense import DenseRetriever
 
         builders["dense"] = lambda: DenseRetriever.build(passages, progress=False)
     results = {}

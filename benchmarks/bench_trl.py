@@ -10,7 +10,7 @@ with mhgpo's penalty for an answer over `search.max_answer_words` words). Precis
 resolved on this machine; TRL with `bf16=True` (its own default, autocast) where that is bf16-mixed, else fp32, and
 the frozen base stored in the same dtype on both sides. TRL runs on the CPU as its docs describe (`use_cpu=True`,
 no vLLM), with its own defaults otherwise (loss `dapo`, group-scaled rewards); every setting that differs is
-printed. Both processes run with the allocator settings of the `mhgpo` command (`mhgpo.allocator`).
+printed. Both processes run with the allocator settings of the `mhgpo` command (`mhgpo.model.allocator`).
 
 Each side runs in its own process; the parent prints per side: seconds per step (mean over the steps after the
 first; both sides' first step is printed apart), tokens generated per second of generation, tokens trained
@@ -77,15 +77,16 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from mhgpo.allocator import keep_freed_memory
+    from mhgpo.model.allocator import keep_freed_memory
     from mhgpo.config import LoraConfig as MhgpoLora
     from mhgpo.config import SystemConfig
-    from mhgpo.factory import load_examples
-    from mhgpo.metrics import score
-    from mhgpo.models import encode_chat, load_model
-    from mhgpo.precision import resolve_precision, weight_dtype
-    from mhgpo.search_system import LLM, LLMOnly, parse_answer
-    from mhgpo.workflow import State
+    from mhgpo.team.build import load_examples
+    from mhgpo.data.metrics import score
+    from mhgpo.model.pretrained import encode_chat
+    from mhgpo.model.trained import load_model
+    from mhgpo.model.precision import resolve_precision, weight_dtype
+    from mhgpo.team.search_system import LLM, LLMOnly, parse_answer
+    from mhgpo.team.workflow import State
 
     keep_freed_memory()  # the allocator settings the mhgpo command runs with, so that both sides have them
     precision, _ = resolve_precision("auto")

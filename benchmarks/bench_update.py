@@ -29,9 +29,9 @@ from bench_precision import best_of, common_arguments, dispatch
 
 def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
     from mhgpo.config import LoraConfig, OptimConfig
-    from mhgpo.models import load_model
-    from mhgpo.policy import Policy, Sample, no_dropout
-    from mhgpo.precision import weight_dtype
+    from mhgpo.model.trained import load_model
+    from mhgpo.rl.policy import Policy, Sample, no_dropout
+    from mhgpo.model.precision import weight_dtype
 
     with PeakRSS() as peak:
         loaded = load_model(args.model, dtype=weight_dtype(precision, trainable=False))  # LoRA: a frozen base
@@ -70,7 +70,7 @@ def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    from mhgpo.allocator import keep_freed_memory
+    from mhgpo.model.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -3,7 +3,7 @@
 A row is `untrained`, `warm` (the warm start alone), or an algorithm (`rr`, `fof`, `is`, `fof_os`: MHGPO with that
 sampler; `mappo`) with options joined by `+`: `warm+rr` starts from the warm start, `rr+per_role` trains one adapter
 per agent (`lora.per_role`), `rr+filter` drops zero-variance groups and draws more questions
-(`filter_zero_variance`). Every row takes the demo's settings (`mhgpo/demo.yaml`, its `warm_start` section for the
+(`filter_zero_variance`). Every row takes the demo's settings (`mhgpo/config/demo.yaml`, its `warm_start` section for the
 warm start) and `key=value` overrides; for each seed the warm start is trained once (its own time is reported, not
 counted in the rows' budget) and shared by the rows that start from it. An RL row trains for `--minutes` of its
 process's CPU time (`--clock cpu`, the default: fair when runs share the machine; one thread each) or wall time, a
@@ -73,8 +73,8 @@ def warm_start_dir(out: Path, seed: int) -> Path:
 def run_warm_start(out: Path, seed: int, overrides: list[str]) -> dict:
     """Train (once) the warm start of `seed` into OUT/warm_start-seedS; its minutes."""
     from mhgpo.config import TrainConfig, load_config
-    from mhgpo.pipeline import warm_start_config
-    from mhgpo.sft import run_sft
+    from mhgpo.run.pipeline import warm_start_config
+    from mhgpo.run.warm_start import run_sft
     from mhgpo.config import demo_config_path
 
     folder = warm_start_dir(out, seed)
@@ -92,9 +92,9 @@ def run_warm_start(out: Path, seed: int, overrides: list[str]) -> dict:
 def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Path, overrides: list[str]) -> dict:
     """Train one row for the budget and validate it; the result (also written to OUT/ROW-seedS.json)."""
     from mhgpo.config import TrainConfig, load_config
-    from mhgpo.pipeline import evaluate_model
+    from mhgpo.run.pipeline import evaluate_model
     from mhgpo.config import demo_config_path
-    from mhgpo.trainer import Trainer, build_team
+    from mhgpo.rl.trainer import Trainer, build_team
 
     warm, algo, options = parse_row(row)
     model = [f"model={warm_start_dir(out, seed).resolve()}"] if warm else []

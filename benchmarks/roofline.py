@@ -6,7 +6,7 @@ bfloat16 at the default model's shapes (M×K×N: 2048×576×1536, a 2,048-token 
 512×576×49152, the LM head over 512 positions; 16×576×1536, one decoding step of 16 sequences), and the copy
 bandwidth (GB/s read + written by `Tensor.copy_` of 256 MiB).
 
-Then `--steps` steps (default 1) with the demo settings (`mhgpo/demo.yaml`: the default model, LoRA r16, 4
+Then `--steps` steps (default 1) with the demo settings (`mhgpo/config/demo.yaml`: the default model, LoRA r16, 4
 questions, G = 4, RR sampler, no warm start, no validation; `--short`: 2 questions, G = 2), timing every
 `generate` call and the update (with its reference pass), and counting the FLOPs the computation needs,
 analytically, from the model's dimensions and the step's token counts (padding and finished rows left out, so what
@@ -75,7 +75,7 @@ class Dims:
     """The FLOP counts of a decoder-only model's passes, from its dimensions (see the module docstring)."""
 
     def __init__(self, model: Any) -> None:
-        from mhgpo.logprobs import causal_lm
+        from mhgpo.model.logprobs import causal_lm
 
         config = causal_lm(model).config
         self.hidden, self.layers, self.vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
@@ -125,8 +125,8 @@ def update_flops(dims: Dims, samples: list[Any], reference: bool, checkpointing:
 def measure_step(args: argparse.Namespace) -> dict[str, Any]:
     """One demo-settings step: generation and update seconds, FLOPs and decoder calls."""
     from mhgpo.config import TrainConfig, demo_config_path, load_config
-    from mhgpo.logprobs import causal_lm
-    from mhgpo.trainer import Trainer, build_team
+    from mhgpo.model.logprobs import causal_lm
+    from mhgpo.rl.trainer import Trainer, build_team
 
     size = ["questions_per_step=2", "group_size=2"] if args.short else []
     with tempfile.TemporaryDirectory() as run_dir:
@@ -195,7 +195,7 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    from mhgpo.allocator import keep_freed_memory
+    from mhgpo.model.allocator import keep_freed_memory
 
     keep_freed_memory()  # as the mhgpo command does
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass, field
 
 from mhgpo.config import AgentSampling
-from mhgpo.metrics import normalize_answer
-from mhgpo.records import InputError
-from mhgpo.search_system import format_documents, merge_candidates, parse_answer
-from mhgpo.workflow import State, StepResult, Workflow, mean_of
+from mhgpo.data.metrics import normalize_answer
+from mhgpo.errors import InputError
+from mhgpo.team.search_system import format_documents, merge_candidates, parse_answer
+from mhgpo.team.workflow import State, StepResult, Workflow, mean_of
 
 SEARCH = re.compile(r"^\W*search\b\s*(for\b)?\s*[:\-]?\s*", re.IGNORECASE)
 ANSWER = re.compile(r"^\W*(the\s+)?(final\s+)?answer\b(?:[^:\n]*:|\s*(?:is\b)?)\s*", re.IGNORECASE)

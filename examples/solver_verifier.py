@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 
 from mhgpo.config import AgentSampling
-from mhgpo.search_system import format_documents, parse_answer
-from mhgpo.workflow import State, StepResult, Workflow, mean_of
+from mhgpo.team.search_system import format_documents, parse_answer
+from mhgpo.team.workflow import State, StepResult, Workflow, mean_of
 
 WRONG = re.compile(r"\b(wrong|incorrect|no)\b\W*", re.IGNORECASE)
 RIGHT = re.compile(r"\b(correct|right|yes)\b", re.IGNORECASE)

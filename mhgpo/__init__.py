@@ -10,9 +10,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "train": "mhgpo.api",
     "evaluate": "mhgpo.api",
-    "Workflow": "mhgpo.workflow",
-    "State": "mhgpo.workflow",
-    "StepResult": "mhgpo.workflow",
+    "Workflow": "mhgpo.team.workflow",
+    "State": "mhgpo.team.workflow",
+    "StepResult": "mhgpo.team.workflow",
     "TrainConfig": "mhgpo.config",
     "EvalConfig": "mhgpo.config",
 }

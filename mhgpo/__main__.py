@@ -1,5 +1,5 @@
 import sys
 
-from mhgpo.cli import main
+from mhgpo.cli.main import main
 
 sys.exit(main())

@@ -16,15 +16,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mhgpo.records import InputError
+from mhgpo.errors import InputError
 
 
 def _load(cls: type, config: Any, overrides: list[str] | tuple[str, ...], workflow: Any) -> Any:
     """`config` (object, dict, YAML path or None) as a checked `cls`; a given workflow names `system` before the
     checks, so that the defaults that depend on it (the sampler) are the workflow's."""
     from mhgpo.config import load_config, to_dict
-    from mhgpo.teams import system_spec
-    from mhgpo.workflow import Workflow
+    from mhgpo.team.loader import system_spec
+    from mhgpo.team.workflow import Workflow
 
     path, base = None, None
     if isinstance(config, cls):
@@ -55,7 +55,7 @@ def train(config: Any = None, workflow: Any = None, *, overrides: list[str] | tu
     section and, when its constructor asks, the configured retriever), a built `Workflow` instance, or a
     `PATH.py:Class` / `module.path:Class` string."""
     from mhgpo.config import TrainConfig
-    from mhgpo.pipeline import train as run_training
+    from mhgpo.run.pipeline import train as run_training
 
     cfg = _load(TrainConfig, config, overrides, workflow)
     trainer = run_training(cfg, progress=progress, workflow=None if isinstance(workflow, str) else workflow)
@@ -69,12 +69,13 @@ def evaluate(config: Any = None, workflow: Any = None, *, overrides: list[str] |
     `output_dir` set (a new or empty folder), metrics.json, predictions.jsonl and eval_config.yaml are written
     there. A question whose rollout fails in the workflow stops the evaluation with a `WorkflowError` naming file,
     class and method."""
-    from mhgpo.cli_common import load_generator, resolve_config_precision
+    from mhgpo.model.loading import load_generator
+    from mhgpo.model.precision import resolve_config_precision
     from mhgpo.config import EvalConfig, dump_config
-    from mhgpo.evaluation import CONFIG, evaluate_examples, write_eval
-    from mhgpo.factory import build_workflow, load_examples, prepare_system
-    from mhgpo.rundir import RunLock, require_empty_run_dir
-    from mhgpo.trained import model_record
+    from mhgpo.rl.evaluation import CONFIG, evaluate_examples, write_eval
+    from mhgpo.team.build import build_workflow, load_examples, prepare_system
+    from mhgpo.run.rundir import RunLock, require_empty_run_dir
+    from mhgpo.model.trained import model_record
 
     cfg = _load(EvalConfig, config, overrides, workflow)
     out = Path(cfg.output_dir).expanduser() if cfg.output_dir else None

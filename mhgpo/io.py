@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mhgpo.records import InputError
+from mhgpo.errors import InputError
 
 
 def fsync_dir(path: Path) -> None:

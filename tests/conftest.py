@@ -49,7 +49,7 @@ def build_tiny_model(folder: Path, seed: int = 0, train_steps: int = 60) -> Path
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from mhgpo.models import CHATML_TEMPLATE
+    from mhgpo.model.pretrained import CHATML_TEMPLATE
 
     texts = tiny_corpus()
     bpe = Tokenizer(models.BPE())
@@ -129,10 +129,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_lm(tiny_model_dir: Path):  # -> mhgpo.models.LoadedModel
-    """The tiny model loaded with :func:`mhgpo.models.load_model` (CPU, float32), shared by the session:
+def tiny_lm(tiny_model_dir: Path):  # -> mhgpo.model.pretrained.LoadedModel
+    """The tiny model loaded with :func:`mhgpo.model.trained.load_model` (CPU, float32), shared by the session:
     treat it as read-only; a test that trains or wraps a model loads its own copy from ``tiny_model_dir``."""
-    from mhgpo.models import load_model
+    from mhgpo.model.trained import load_model
 
     return load_model(str(tiny_model_dir), device="cpu")
 
@@ -165,7 +165,7 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
     reference of the resume and fault tests, and the run the report and rollout-check tests read."""
     from helpers import make_config
 
-    from mhgpo.pipeline import train
+    from mhgpo.run.pipeline import train
 
     out = tmp_path_factory.mktemp("runs") / "reference"
     cfg = make_config(tiny_model_dir, world, out)

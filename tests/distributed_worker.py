@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhgpo.checkpoint import trainable_state
+from mhgpo.model.checkpoint import trainable_state
 from mhgpo.config import TrainConfig, load_config
-from mhgpo.records import Example
-from mhgpo.rollout import RolloutBatch, merge_batches
-from mhgpo.sharding import is_dtensor, is_sharded
-from mhgpo.trainer import Trainer, build_team
+from mhgpo.data.records import Example
+from mhgpo.rl.rollout import RolloutBatch, merge_batches
+from mhgpo.model.sharding import is_dtensor, is_sharded
+from mhgpo.rl.trainer import Trainer, build_team
 
 
 class Replay(Trainer):
@@ -71,27 +71,27 @@ def held(model: torch.nn.Module) -> dict[str, float]:
 def singleton_batches(out: str) -> None:
     """This rank's update cuts its share into one micro-batch per sample (the gradient does not depend on the cut);
     the number of micro-batches of its update goes to OUT.batchesRANK.json."""
-    import mhgpo.policy
+    import mhgpo.rl.policy
 
     def cut(samples: list, *args: Any, **kwargs: Any) -> list[list[int]]:
         batches = [[i] for i in range(len(samples))]
         Path(f"{out}.batches{os.environ['RANK']}.json").write_text(json.dumps(len(batches)))
         return batches
 
-    mhgpo.policy.micro_batches = cut
+    mhgpo.rl.policy.micro_batches = cut
 
 
 def count_batches(out: str) -> None:
-    import mhgpo.policy
+    import mhgpo.rl.policy
 
-    plain = mhgpo.policy.micro_batches
+    plain = mhgpo.rl.policy.micro_batches
 
     def cut(samples: list, *args: Any, **kwargs: Any) -> list[list[int]]:
         batches = plain(samples, *args, **kwargs)
         Path(f"{out}.batches{os.environ['RANK']}.json").write_text(json.dumps(len(batches)))
         return batches
 
-    mhgpo.policy.micro_batches = cut
+    mhgpo.rl.policy.micro_batches = cut
 
 
 def main(config: str, records: str, out: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mhgpo.advantages import (
+from mhgpo.rl.advantages import (
     AGGREGATORS,
     drop_zero_variance,
     drop_zero_variance_reference,

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from mhgpo import cli
-from mhgpo.allocator import user_chose_allocator
+from mhgpo.cli import main as cli
+from mhgpo.model.allocator import user_chose_allocator
 
 
 @pytest.mark.parametrize("environ, chosen", [
@@ -32,7 +32,7 @@ def test_user_chose_allocator(environ, chosen):
 # In a fresh interpreter: call keep_freed_memory, then malloc 8 MiB and count glibc's mmapped blocks before and after
 PROBE = """
 import ctypes, json
-from mhgpo.allocator import keep_freed_memory
+from mhgpo.model.allocator import keep_freed_memory
 
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in

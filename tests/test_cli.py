@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mhgpo.data import context_corpus, load_corpus_jsonl, load_hotpotqa
-from mhgpo.metrics import score
+from mhgpo.data.formats import context_corpus, load_corpus_jsonl, load_hotpotqa
+from mhgpo.data.metrics import score
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_SEARCH = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",

@@ -3,7 +3,7 @@
 import pytest
 
 from mhgpo.config import EvalConfig, dump_config, load_config
-from mhgpo.records import InputError
+from mhgpo.errors import InputError
 
 
 def test_defaults_and_overrides():
@@ -74,7 +74,7 @@ def test_critic_lr_defaults_to_twice_the_actors():
 
 def test_warm_up_starts_below_the_lr_and_reaches_it():
     from mhgpo.config import OptimConfig, TrainConfig
-    from mhgpo.policy import _lr_lambda
+    from mhgpo.rl.policy import _lr_lambda
 
     assert [_lr_lambda(OptimConfig(warmup_steps=0), 10)(t) for t in range(2)] == [1.0, 1.0]
     assert [_lr_lambda(OptimConfig(warmup_steps=1), 10)(t) for t in range(3)] == [0.5, 1.0, 1.0]

@@ -34,7 +34,7 @@ def test_hotpotqa_cpu_config_trains_the_default_model_on_split_files():
     assert (cfg.data, cfg.val_data) == ("hotpotqa:data/hotpotqa/train.jsonl", "hotpotqa:data/hotpotqa/val.jsonl")
     assert cfg.retrieval.corpus == "context" and cfg.reference == "init"
     assert "mhgpo data split --data hotpotqa:" in (ROOT / "configs" / "hotpotqa_cpu.yaml").read_text()
-    demo = load_config(TrainConfig, ROOT / "mhgpo" / "demo.yaml")  # the demo's recipe
+    demo = load_config(TrainConfig, ROOT / "mhgpo" / "config" / "demo.yaml")  # the demo's recipe
     assert cfg.search.reranker_penalty == demo.search.reranker_penalty == 0.0
     assert (cfg.optim.lr, cfg.warm_start.enabled) == (demo.optim.lr, demo.warm_start.enabled)
 

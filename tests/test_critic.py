@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from helpers import write_echo_world
-from mhgpo.advantages import gae, terminal_token_rewards, whiten
-from mhgpo.checkpoint import list_checkpoints
+from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
+from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, TrainConfig, load_config
-from mhgpo.critic import Critic, build_value_model
-from mhgpo.models import load_model
-from mhgpo.policy import Sample, micro_batches
-from mhgpo.runlog import read_metrics
-from mhgpo.pipeline import resume, train
-from mhgpo.trainer import Trainer, build_team
+from mhgpo.rl.critic import Critic, build_value_model
+from mhgpo.model.trained import load_model
+from mhgpo.rl.policy import Sample, micro_batches
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.run.pipeline import resume, train
+from mhgpo.rl.trainer import Trainer, build_team
 
 VOLATILE = ("seconds/", "memory/")
 
@@ -116,7 +116,7 @@ def test_estimate_fills_gae_from_the_rollout_time_values_and_update_moves_only_t
 def test_gradient_checkpointing_recomputes_the_critic_and_keeps_its_loss_and_gradients(
     tiny_model_dir: Path, lora: bool
 ) -> None:
-    from mhgpo.logprobs import backbone_and_head
+    from mhgpo.model.logprobs import backbone_and_head
     from test_trainer import count_forward_calls
 
     results = []

@@ -1,4 +1,4 @@
-"""Tests for mhgpo.data: JSON Lines / JSON array readers, HotpotQA loading, data specs, corpora."""
+"""Tests for mhgpo.data.formats: JSON Lines / JSON array readers, HotpotQA loading, data specs, corpora."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.data import (
+from mhgpo.data.formats import (
     context_corpus,
     load_corpus_jsonl,
     load_hotpotqa,
@@ -17,8 +17,9 @@ from mhgpo.data import (
     read_jsonl,
     read_records,
 )
-from mhgpo.dataspec import load_data
-from mhgpo.records import Example, InputError, Passage
+from mhgpo.data.spec import load_data
+from mhgpo.data.records import Example, Passage
+from mhgpo.errors import InputError
 
 
 def _record(qid: str = "q-1", **overrides: object) -> dict:
@@ -242,17 +243,17 @@ def test_sentences_without_leading_spaces_are_joined_with_one_space(tmp_path: Pa
 
 @pytest.fixture
 def fake_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for mhgpo.synth whose default world is a folder with train/dev files."""
+    """A stand-in for mhgpo.data.synth whose default world is a folder with train/dev files."""
     world = tmp_path / "world"
     world.mkdir()
     _write_jsonl(world / "train.jsonl", [json.dumps(_record("t1")), json.dumps(_record("t2"))])
     _write_jsonl(world / "dev.jsonl", [json.dumps(_record("d1"))])
-    fake = types.ModuleType("mhgpo.synth")
+    fake = types.ModuleType("mhgpo.data.synth")
     fake.ensure_default_world = lambda: world  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "mhgpo.synth", fake)
-    import mhgpo
+    monkeypatch.setitem(sys.modules, "mhgpo.data.synth", fake)
+    import mhgpo.data
 
-    monkeypatch.setattr(mhgpo, "synth", fake, raising=False)
+    monkeypatch.setattr(mhgpo.data, "synth", fake, raising=False)
     return world
 
 

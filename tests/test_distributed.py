@@ -16,8 +16,8 @@ import torch
 
 from distributed_worker import replay_step
 from helpers import REPO, comparable, make_config, train_overrides
-from mhgpo.distributed import share_bounds, shares
-from mhgpo.trainer import Trainer, build_team
+from mhgpo.model.distributed import share_bounds, shares
+from mhgpo.rl.trainer import Trainer, build_team
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 VOLATILE = ("seconds/", "memory/")
@@ -124,7 +124,7 @@ def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, wo
 
 
 def replay_initial_weights(cfg) -> dict[str, torch.Tensor]:
-    from mhgpo.checkpoint import trainable_state
+    from mhgpo.model.checkpoint import trainable_state
 
     setup = build_team(cfg)
     out = {f"policy/{k}": v for k, v in trainable_state(setup.policy.model).items()}
@@ -191,7 +191,7 @@ def test_two_rank_run_logs_once_writes_every_question_once_and_resumes_after_a_r
     import signal
     import time
 
-    from mhgpo.checkpoint import list_checkpoints
+    from mhgpo.model.checkpoint import list_checkpoints
 
     ref = tmp_path / "ref"
     p = launch(ref, tiny_model_dir, world)
@@ -244,7 +244,7 @@ def test_a_signal_stops_every_rank_and_rank_0_saves_the_last_completed_step_once
     import signal
     import time
 
-    from mhgpo.checkpoint import list_checkpoints
+    from mhgpo.model.checkpoint import list_checkpoints
 
     out = tmp_path / "run"
     p = launch(out, tiny_model_dir, world, "steps=40", "save_every=50", config=config)
@@ -267,7 +267,7 @@ def test_a_signal_stops_every_rank_and_rank_0_saves_the_last_completed_step_once
 def test_owned_cuts_the_step_between_ranks_keeping_a_shared_prompt_on_one_rank() -> None:
     from types import SimpleNamespace
 
-    from mhgpo.policy import Sample, owned
+    from mhgpo.rl.policy import Sample, owned
 
     def sample(prompt: list[int], out: int) -> Sample:
         return Sample(prompt, [7] * out, [0.0] * out, 0.0, "a")
@@ -294,7 +294,7 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
     metrics."""
     from safetensors.torch import load_file
 
-    from mhgpo.checkpoint import list_checkpoints
+    from mhgpo.model.checkpoint import list_checkpoints
 
     def run(out: Path, *extra: str, resume: bool = False) -> str:
         p = launch(out, tiny_model_dir, world, "steps=3", *extra, resume=resume, config="cpu_fsdp.yaml")
@@ -311,7 +311,7 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
     assert all(r["samples"] > 0 and r["grad_norm"] > 0 for r in rows)
 
     setup = build_team(make_config(tiny_model_dir, world, tmp_path / "one"))  # one process: the tensors' shapes
-    from mhgpo.checkpoint import trainable_state
+    from mhgpo.model.checkpoint import trainable_state
 
     shapes = {k: tuple(v.shape) for k, v in trainable_state(setup.policy.model).items()}
     saved = load_file(str(list_checkpoints(ref)[-1] / "model.safetensors"))
@@ -348,8 +348,8 @@ def test_fsdp_refuses_one_adapter_per_role(
 ) -> None:
     from types import SimpleNamespace
 
-    from mhgpo.records import InputError
-    from mhgpo.trainer import check_ranks
+    from mhgpo.errors import InputError
+    from mhgpo.rl.trainer import check_ranks
 
     two = SimpleNamespace(world=2, rank=0, is_main=True)
     cfg = make_config(tiny_model_dir, world, tmp_path / "run", **{"lora.per_role": "true"})
@@ -367,9 +367,9 @@ def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsy
     import argparse
     from types import SimpleNamespace
 
-    import mhgpo.distributed as distributed
-    import mhgpo.pipeline
-    from mhgpo.train_cli import cmd_train
+    import mhgpo.model.distributed as distributed
+    import mhgpo.run.pipeline
+    from mhgpo.cli.train import cmd_train
 
     calls: list[str] = []
     monkeypatch.setattr(distributed.torch.distributed, "barrier", lambda: calls.append("barrier"))
@@ -378,7 +378,7 @@ def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsy
         ranks = distributed.Ranks.__new__(distributed.Ranks)
         ranks.world, ranks.rank, ranks.is_main, ranks.comm_seconds = 2, rank, rank == 0, 0.0
         trainer = SimpleNamespace(ranks=ranks, step=3, run_dir="runs/x", val_history=[])
-        monkeypatch.setattr(mhgpo.pipeline, "train", lambda cfg, trainer=trainer: trainer)
+        monkeypatch.setattr(mhgpo.run.pipeline, "train", lambda cfg, trainer=trainer: trainer)
         args = argparse.Namespace(resume=None, from_step=None, scale=None, config=None, overrides=[])
         assert cmd_train(args) == 0
         assert calls == ["barrier", "destroy"]
@@ -389,7 +389,7 @@ def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsy
 def test_gathered_is_reentrant_only_the_outer_block_reshards(monkeypatch) -> None:
     """`sharding.gathered` inside another of the same model neither gathers again nor reshards on its exit: the
     outer block's passes stay free of collectives until the outer exit, which reshards once."""
-    import mhgpo.sharding as sharding
+    import mhgpo.model.sharding as sharding
 
     calls: list[str] = []
 

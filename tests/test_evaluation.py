@@ -11,11 +11,12 @@ SEARCH = ["search.rewriter.max_new_tokens=12", "search.reranker.max_new_tokens=6
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
 def test_batched_evaluation_equals_one_question_at_a_time(tiny_model_dir, world, precision) -> None:
-    from mhgpo.evaluation import evaluate_examples
-    from mhgpo.factory import build_workflow, load_examples
-    from mhgpo.generation import HFGenerator
-    from mhgpo.models import encode_chat, load_model
-    from mhgpo.precision import weight_dtype
+    from mhgpo.rl.evaluation import evaluate_examples
+    from mhgpo.team.build import build_workflow, load_examples
+    from mhgpo.model.generation import HFGenerator
+    from mhgpo.model.pretrained import encode_chat
+    from mhgpo.model.trained import load_model
+    from mhgpo.model.precision import weight_dtype
 
     data = f"hotpotqa:{world / 'dev.jsonl'}"
     cfg = load_config(EvalConfig, None, [f"retrieval.corpus={world / 'corpus.jsonl'}", *SEARCH])

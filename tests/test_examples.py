@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mhgpo.records import Example
-from mhgpo.rollout import RolloutSpec, run_rollouts
-from mhgpo.report import md_text
-from mhgpo.teams import construct, load_workflow_class, team_config
+from mhgpo.data.records import Example
+from mhgpo.rl.rollout import RolloutSpec, run_rollouts
+from mhgpo.run.report import md_text
+from mhgpo.team.loader import construct, load_workflow_class, team_config
 from test_rollout import FakeGenerator, FakeRetriever, encode
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import pytest
 
 from helpers import write_echo_world
 from mhgpo.config import EvalConfig, TrainConfig, critic_lr, demo_config_path, load_config, to_dict
-from mhgpo.experiments import SCALE_KEYS, scaled_tree
-from mhgpo.records import InputError
+from mhgpo.config.experiments import SCALE_KEYS, scaled_tree
+from mhgpo.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
@@ -149,7 +149,7 @@ def small(world: Path, model_dir: Path, out: Path) -> list[str]:
 
 
 def mhgpo_main(*args: object) -> int:
-    from mhgpo.cli import main
+    from mhgpo.cli.main import main
 
     return main([str(a) for a in args])
 

@@ -3,7 +3,7 @@ half-written (kill -9 at every point of a checkpoint write), a full disk, crafte
 shared, report inputs that try to make structure, evaluations interrupted, and bad options. Every case must end
 cleanly (one line, exit status 2, or a run that continues), lose nothing already finished, and execute nothing.
 
-Commands run in-process through `mhgpo.cli.main` (what `python -m mhgpo` runs), unless a real process is the point.
+Commands run in-process through `mhgpo.cli.main.main` (what `python -m mhgpo` runs), unless a real process is the point.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import mhgpo.checkpoint as ck
-from mhgpo.checkpoint import check_checkpoint, list_checkpoints, read_checkpoint
-from mhgpo.cli import main
+import mhgpo.model.checkpoint as ck
+from mhgpo.model.checkpoint import check_checkpoint, list_checkpoints, read_checkpoint
+from mhgpo.cli.main import main
 from mhgpo.config import TrainConfig, load_config
-from mhgpo.rundir import LOCK_FILE, RunLock
-from mhgpo.runlog import read_metrics
-from mhgpo.statecodec import decode_rng_states, restore_rng_states, rng_states
-from mhgpo.pipeline import resume, train
-from mhgpo.trainer import Trainer, build_team
+from mhgpo.run.rundir import LOCK_FILE, RunLock
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.model.statecodec import decode_rng_states, restore_rng_states, rng_states
+from mhgpo.run.pipeline import resume, train
+from mhgpo.rl.trainer import Trainer, build_team
 from helpers import REPO, make_config, train_overrides
 from test_trainer import assert_same_run
 
@@ -85,7 +85,7 @@ class KillSwitch:
         self.events: list[tuple[str, bool]] = []  # (operation, can stop half-way)
 
     def install(self, monkeypatch) -> None:
-        import mhgpo.trainer as trainer_module
+        import mhgpo.rl.trainer as trainer_module
 
         def wrap(name, real, path_arg=None):
             halvable = name == "rmtree" or path_arg is not None
@@ -388,7 +388,7 @@ def test_a_second_run_into_the_same_directory_is_stopped_and_a_dead_owner_s_lock
 ) -> None:
     run = copy_run(two_steps, tmp_path / "shared")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from mhgpo.rundir import RunLock; "
+        [sys.executable, "-c", "import sys, time; from mhgpo.run.rundir import RunLock; "
          "RunLock(sys.argv[1], 'train').acquire(); print('locked', flush=True); time.sleep(600)", str(run)],
         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
     try:
@@ -415,7 +415,7 @@ def test_a_second_run_into_the_same_directory_is_stopped_and_a_dead_owner_s_lock
 
 def test_report_embeds_only_its_own_plots_and_escapes_text_from_runs(two_steps, tmp_path) -> None:
     """Questions and outputs that hold image, link, HTML and table syntax (and newlines to start a line)."""
-    from mhgpo.report import build_report
+    from mhgpo.run.report import build_report
 
     secret = tmp_path / "secret.png"
     secret.write_bytes(b"\x89PNG\r\n\x1a\nTOP-SECRET-BYTES")
@@ -477,7 +477,7 @@ def assert_same_eval(got: Path, want: Path) -> None:
 def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_them(
     full_eval, tiny_model_dir, world, tmp_path, capsys, monkeypatch  # noqa: F811
 ) -> None:
-    import mhgpo.evaluation as evaluate
+    import mhgpo.rl.evaluation as evaluate
 
     out = tmp_path / "eval"
     real, calls = evaluate.run_rollouts, []

@@ -8,9 +8,9 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from mhgpo.generation import Generation, HFGenerator, SamplingParams
-from mhgpo.logprobs import output_logprobs
-from mhgpo.models import encode_chat, stop_token_ids
+from mhgpo.model.generation import Generation, HFGenerator, SamplingParams
+from mhgpo.model.logprobs import output_logprobs
+from mhgpo.model.pretrained import encode_chat, stop_token_ids
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def _generate(lm, prompts: list[list[int]], params: SamplingParams, batch_size: 
 def test_greedy_batched_equals_one_at_a_time(tiny_lm, prompts) -> None:
     """The same tokens and log-probs (1e-5) in one batch, in batches of 3 and alone; rows that finish early are
     dropped from the batch while the others decode."""
-    from mhgpo.logprobs import backbone_and_head
+    from mhgpo.model.logprobs import backbone_and_head
 
     params = SamplingParams(max_new_tokens=24, temperature=0.0)
     rows: list[int] = []
@@ -59,7 +59,7 @@ def test_greedy_batched_equals_one_at_a_time(tiny_lm, prompts) -> None:
 
 
 def test_a_shared_prefix_is_prefilled_once_with_the_same_outputs(tiny_lm) -> None:
-    from mhgpo.generation import MIN_SHARED_PREFIX, shared_prefix_length
+    from mhgpo.model.generation import MIN_SHARED_PREFIX, shared_prefix_length
 
     rng = random.Random(3)
     vocab = len(tiny_lm.tokenizer)
@@ -180,7 +180,7 @@ def test_bad_inputs_are_rejected(tiny_lm) -> None:
 def test_lora_wrapped_model_generates_with_matching_logprobs(tiny_model_dir, prompts) -> None:
     from peft import LoraConfig, get_peft_model
 
-    from mhgpo.models import load_model
+    from mhgpo.model.trained import load_model
 
     lm = load_model(str(tiny_model_dir), device="cpu")
     torch.manual_seed(0)
@@ -210,8 +210,8 @@ def test_a_repeated_prompt_is_prefilled_once_with_the_same_results(tiny_lm, prom
     """Rows that repeat a prompt get copies of one prefill: the same tokens (greedy, and sampled with one seed) and
     log-probs within 1e-5 of generate's own prefill of the padded batch; the prefill runs each distinct prompt once
     (a one-token prompt has nothing to prefill: its token goes with the first decoding step)."""
-    import mhgpo.generation as generation
-    from mhgpo.logprobs import backbone_and_head
+    import mhgpo.model.generation as generation
+    from mhgpo.model.logprobs import backbone_and_head
 
     batch = forked(prompts)
     params = SamplingParams(max_new_tokens=16, temperature=temperature, top_p=0.9)
@@ -239,8 +239,8 @@ def test_a_repeated_prompt_is_prefilled_once_with_the_same_results(tiny_lm, prom
 def test_the_prefill_holds_what_a_padded_batch_computes(tiny_lm, prompts) -> None:
     """`prefill` of a batch laid out [shared prefix | padding | rest]: the keys and values of every real column but
     the last equal those of one forward over the padded batch (1e-5); padding columns are zero; one prompt: None."""
-    from mhgpo.generation import prefill
-    from mhgpo.logprobs import backbone_and_head
+    from mhgpo.model.generation import prefill
+    from mhgpo.model.logprobs import backbone_and_head
 
     head = prompts[3][:20]
     batch = [head + p for p in (prompts[0], prompts[1], prompts[2], prompts[0], prompts[4])]
@@ -271,7 +271,7 @@ def test_the_prefill_holds_what_a_padded_batch_computes(tiny_lm, prompts) -> Non
 def test_prefill_buckets_keep_padding_small() -> None:
     """Rests of about one length go together; a much longer one starts a bucket of its own, unless the bucket is
     still small; a bucket never passes MAX_PREFILL_TOKENS; every length is in exactly one bucket, in order."""
-    from mhgpo.generation import MAX_PREFILL_PADDING, MAX_PREFILL_TOKENS, MIN_PREFILL_TOKENS, prefill_buckets
+    from mhgpo.model.generation import MAX_PREFILL_PADDING, MAX_PREFILL_TOKENS, MIN_PREFILL_TOKENS, prefill_buckets
 
     assert prefill_buckets([]) == []
     assert prefill_buckets([3, 8, 16]) == [(0, 3)]  # small: one bucket whatever the padding
@@ -295,7 +295,7 @@ def test_the_static_cache_decodes_as_a_dynamic_one(tiny_lm, prompts, monkeypatch
     """Decoding on the preallocated static cache (after a repeated prompt's prefill, or with nothing prefilled)
     gives the tokens and log-probs of a dynamic cache, in float32 and under bfloat16 autocast (whose keys and values
     may come in different dtypes)."""
-    import mhgpo.generation as generation
+    import mhgpo.model.generation as generation
     from transformers import DynamicCache, StaticCache
 
     batch = forked(prompts) + prompts
@@ -346,7 +346,7 @@ def test_the_nucleus_warper_keeps_what_transformers_top_p_keeps() -> None:
     bit, as with exactly tied tokens, the two sums round apart and may keep one token more or less.)"""
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-    from mhgpo.generation import _Nucleus
+    from mhgpo.model.generation import _Nucleus
 
     gen = torch.Generator().manual_seed(0)
     vocab = 3000
@@ -373,7 +373,7 @@ def test_the_nucleus_warper_keeps_what_transformers_top_p_keeps() -> None:
 def test_sampling_draws_from_the_warped_distribution_within_the_nucleus(top_p: float) -> None:
     """`_Nucleus.sample` draws only tokens the warper keeps, each as often as softmax of the kept scores says:
     40,000 draws of one row of 50 logits, every token's count within 5 standard deviations of its expectation."""
-    from mhgpo.generation import _Nucleus
+    from mhgpo.model.generation import _Nucleus
 
     gen = torch.Generator().manual_seed(0)
     row = torch.randn(50, generator=gen)  # (V,)
@@ -395,8 +395,8 @@ def test_lora_input_casts_off_give_the_same_bf16_mixed_generations(tiny_model_di
     bfloat16 matmul casts it back): the same tokens and the same log-probs, bit for bit, as with the casts."""
     from peft import LoraConfig, get_peft_model
 
-    import mhgpo.generation as generation
-    from mhgpo.models import load_model
+    import mhgpo.model.generation as generation
+    from mhgpo.model.trained import load_model
 
     lm = load_model(str(tiny_model_dir), device="cpu", dtype=torch.bfloat16)
     torch.manual_seed(0)

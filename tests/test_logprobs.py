@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhgpo.logprobs import output_logprobs, output_logprobs_reference
-from mhgpo.models import load_model
+from mhgpo.model.logprobs import output_logprobs, output_logprobs_reference
+from mhgpo.model.trained import load_model
 
 
 @pytest.fixture()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mhgpo.losses import (
+from mhgpo.rl.losses import (
     k3_kl,
     mhgpo_policy_loss,
     mhgpo_policy_loss_reference,

@@ -1,4 +1,4 @@
-"""Tests for mhgpo.metrics: the official HotpotQA answer metrics, by hand and by property."""
+"""Tests for mhgpo.data.metrics: the official HotpotQA answer metrics, by hand and by property."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mhgpo.metrics import (
+from mhgpo.data.metrics import (
     accuracy,
     best_over_aliases,
     exact_match,

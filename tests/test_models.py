@@ -9,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.models import (
-    CHATML_TEMPLATE,
-    DEFAULT_MODEL,
-    ModelNotFoundError,
-    encode_chat,
-    load_model,
-    resolve_model,
-    stop_token_ids,
-)
-from mhgpo.records import InputError
+from mhgpo.model.pretrained import (CHATML_TEMPLATE, DEFAULT_MODEL, ModelNotFoundError, encode_chat, resolve_model, stop_token_ids)
+from mhgpo.model.trained import load_model
+from mhgpo.errors import InputError
 
 SMOLLM2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -105,7 +98,7 @@ def test_load_uncached_hub_id_offline_fails_fast(monkeypatch: pytest.MonkeyPatch
 
 
 def test_load_uncached_hub_id_unreachable_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mhgpo import pretrained
+    from mhgpo.model import pretrained
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
@@ -184,7 +177,7 @@ def test_encode_chat_keeps_messages_as_given(tiny_model_dir: Path) -> None:
 def test_default_gguf_model_loads_and_generates() -> None:
     import torch
 
-    from mhgpo.generation import HFGenerator, SamplingParams
+    from mhgpo.model.generation import HFGenerator, SamplingParams
 
     loaded = load_model(DEFAULT_MODEL, device="cpu")
     tok = loaded.tokenizer

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig
-from mhgpo.critic import Critic
-from mhgpo.logprobs import backbone_and_head, output_logprobs, output_logprobs_reference
-from mhgpo.models import load_model
-from mhgpo.packing import micro_batches as pack_micro_batches
-from mhgpo.packing import pack, segment_length
-from mhgpo.policy import Policy, Sample, enable_gradient_checkpointing, micro_batches
-from mhgpo.sft import sft_update
+from mhgpo.rl.critic import Critic
+from mhgpo.model.logprobs import backbone_and_head, output_logprobs, output_logprobs_reference
+from mhgpo.model.trained import load_model
+from mhgpo.model.packing import micro_batches as pack_micro_batches
+from mhgpo.model.packing import pack, segment_length
+from mhgpo.rl.policy import Policy, Sample, enable_gradient_checkpointing, micro_batches
+from mhgpo.rl.sft import sft_update
 
 
 def grouped_batch(seed: int = 0, vocab: int = 400) -> tuple[list[list[int]], list[list[int]]]:
@@ -310,7 +310,7 @@ def test_policy_micro_batches_share_prompts_by_agent() -> None:
 def test_no_sharing_where_the_attention_takes_no_custom_mask_or_slides() -> None:
     from types import SimpleNamespace
 
-    from mhgpo.packing import mask_style
+    from mhgpo.model.packing import mask_style
 
     assert mask_style(SimpleNamespace(_attn_implementation="sdpa")) == "bool"
     assert mask_style(SimpleNamespace(_attn_implementation="eager")) == "additive"

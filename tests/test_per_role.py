@@ -11,12 +11,13 @@ import torch
 from safetensors.torch import load_file
 
 from mhgpo.config import LoraConfig, OptimConfig
-from mhgpo.generation import HFGenerator, SamplingParams
-from mhgpo.logprobs import output_logprobs
-from mhgpo.models import encode_chat, load_model
-from mhgpo.policy import Policy, Sample, micro_batches
-from mhgpo.records import InputError
-from mhgpo.pipeline import resume, train
+from mhgpo.model.generation import HFGenerator, SamplingParams
+from mhgpo.model.logprobs import output_logprobs
+from mhgpo.model.pretrained import encode_chat
+from mhgpo.model.trained import load_model
+from mhgpo.rl.policy import Policy, Sample, micro_batches
+from mhgpo.errors import InputError
+from mhgpo.run.pipeline import resume, train
 
 from helpers import make_config
 
@@ -96,7 +97,7 @@ def per_role_run(tmp_path_factory, tiny_model_dir, world):  # noqa: F811
 
 def test_a_per_role_run_saves_resumes_loads_and_exports_each_agent(per_role_run, tiny_model_dir, world, tmp_path,
                                                                     capsys) -> None:  # noqa: F811
-    from mhgpo.cli import main
+    from mhgpo.cli.main import main
 
     out, trainer = per_role_run
     tensors = load_file(str(out / "checkpoints" / "step_2" / "model.safetensors"))

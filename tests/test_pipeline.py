@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import load_file
 
 from mhgpo.config import TrainConfig, load_config
-from mhgpo.logprobs import output_logprobs
-from mhgpo.models import load_model
-from mhgpo.pipeline import WARM_START_DIR, resume, train, warm_start_config
-from mhgpo.policy import Policy
-from mhgpo.records import InputError
-from mhgpo.runlog import read_metrics
-from mhgpo.sft import SFTTrainer
+from mhgpo.model.logprobs import output_logprobs
+from mhgpo.model.trained import load_model
+from mhgpo.run.pipeline import WARM_START_DIR, resume, train, warm_start_config
+from mhgpo.rl.policy import Policy
+from mhgpo.errors import InputError
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.rl.sft import SFTTrainer
 
 from helpers import make_config
 from test_trainer import hand_samples

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhgpo import precision as prec
+from mhgpo.model import precision as prec
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
-from mhgpo.generation import HFGenerator, SamplingParams
-from mhgpo.logprobs import backbone_and_head
-from mhgpo.models import encode_chat, load_model
-from mhgpo.policy import Policy, Sample, micro_batches, no_dropout
-from mhgpo.precision import resolve_precision, weight_dtype
-from mhgpo.records import InputError
+from mhgpo.model.generation import HFGenerator, SamplingParams
+from mhgpo.model.logprobs import backbone_and_head
+from mhgpo.model.pretrained import encode_chat
+from mhgpo.model.trained import load_model
+from mhgpo.rl.policy import Policy, Sample, micro_batches, no_dropout
+from mhgpo.model.precision import resolve_precision, weight_dtype
+from mhgpo.errors import InputError
 from test_critic import mappo_config, world  # noqa: F401  (shared fixture)
 from test_trainer import count_forward_calls, hand_samples
 
@@ -99,7 +100,7 @@ def test_bf16_mixed_keeps_updates_of_5e_7_that_pure_bf16_rounds_away(tiny_model_
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
 def test_mappo_trains_a_critic_adapter_in_the_precision_asked(tiny_model_dir, world, tmp_path, precision) -> None:
-    from mhgpo.trainer import Trainer, build_team
+    from mhgpo.rl.trainer import Trainer, build_team
 
     run = tmp_path / "run"
     cfg = mappo_config(tiny_model_dir, world, run, steps=1, precision=precision, **{"lora.enabled": True})
@@ -185,7 +186,7 @@ def _generate(model_dir: Path, params: SamplingParams, seed: int = 0):
 
 
 def test_a_models_own_generation_config_never_reaches_decoding(tiny_model_dir, opinionated_model_dir) -> None:
-    from mhgpo.logprobs import output_logprobs
+    from mhgpo.model.logprobs import output_logprobs
 
     loaded, greedy = _generate(opinionated_model_dir, SamplingParams(max_new_tokens=12, temperature=0.0))
     assert loaded.model.generation_config.repetition_penalty == 1.3  # the model's config is there, and kept
@@ -270,7 +271,7 @@ def test_no_dropout_keeps_checkpointing_layers_training_and_restores_every_mode(
 
 def test_the_critic_update_reads_values_with_dropout_off(dropout_model_dir: Path) -> None:
     from mhgpo.config import CriticConfig
-    from mhgpo.critic import Critic
+    from mhgpo.rl.critic import Critic
     from test_critic import ragged, samples_of
 
     loaded = load_model(str(dropout_model_dir), device="cpu")
@@ -299,7 +300,7 @@ def test_the_critic_update_reads_values_with_dropout_off(dropout_model_dir: Path
 
 
 def test_commands_print_the_resolved_precision_and_record_it(tiny_model_dir, world, tmp_path, capsys) -> None:
-    from mhgpo.cli import main
+    from mhgpo.cli.main import main
     from mhgpo.config import EvalConfig
 
     out = tmp_path / "eval"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.evaluation import EvalResult, write_eval
-from mhgpo.report import build_report, intra_group_similarity, results_table, load_run, token_f1
+from mhgpo.rl.evaluation import EvalResult, write_eval
+from mhgpo.run.report import build_report, intra_group_similarity, results_table, load_run, token_f1
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,4 @@
-"""Tests for mhgpo.retrieval: BM25 search, batching, caching, saving and index reuse."""
+"""Tests for mhgpo.retrieval.bm25: BM25 search, batching, caching, saving and index reuse."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo import retrieval
-from mhgpo.records import InputError, Passage
-from mhgpo.factory import open_index
+from mhgpo.retrieval import bm25 as retrieval
+from mhgpo.data.records import Passage
+from mhgpo.errors import InputError
+from mhgpo.team.build import open_index
 from mhgpo.paths import index_dir_for
-from mhgpo.retrieval import BM25Retriever, corpus_fingerprint, load_or_build_bm25
+from mhgpo.retrieval.bm25 import BM25Retriever, corpus_fingerprint, load_or_build_bm25
 
 CORPUS = [
     Passage("p0", "Ada Stone", "Ada Stone was a painter who founded the Stone Museum."),

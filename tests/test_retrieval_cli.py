@@ -1,4 +1,4 @@
-"""The retrieval commands end to end through `mhgpo.cli.main` (in this process, with the session's private
+"""The retrieval commands end to end through `mhgpo.cli.main.main` (in this process, with the session's private
 MHGPO_CACHE): `index build`, `eval-retrieval`, and `eval` / `ask` on the benchmark layouts with `--corpus context`
 and `--retriever`. `tests/test_cli.py` runs the command line in subprocesses."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.cli import main
-from mhgpo.data import context_corpus, load_2wiki, load_corpus_jsonl, load_generic, load_musique
-from mhgpo.dense import DenseRetriever
-from mhgpo.retrieval import BM25Retriever
-from mhgpo.retrieval_eval import evaluate_retrieval
+from mhgpo.cli.main import main
+from mhgpo.data.formats import context_corpus, load_2wiki, load_corpus_jsonl, load_generic, load_musique
+from mhgpo.retrieval.dense import DenseRetriever
+from mhgpo.retrieval.bm25 import BM25Retriever
+from mhgpo.team.retrieval_eval import evaluate_retrieval
 
 SMALL_SEARCH = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
                 "search.answerer.max_new_tokens=4"]

@@ -1,4 +1,4 @@
-"""Tests for mhgpo.retrieval_eval: gold units, matching by title or by title+text, recall@k, Rewriter queries."""
+"""Tests for mhgpo.team.retrieval_eval: gold units, matching by title or by title+text, recall@k, Rewriter queries."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import pytest
 
 from mhgpo.config import SystemConfig
-from mhgpo.data import context_corpus
-from mhgpo.records import Example, Passage
-from mhgpo.retrieval import BM25Retriever
-from mhgpo.retrieval_eval import (
+from mhgpo.data.formats import context_corpus
+from mhgpo.data.records import Example, Passage
+from mhgpo.retrieval.bm25 import BM25Retriever
+from mhgpo.team.retrieval_eval import (
     GoldUnit,
     evaluate_retrieval,
     gold_units,

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from mhgpo.config import SystemConfig
-from mhgpo.generation import Generation, SamplingParams
-from mhgpo.records import Example, Passage
-from mhgpo.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
-from mhgpo.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchSystem
-from mhgpo.teams import WorkflowError
-from mhgpo.trainer import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
-from mhgpo.workflow import State, StepResult, Workflow
+from mhgpo.model.generation import Generation, SamplingParams
+from mhgpo.data.records import Example, Passage
+from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
+from mhgpo.team.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchSystem
+from mhgpo.team.loader import WorkflowError
+from mhgpo.rl.trainer import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
+from mhgpo.team.workflow import State, StepResult, Workflow
 
 G = 4
 AGENTS = (REWRITER, RERANKER, ANSWERER)
@@ -892,7 +892,7 @@ def llm_only_agent_of(text: str) -> str:
 
 def test_single_agent_grpo_groups_are_g_answers_to_one_prompt():
     """`system=llm algo=grpo` (sampler fof on the one-agent workflow): each group is G samples of one prompt."""
-    from mhgpo.search_system import LLMOnly
+    from mhgpo.team.search_system import LLMOnly
 
     answers = ["Paris", "Berlin", "Rome", "Madrid", "Tokyo"]
     gen = FakeGenerator(llm_only_agent_of, lambda agent, k, text: answers[k % len(answers)])

@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mhgpo.config import SystemConfig
-from mhgpo.records import Example, Passage
-from mhgpo.search_system import (
+from mhgpo.data.records import Example, Passage
+from mhgpo.team.search_system import (
     ANSWERER,
     RERANKER,
     RETRIEVER,

@@ -11,22 +11,24 @@ import pytest
 import torch
 
 from mhgpo.config import RetrievalConfig, SFTConfig, SystemConfig, load_config
-from mhgpo.data import load_hotpotqa
-from mhgpo.factory import build_workflow
-from mhgpo.losses import token_weights
-from mhgpo.models import encode_chat, load_model
-from mhgpo.policy import Policy, Sample
-from mhgpo.records import InputError
-from mhgpo.runlog import read_metrics
-from mhgpo.search_system import ANSWERER, RERANKER, REWRITER, format_ids, format_queries, gold_ids, grounded
-from mhgpo.sft import collect_demonstrations, resume_sft, run_sft, sft_loss, sft_update, target_encoder
+from mhgpo.data.formats import load_hotpotqa
+from mhgpo.team.build import build_workflow
+from mhgpo.rl.losses import token_weights
+from mhgpo.model.pretrained import encode_chat
+from mhgpo.model.trained import load_model
+from mhgpo.rl.policy import Policy, Sample
+from mhgpo.errors import InputError
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.team.search_system import ANSWERER, RERANKER, REWRITER, format_ids, format_queries, gold_ids, grounded
+from mhgpo.rl.sft import collect_demonstrations, sft_loss, sft_update, target_encoder
+from mhgpo.run.warm_start import resume_sft, run_sft
 
 VOLATILE = ("seconds/", "memory/")
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mhgpo.synth import write_world
+    from mhgpo.data.synth import write_world
 
     mp = pytest.MonkeyPatch()
     mp.setenv("MHGPO_CACHE", str(tmp_path_factory.mktemp("cache")))
@@ -177,7 +179,7 @@ def test_sft_config_errors_name_the_key(tiny_model_dir: Path, world: Path, tmp_p
 
 def test_balanced_batches_hold_the_roles_in_equal_shares_and_cover_each_role(tiny_model_dir: Path, world: Path,
                                                                              tmp_path: Path) -> None:
-    from mhgpo.sft import SFTTrainer, build_sft
+    from mhgpo.rl.sft import SFTTrainer, build_sft
 
     cfg = sft_config(tiny_model_dir, world, tmp_path / "b", batch_size=6, limit=5, balance_roles="true", val_limit=0)
     setup, demos, held, _ = build_sft(cfg)

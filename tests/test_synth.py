@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo import synth, synth_vocab
-from mhgpo.records import InputError
+from mhgpo.data import synth, synth_vocab
+from mhgpo.errors import InputError
 
 KEYS = {"_id", "question", "answer", "type", "supporting_facts", "context", "level", "decomposition"}
 

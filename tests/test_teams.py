@@ -18,16 +18,17 @@ import pytest
 import yaml
 
 from mhgpo.config import EvalConfig, TrainConfig, dump_config, load_config
-from mhgpo.factory import build_workflow, prepare_system
-from mhgpo.generation import Generation
-from mhgpo.losses import token_weights
-from mhgpo.records import Example, InputError
-from mhgpo.rollout import RolloutSpec, run_rollouts
-from mhgpo.search_system import SearchSystem
-from mhgpo.pipeline import resume, train
-from mhgpo.teams import WorkflowError, construct, display_path, load_workflow_class, system_spec, team_config
-from mhgpo.trainer import TooManyFailures, assign_rewards
-from mhgpo.workflow import State, StepResult, Workflow
+from mhgpo.team.build import build_workflow, prepare_system
+from mhgpo.model.generation import Generation
+from mhgpo.rl.losses import token_weights
+from mhgpo.data.records import Example
+from mhgpo.errors import InputError
+from mhgpo.rl.rollout import RolloutSpec, run_rollouts
+from mhgpo.team.search_system import SearchSystem
+from mhgpo.run.pipeline import resume, train
+from mhgpo.team.loader import WorkflowError, construct, display_path, load_workflow_class, system_spec, team_config
+from mhgpo.rl.trainer import TooManyFailures, assign_rewards
+from mhgpo.team.workflow import State, StepResult, Workflow
 from test_rollout import G, LookupSolverJudge, SolverJudge, decode, loop_agent_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ def here() -> str:
 ECHO = '''\
 from dataclasses import dataclass
 
-from mhgpo.workflow import State, StepResult, Workflow
+from mhgpo.team.workflow import State, StepResult, Workflow
 
 
 @dataclass
@@ -75,10 +76,10 @@ def team_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A scratch folder, the working directory, holding `echo.py` (a valid workflow) and broken files."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "echo.py").write_text(ECHO)
-    (tmp_path / "syntax.py").write_text("from mhgpo.workflow import Workflow\n\nclass A(Workflow)\n    pass\n")
+    (tmp_path / "syntax.py").write_text("from mhgpo.team.workflow import Workflow\n\nclass A(Workflow)\n    pass\n")
     (tmp_path / "imports.py").write_text("import os\nimport no_such_module_for_mhgpo_tests\n")
     (tmp_path / "half.py").write_text(
-        "from mhgpo.workflow import Workflow\n\nclass Half(Workflow):\n    agents = ('a',)\n\n"
+        "from mhgpo.team.workflow import Workflow\n\nclass Half(Workflow):\n    agents = ('a',)\n\n"
         "    def next_agent(self, state):\n        return None\n")
     (tmp_path / "noagents.py").write_text(ECHO.replace('agents = ("echo",)', "agents = ()"))
     (tmp_path / "badconfig.py").write_text(ECHO.replace("config_class = EchoConfig", "config_class = dict"))
@@ -97,13 +98,13 @@ def team_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ("imports.py:A", r"imports.py:2: importing the file failed: ModuleNotFoundError: No module named "
                      r"'no_such_module_for_mhgpo_tests'$"),
     ("echo.py:Nope", r"echo.py: no class 'Nope' \(Workflow classes there: Echo\)$"),
-    ("echo.py:EchoConfig", r"echo.py: EchoConfig is not a subclass of mhgpo.workflow.Workflow$"),
+    ("echo.py:EchoConfig", r"echo.py: EchoConfig is not a subclass of mhgpo.team.workflow.Workflow$"),
     ("half.py:Half", r"half.py: Half does not define apply, build_prompt, final_answer$"),
     ("noagents.py:Echo", r"noagents.py: Echo.agents must name the LLM agents \(a tuple of strings\), got \(\)$"),
     ("badconfig.py:Echo", r"badconfig.py: Echo.config_class must be a dataclass, got <class 'dict'>$"),
     ("no_such_module_for_mhgpo_tests:X", r"system: importing module 'no_such_module_for_mhgpo_tests' failed: "
                                          r"ModuleNotFoundError"),
-    ("mhgpo.search_system:Nope", r"search_system.py: no class 'Nope' \(Workflow classes there: LLMOnly, "
+    ("mhgpo.team.search_system:Nope", r"search_system.py: no class 'Nope' \(Workflow classes there: LLMOnly, "
                                  r"SearchSystem\)$"),
     ("echo.py:", r"system: expected PATH.py:Class or module.path:Class, got 'echo.py:'$"),
 ])
@@ -119,8 +120,8 @@ def test_a_file_and_a_module_load_and_name_themselves_again(team_dir: Path) -> N
     assert cls.__name__ == "Echo" and issubclass(cls, Workflow)
     assert load_workflow_class(str(team_dir / "echo.py") + ":Echo") is cls  # one module per file
     assert system_spec(cls) == "echo.py:Echo"
-    assert load_workflow_class("mhgpo.search_system:SearchSystem") is SearchSystem
-    assert system_spec(SearchSystem) == "mhgpo.search_system:SearchSystem"
+    assert load_workflow_class("mhgpo.team.search_system:SearchSystem") is SearchSystem
+    assert system_spec(SearchSystem) == "mhgpo.team.search_system:SearchSystem"
 
 
 def test_constructor_gets_its_config_and_the_retriever_only_when_it_asks(team_dir: Path) -> None:
@@ -184,7 +185,7 @@ def test_a_built_workflow_names_its_class_and_config(team_dir: Path) -> None:
     cfg = load_config(EvalConfig)
     team = SearchSystem(None, team_config(SearchSystem, {"top_k": 5}))
     assert prepare_system(cfg, team) is team
-    assert cfg.system == "mhgpo.search_system:SearchSystem" and cfg.team["top_k"] == 5
+    assert cfg.system == "mhgpo.team.search_system:SearchSystem" and cfg.team["top_k"] == 5
     cfg = load_config(EvalConfig, None, ["system=echo.py:Echo", "team.rounds=1"])
     with pytest.raises(InputError, match=r"^team.rounds: the workflow was passed already built"):
         prepare_system(cfg, team)
@@ -460,7 +461,7 @@ def test_the_documented_example_is_a_working_team(tmp_path: Path, monkeypatch: p
 
 
 def test_the_default_trace_keeps_what_json_can_hold() -> None:
-    from mhgpo.records import Passage
+    from mhgpo.data.records import Passage
 
     state = State(GOOD[0]).with_values(attempts=("x", "y"), n=2, info={"a": [1, 2]},
                                        documents=(Passage("p", "T", "text"),), mixed=["ok", Passage("q", "U", "")])

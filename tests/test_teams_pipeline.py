@@ -15,16 +15,16 @@ import yaml
 from safetensors.torch import load_file
 
 import mhgpo
-from mhgpo.records import InputError
-from mhgpo.runlog import read_metrics
-from mhgpo.teams import load_workflow_class
+from mhgpo.errors import InputError
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.team.loader import load_workflow_class
 from test_examples import cli  # noqa: F401  (shared fixture)
 
 DUET = '''\
 from dataclasses import dataclass
 
 from mhgpo.config import AgentSampling
-from mhgpo.workflow import State, StepResult, Workflow
+from mhgpo.team.workflow import State, StepResult, Workflow
 
 
 def own_reward(answer: str, scale: float) -> float:

@@ -18,13 +18,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mhgpo.cli import main
+from mhgpo.cli.main import main
 from mhgpo.config import TrainConfig, load_config
-from mhgpo.logprobs import output_logprobs
-from mhgpo.models import CHATML_TEMPLATE, encode_chat, load_model
-from mhgpo.policy import Sample
-from mhgpo.pipeline import resume, train
-from mhgpo.trainer import Trainer, build_team
+from mhgpo.model.logprobs import output_logprobs
+from mhgpo.model.pretrained import CHATML_TEMPLATE, encode_chat
+from mhgpo.model.trained import load_model
+from mhgpo.rl.policy import Sample
+from mhgpo.run.pipeline import resume, train
+from mhgpo.rl.trainer import Trainer, build_team
 from conftest import TINY_SPECIAL_TOKENS
 from helpers import make_config as _make_config
 from test_trainer import hand_samples
@@ -203,7 +204,7 @@ print(json.dumps({"prompt": prompt, "logprobs": logp.tolist(), "greedy": greedy,
 
 
 def test_transformers_alone_loads_the_export_and_agrees_with_the_run(run, exported, samples, tmp_path) -> None:
-    from mhgpo.generation import HFGenerator, SamplingParams
+    from mhgpo.model.generation import HFGenerator, SamplingParams
 
     loaded = load_model(run.path, device="cpu")
     messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who wrote Dune?"}]
@@ -226,9 +227,9 @@ def test_eval_of_the_run_of_the_export_and_of_transformers_loading_agree(run, ex
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mhgpo.config import EvalConfig
-    from mhgpo.evaluation import evaluate_examples
-    from mhgpo.factory import build_workflow, load_examples
-    from mhgpo.generation import HFGenerator
+    from mhgpo.rl.evaluation import evaluate_examples
+    from mhgpo.team.build import build_workflow, load_examples
+    from mhgpo.model.generation import HFGenerator
 
     data = f"hotpotqa:{world / 'dev.jsonl'}"
     # fp32 like the direct evaluation below (`auto` may be bf16-mixed, whose rounding differs by CPU)
@@ -238,7 +239,7 @@ def test_eval_of_the_run_of_the_export_and_of_transformers_loading_agree(run, ex
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert (metrics["model"], metrics["step"]) == (str(run.path), 2)
     assert metrics["checkpoint"] == str(run.path / "checkpoints" / "step_2")
-    from mhgpo.report import load_run, results_table
+    from mhgpo.run.report import load_run, results_table
 
     assert results_table([load_run(tmp_path / "run")])[1][0][0] == f"run / eval ({run.kind} step 2)"
     assert "checkpoint" not in json.loads((tmp_path / "export" / "metrics.json").read_text())
@@ -282,7 +283,7 @@ def test_the_default_gguf_model_exports_to_a_plain_folder_with_tied_embeddings(t
     """transformers flags a model read from a GGUF file as quantized and will not save it; the export will."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import mhgpo.export
+    import mhgpo.run.export
 
     seen = []
 
@@ -290,8 +291,8 @@ def test_the_default_gguf_model_exports_to_a_plain_folder_with_tied_embeddings(t
         seen.append(load_model(*args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(mhgpo.export, "load_model", spy)
-    out = mhgpo.export.export("smollm2-135m", tmp_path / "smol")
+    monkeypatch.setattr(mhgpo.run.export, "load_model", spy)
+    out = mhgpo.run.export.export("smollm2-135m", tmp_path / "smol")
     [gguf] = seen
     assert getattr(gguf.model, "is_quantized", False)  # what save_pretrained refuses
     config = json.loads((out / "config.json").read_text())

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhgpo.checkpoint import list_checkpoints
+from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
-from mhgpo.logprobs import backbone_and_head, output_logprobs
-from mhgpo.policy import Policy, Sample, micro_batches
-from mhgpo.records import InputError
-from mhgpo.runlog import read_metrics
-from mhgpo.pipeline import resume, train
+from mhgpo.model.logprobs import backbone_and_head, output_logprobs
+from mhgpo.rl.policy import Policy, Sample, micro_batches
+from mhgpo.errors import InputError
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.run.pipeline import resume, train
 
 from helpers import REPO, comparable, make_config, train_overrides
 
@@ -42,7 +42,7 @@ _DIALOGUES = [  # (agent, question, output, advantage, offset of the sampling lo
 
 
 def fresh_model(model_dir: Path):
-    from mhgpo.models import load_model
+    from mhgpo.model.trained import load_model
 
     return load_model(str(model_dir), device="cpu")
 
@@ -50,7 +50,7 @@ def fresh_model(model_dir: Path):
 def hand_samples(loaded, offsets: bool = False) -> list[Sample]:
     """Samples of several agents and lengths, with their sampling log-probs taken from the model itself
     (plus a per-sample offset when `offsets`, so that some ratios leave the clip range)."""
-    from mhgpo.models import encode_chat
+    from mhgpo.model.pretrained import encode_chat
 
     tok = loaded.tokenizer
     prompts = [encode_chat(tok, [{"role": "user", "content": q}]) for _, q, _, _, _ in _DIALOGUES]
@@ -440,7 +440,7 @@ def test_role_ablations_train_exactly_the_chosen_roles(
     """Every role acts; only the chosen roles' samples reach the update; the loss averages over those roles."""
     from collections import Counter
 
-    from mhgpo.losses import token_weights
+    from mhgpo.rl.losses import token_weights
 
     seen: list[list[Sample]] = []
     real_update = Policy.update
@@ -470,8 +470,8 @@ def test_role_ablations_train_exactly_the_chosen_roles(
 
 
 def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tmp_path, monkeypatch) -> None:
-    from mhgpo.search_system import LLMOnly
-    from mhgpo.trainer import Trainer, build_team
+    from mhgpo.team.search_system import LLMOnly
+    from mhgpo.rl.trainer import Trainer, build_team
 
     # The tiny model's answers score F1 0: a reward read off the answer's text gives each group of two different
     # sampled answers different rewards, so the step has a learning signal.
@@ -538,7 +538,7 @@ def test_gradient_checkpointing_recomputes_the_layers_and_keeps_loss_and_gradien
 
 
 def test_gradient_checkpointing_is_refused_by_a_model_without_it() -> None:
-    from mhgpo.policy import enable_gradient_checkpointing
+    from mhgpo.rl.policy import enable_gradient_checkpointing
 
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))

@@ -1,0 +1,41 @@
+"""What the `mhgpo` sub-commands share: the help texts and flags common to several commands, `--flag` → `key=value`
+translation, and loading a model with a generator over it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mhgpo.config.choices import RETRIEVERS
+
+DATA_HELP = ("synthetic (default), synthetic:train, hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH, "
+             "or hotpotqa / 2wiki / musique (from the Hugging Face hub)")
+CORPUS_HELP = "'context' (the data's own paragraphs), a JSONL corpus (id, title, text) or a DPR .tsv file"
+RETRIEVER_HELP = "bm25 (default) or dense (sentence-transformers + FAISS; encoder: retrieval.model=M)"
+INDEX_HELP = "a built index folder to reuse (mhgpo index build)"
+MODEL_HELP = ("smollm2-135m (default), a Hugging Face id, a local folder, a .gguf file, or a trained run: a run "
+              "directory (its latest checkpoint) or RUN/checkpoints/step_N")
+SYSTEM_HELP = ("mas (the default team), llm (the model alone), or a Workflow class of your own: PATH.py:Class or "
+               "module.path:Class (its config section: team.KEY=value)")
+
+
+def flag_overrides(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
+    """`--flag value` → `key=value` for every flag given on the command line."""
+    out = []
+    for attr, key in mapping.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of every command that runs a team: config file, model, corpus, retriever, index, system and the
+    trailing `key=value` overrides."""
+    p.add_argument("--config", help="a YAML config file")
+    p.add_argument("--model", help=MODEL_HELP)
+    p.add_argument("--corpus", help=CORPUS_HELP)
+    p.add_argument("--retriever", choices=RETRIEVERS, help=RETRIEVER_HELP)
+    p.add_argument("--index", help=INDEX_HELP)
+    p.add_argument("--system", metavar="SYSTEM", help=SYSTEM_HELP)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")

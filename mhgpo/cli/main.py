@@ -1,0 +1,424 @@
+"""The `mhgpo` command line: data, ask, eval, train, demo, export, report, index build, eval-retrieval.
+
+Flags are shortcuts for config keys; any config key can also be set with a trailing `key=value`.
+Bad input ends with one line naming the file, line or key, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from mhgpo.cli import retrieval as retrieval_cli, train as train_cli
+from mhgpo.model.allocator import keep_freed_memory
+from mhgpo.config.choices import EXPORT_DTYPES
+from mhgpo.cli.common import DATA_HELP, add_common_flags, flag_overrides
+from mhgpo.model.loading import load_generator
+from mhgpo.model.precision import resolve_config_precision
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+# ------------------------------------------------------------------------------------------------- commands
+
+
+def cmd_data_synth(args: argparse.Namespace) -> int:
+    from mhgpo.io import prepare_output_dir
+    from mhgpo.errors import InputError
+    from mhgpo.data.synth import write_world
+
+    for flag, value in (("--train", args.train), ("--dev", args.dev)):
+        if value < 1:
+            raise InputError(f"{flag}: must be at least 1, got {value}")
+    paths = write_world(prepare_output_dir(Path(args.out)), seed=args.seed, n_train=args.train, n_dev=args.dev)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def cmd_data_split(args: argparse.Namespace) -> int:
+    from mhgpo.data.split import split_data
+
+    sizes = _int_list(args.sizes, "--sizes")
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    for name, (spec, count) in split_data(args.data, Path(args.out), sizes, args.seed, names).items():
+        print(f"{name}: {count} records, --data {spec}")
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    from mhgpo.errors import InputError
+
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from mhgpo.run.export import export
+
+    out = export(args.model, Path(args.out), dtype=args.dtype, lora_only=args.lora_only)
+    what = "PEFT adapter" if args.lora_only else "model"
+    print(f"wrote the {what} folder {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from mhgpo.config import EvalConfig, load_config
+    from mhgpo.team.build import build_workflow, prepare_system
+    from mhgpo.data.records import Example
+    from mhgpo.rl.rollout import RolloutSpec, run_rollouts
+
+    overrides = flag_overrides(args, {"model": "model", "corpus": "retrieval.corpus",
+                                       "retriever": "retrieval.retriever", "index": "retrieval.index",
+                                       "system": "system"})
+    cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
+    console = _console()
+    workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
+    reason = resolve_config_precision(cfg)
+    with console.status(f"loading {cfg.model} ..."):
+        loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+    example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
+    batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True), np.random.default_rng(0))
+    for node in batch.nodes:
+        if node.kind == "tool":
+            console.rule(f"[bold]{node.agent}[/] (tool)")
+            for i, title in enumerate(node.info.get("titles", [])):
+                console.print(f"  Document{i}: {title}", markup=False)
+            for k, v in node.info.items():
+                if k not in ("titles", "ids"):
+                    console.print(f"  {k}: {v}", markup=False)
+            continue
+        console.rule(f"[bold]{node.agent}[/]")
+        console.print(node.output, markup=False)
+        details = {k: v for k, v in node.info.items() if v not in ("", [], None)}
+        if node.agent == "reranker" and batch.leaves()[0].trace.get("selected_titles"):
+            details["selected_titles"] = batch.leaves()[0].trace["selected_titles"]
+        if node.penalty:
+            details["penalty"] = node.penalty
+        for k, v in details.items():
+            console.print(f"  [dim]{k}:[/] {v}", markup=True, highlight=False)
+    leaf = batch.leaves()[0]
+    console.rule("[bold]answer[/]")
+    console.print(leaf.final_answer, markup=False)
+    if args.gold:
+        from mhgpo.data.metrics import score
+
+        f1 = score(leaf.final_answer, tuple(args.gold))["f1"]
+        console.print(f"[dim]F1 against the gold answer:[/] {f1:.2f}")
+        if leaf.terminal != f1:  # a team that scores itself otherwise
+            console.print(f"[dim]the team's reward:[/] {leaf.terminal:.2f}")
+    return 0
+
+
+EVAL_FLAGS = {
+    "data": "data",
+    "model": "model",
+    "limit": "limit",
+    "batch_size": "batch_size",
+    "corpus": "retrieval.corpus",
+    "retriever": "retrieval.retriever",
+    "index": "retrieval.index",
+    "system": "system",
+    "seed": "seed",
+    "output_dir": "output_dir",
+}
+
+
+def _eval_config(args: argparse.Namespace):
+    """The evaluation's config; with `--resume DIR`, the saved one, which the command line may repeat but not
+    change (the first differing key is named)."""
+    from mhgpo.config import EvalConfig, load_config, to_dict
+    from mhgpo.rl.evaluation import CONFIG
+    from mhgpo.errors import InputError
+
+    overrides = flag_overrides(args, EVAL_FLAGS) + list(args.overrides)
+    if not args.resume:
+        return load_config(EvalConfig, args.config, overrides)
+    folder = Path(args.resume)
+    if args.output_dir and Path(args.output_dir).resolve() != folder.resolve():
+        raise InputError(f"--output-dir: {args.output_dir} is not the folder being continued ({folder})")
+    if not (folder / CONFIG).is_file():
+        raise InputError(f"{folder}: no evaluation to continue ({CONFIG} is missing)")
+    saved = load_config(EvalConfig, folder / CONFIG)
+    saved.output_dir = str(folder)
+    tree = to_dict(saved)
+    cfg = load_config(EvalConfig, args.config, overrides + [f"output_dir={folder}"], base=tree)
+    key = _first_difference(tree, to_dict(cfg))
+    if key is not None:
+        old, new = _lookup(tree, key), _lookup(to_dict(cfg), key)
+        raise InputError(f"{key}: {new!r} here, but the evaluation in {folder} used {old!r}; --resume continues "
+                         f"with the same config (leave {key} out, or start a new evaluation in another folder)")
+    return cfg
+
+
+def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
+    for k in list(a) + [k for k in b if k not in a]:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            found = _first_difference(x, y, f"{prefix}{k}.")
+            if found:
+                return found
+        elif x != y:
+            return prefix + k
+    return None
+
+
+def _lookup(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mhgpo.config import dump_config
+    from mhgpo.rl.evaluation import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
+                                  metrics_table, summarise, write_eval)
+    from mhgpo.team.build import build_workflow, load_examples, prepare_system
+    from mhgpo.io import append_jsonl, read_jsonl
+    from mhgpo.errors import InputError
+    from mhgpo.run.rundir import RunLock
+
+    cfg = _eval_config(args)
+    console = _console()
+    examples = load_examples(cfg.data, cfg.limit)
+    out = lock = None
+    if cfg.output_dir:  # checked, created and locked before anything slow
+        out = Path(cfg.output_dir).expanduser()
+        lock = RunLock(out, "eval").acquire()  # a folder it creates is removed again if nothing gets written
+    try:
+        done: list[dict] = []
+        if args.resume:
+            done = finished_predictions(out, examples)
+        elif out is not None and any((out / name).exists() for name in (CONFIG, PREDICTIONS, METRICS)):
+            raise InputError(f"{out} already holds an evaluation; continue it with: mhgpo eval --resume {out}, or "
+                             f"pick another --output-dir")
+        finished = {row["id"] for row in done}
+        todo = [e for e in examples if e.id not in finished]
+        if args.resume and not todo and (out / METRICS).exists():
+            console.print(f"{out} is complete: all {len(examples)} questions are in {out / PREDICTIONS}")
+            return 0
+
+        def keep(rows: list[dict]) -> None:
+            if not (out / CONFIG).exists():
+                dump_config(cfg, out / CONFIG)
+            append_jsonl(out / PREDICTIONS, rows)
+            done.extend(rows)
+
+        with console.status("preparing the team ..."):
+            workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
+        reason = resolve_config_precision(cfg)
+        with console.status(f"loading {cfg.model} ..."):
+            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+        console.print(f"[dim]{len(examples)} questions from {cfg.data}"
+                      + (f" ({len(examples) - len(todo)} already done)" if args.resume else "")
+                      + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")
+        try:
+            result = evaluate_examples(todo, workflow, generator, encode, cfg.batch_size,
+                                       on_batch=keep if out is not None else None)
+        except KeyboardInterrupt:
+            kept = len(read_jsonl(out / PREDICTIONS)[0]) if out is not None else 0  # what reached the file
+            if out is None:
+                print("mhgpo: interrupted; nothing was kept (no --output-dir)", file=sys.stderr)
+            elif not kept:
+                print("mhgpo: interrupted before the first batch finished; nothing to keep", file=sys.stderr)
+            else:
+                print(f"mhgpo: interrupted; {kept} of {len(examples)} questions are in {out / PREDICTIONS} "
+                      f"(continue with: mhgpo eval --resume {out})", file=sys.stderr)
+            return 130
+        order = {e.id: i for i, e in enumerate(examples)}
+        rows = sorted(done, key=lambda r: order[r["id"]]) if out is not None else result.predictions
+        metrics = summarise(rows, workflow, result.metrics["seconds"])
+        if len(rows) > len(result.predictions):
+            metrics["resumed"] = len(rows) - len(result.predictions)  # finished in earlier sessions
+        console.print(metrics_table({f"{cfg.system} / {cfg.data}": metrics}))
+        behaviour = {k: v for k, v in metrics.items() if "/" in k}
+        console.print("  ".join(f"{k} {v:.2f}" for k, v in behaviour.items()))
+        new = len(result.predictions)
+        console.print(f"{new} questions in {metrics['seconds']:.1f} s ({new / max(metrics['seconds'], 1e-9):.2f} "
+                      f"questions/s)" + (f"; {metrics['resumed']} from earlier sessions" if "resumed" in metrics
+                                         else ""))
+        if out is not None:
+            if not (out / CONFIG).exists():
+                dump_config(cfg, out / CONFIG)
+            from mhgpo.model.trained import model_record
+
+            write_eval(EvalResult(metrics, rows), out, {"data": cfg.data, "model": cfg.model, "system": cfg.system,
+                                                        **model_record(loaded)})
+            console.print(f"wrote {out / METRICS} and {out / PREDICTIONS}")
+    finally:
+        if lock is not None:
+            lock.release()
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mhgpo.io import prepare_output_dir
+    from mhgpo.errors import InputError
+    from mhgpo.run.report import build_report
+
+    runs = [Path(p) for p in args.runs] + [Path(p) for p in args.eval or []]
+    for run in runs:
+        if not run.is_dir():
+            raise InputError(f"{run}: not a run or evaluation directory")
+    out = Path(args.out) if args.out else (runs[0] / "report" if len(runs) == 1 else Path("report"))
+    out = prepare_output_dir(out, "report folder")
+    path = build_report(runs, out)
+    print(f"wrote {path}, {out / 'report.html'} and the plots in {out}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mhgpo", description="Train and evaluate LLM multi-agent search systems with MHGPO.",
+        epilog="Errors in the input end with one line (exit status 2); --debug (anywhere on the line) shows the "
+               "traceback instead.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="data utilities")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    synth = data_sub.add_parser("synth", help="write a synthetic mini-wiki world (corpus, train, dev)")
+    synth.add_argument("--out", required=True, help="output folder")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--train", type=int, default=2000, help="number of training questions")
+    synth.add_argument("--dev", type=int, default=200, help="number of dev questions")
+    synth.set_defaults(func=cmd_data_synth)
+    split = data_sub.add_parser("split", help="disjoint seeded parts of a question file, as its original records")
+    split.add_argument("--data", required=True, help="hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH or "
+                       "synthetic:train|dev")
+    split.add_argument("--out", required=True, help="output folder")
+    split.add_argument("--sizes", required=True, help="records per part, e.g. 200,100")
+    split.add_argument("--names", help="file names of the parts (default train,val,test)")
+    split.add_argument("--seed", type=int, default=0)
+    split.set_defaults(func=cmd_data_split)
+
+    ask = sub.add_parser("ask", help="run the team on one question and show what each agent did")
+    ask.add_argument("question")
+    ask.add_argument("--gold", action="append", help="a gold answer (to print the F1)")
+    add_common_flags(ask)
+    ask.set_defaults(func=cmd_ask)
+
+    ev = sub.add_parser("eval", help="evaluate the team on a data set (Acc / EM / F1)")
+    ev.add_argument("--data", help=DATA_HELP)
+    ev.add_argument("--limit", type=int, help="evaluate the first N questions")
+    ev.add_argument("--batch-size", type=int, help="questions per breadth-first batch")
+    ev.add_argument("--seed", type=int)
+    ev.add_argument("--output-dir", help="where to write metrics.json and predictions.jsonl (appended as questions "
+                    "finish)")
+    ev.add_argument("--resume", metavar="DIR", help="continue the interrupted evaluation in DIR (same config; "
+                    "finished questions are skipped)")
+    add_common_flags(ev)
+    ev.set_defaults(func=cmd_eval)
+
+    rep = sub.add_parser("report", help="plots and tables (report.md, report.html) from run directories")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run or evaluation output directories")
+    rep.add_argument("--eval", action="append", metavar="DIR", help="an evaluation output directory to tabulate")
+    rep.add_argument("--out", help="output folder (default: RUN_DIR/report for one run, else ./report)")
+    rep.set_defaults(func=cmd_report)
+
+    exp = sub.add_parser("export", help="a trained run as a Hugging Face model folder (or its PEFT adapter)")
+    exp.add_argument("model", metavar="RUN_OR_CHECKPOINT", help="a run directory, RUN/checkpoints/step_N, or any "
+                     "--model")
+    exp.add_argument("--out", required=True, help="the folder to write (must not exist, or be empty)")
+    exp.add_argument("--dtype", choices=EXPORT_DTYPES, default="float32", help="weights' dtype (float32)")
+    exp.add_argument("--lora-only", action="store_true", help="write the LoRA adapter as a PEFT folder instead")
+    exp.set_defaults(func=cmd_export)
+
+    train_cli.add_commands(sub)
+    retrieval_cli.add_commands(sub)
+    return parser
+
+
+def error_line(e: BaseException) -> str | None:
+    """The one line the CLI prints for an error that is the input's or the machine's (not a bug), else None."""
+    import json
+
+    import yaml
+    from safetensors import SafetensorError
+
+    from mhgpo.errors import InputError, RunError
+
+    if isinstance(e, (InputError, RunError)):
+        text = str(e)
+    elif isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        text = f"{where}{e.strerror}" if e.strerror else str(e)
+    elif isinstance(e, json.JSONDecodeError):
+        text = f"invalid JSON at line {e.lineno} column {e.colno} ({e.msg})"
+    elif isinstance(e, yaml.YAMLError):
+        text = f"invalid YAML ({e})"
+    elif isinstance(e, SafetensorError):
+        text = f"safetensors: {e}"
+    elif isinstance(e, ValueError):
+        text = str(e) or type(e).__name__
+    else:
+        return None
+    return " ".join(text.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MHGPO_DEBUG") not in (None, "", "0")
+    argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
+    _quiet_libraries()
+    keep_freed_memory()
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse fills the `key=value` positionals of `ask` together with its question, so trailing overrides
+    # after an option (`mhgpo ask "..." --model M top_k=5`) come back unparsed: they are overrides too.
+    if extra:
+        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = list(args.overrides) + extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.func.__name__ != "cmd_train":
+            from mhgpo.errors import InputError
+
+            raise InputError(f"{args.command}: only `mhgpo train` runs on several processes (accelerate launch)")
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        if os.environ.get("RANK", "0") == "0":
+            print("mhgpo: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - bad input and machine errors become one line; bugs keep their traceback
+        line = None if debug else error_line(e)
+        if line is None:
+            raise
+        if os.environ.get("RANK", "0") == "0":  # a data-parallel run: rank 0 says it once
+            print(f"mhgpo: error: {line}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

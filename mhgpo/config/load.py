@@ -1,0 +1,211 @@
+"""Loading typed configs: dataclasses built from (partial) nested dicts, YAML files that are dumps of them and
+dotted `key=value` overrides (`search.top_k=5`, `optim.lr=1e-5`). Unknown keys and values of the wrong type are
+rejected with an `InputError` that names the key (and the file when there is one)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from mhgpo.errors import InputError
+
+T = TypeVar("T")
+
+
+def at_least(obj: Any, key: str, least: int, prefix: str = "") -> None:
+    value = getattr(obj, key)
+    if value < least:
+        raise InputError(f"{prefix}{key}: must be at least {least}, got {value}")
+
+
+def check_counts(obj: Any, keys: tuple[str, ...], optional: str = "") -> None:
+    """Counts that must be at least 1 (and an optional one: null or at least 1)."""
+    for key in keys:
+        at_least(obj, key, 1)
+    if optional and getattr(obj, optional) is not None:
+        at_least(obj, optional, 1)
+
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check (and mildly coerce) `value` against the annotation `tp`; raise InputError naming `key`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except InputError as e:
+                errors.append(str(e))
+        if len(errors) == 1:
+            raise InputError(errors[0] + (" (or null)" if type(None) in args else ""))
+        raise InputError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise InputError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise InputError(f"{key}: expected a mapping of keys to values, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        (inner, *_) = typing.get_args(tp) or (Any,)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise InputError(f"{key}: expected a list, got {value!r}")
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise InputError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise InputError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise InputError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise InputError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+# Keys of earlier versions: a config that still has one is told what replaced it.
+RENAMED_KEYS = {"regroup_within_role": "rr_regroup (true: role, false: all; the default is fork)"}
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build dataclass `cls` from a (partial) nested dict; unknown keys raise InputError naming them. A class's
+    `resolved()` (if it has one) fills in the defaults that depend on other keys, then its `validate()` checks."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    renamed = [k for k in unknown if k in RENAMED_KEYS]
+    if renamed:
+        raise InputError(f"config key {prefix}{renamed[0]} was replaced by {prefix}{RENAMED_KEYS[renamed[0]]}")
+    if unknown:
+        raise InputError(
+            f"unknown config key {prefix}{unknown[0]!s}; valid keys here: {', '.join(prefix + n for n in sorted(names))}"
+        )
+    defaults: Any = None
+    kwargs = {}
+    for name, value in data.items():
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints[name]):
+            # a partial section starts from this field's own default (its default_factory may differ from the
+            # section class's defaults: `search.reranker.top_p=0.95` keeps the Reranker's max_new_tokens)
+            defaults = cls() if defaults is None else defaults
+            value = _merge(to_dict(getattr(defaults, name)), value)
+        kwargs[name] = _coerce(value, hints[name], prefix + name)
+    obj = cls(**kwargs)
+    resolved = getattr(obj, "resolved", None)  # defaults that depend on other keys, filled before the checks
+    if callable(resolved):
+        obj = resolved()
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise InputError(f"override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise InputError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    base: dict[str, Any] | None = None,
+) -> T:
+    """defaults ← `base` ← YAML file ← `overrides` (`a.b=value`), checked against `cls`."""
+    tree: dict[str, Any] = copy.deepcopy(base or {})  # overrides must not reach into the caller's base
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"{p}: config file not found")
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise InputError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(loaded, dict):
+            raise InputError(f"{p}: a config file must be a mapping of keys to values")
+        tree = _merge(tree, loaded)
+        try:
+            from_dict(cls, tree)
+        except InputError as e:
+            raise InputError(f"{p}: {e}") from None
+    for text in overrides:
+        keys, value = parse_override(text)
+        _set_path(tree, keys, value)
+    return from_dict(cls, tree)
+
+
+def dump_config(obj: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    from mhgpo.io import atomic_write_text
+
+    atomic_write_text(Path(path), yaml.safe_dump(to_dict(obj), sort_keys=False))
+

@@ -1,0 +1,309 @@
+"""The configs of training: `mhgpo train` / `mhgpo demo` (`TrainConfig` and its sections `reward:`, `optim:`,
+`lora:`, `critic:`, `warm_start:`) and the supervised warm start `mhgpo sft` (`SFTConfig`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mhgpo.config.choices import (AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, REFERENCES, RR_REGROUP, SAMPLERS,
+                           SCHEDULES, SINGLE_AGENT_ALGOS, one_of)
+from mhgpo.config.eval import RetrievalConfig, SystemConfig, check_precision, check_system
+from mhgpo.config.load import at_least, check_counts
+from mhgpo.errors import InputError
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    aggr: str = "mean"  # Aggr of paper Eq. (aggr): mean | max | min | rand
+    penalties: bool = True  # False: final-only reward (no agent-specific penalties)
+
+    def validate(self) -> None:
+        if self.aggr not in AGGREGATORS:
+            raise InputError(f"reward.aggr: expected {one_of(AGGREGATORS)}, got {self.aggr!r}")
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    # Linear warm-up: update t (0-based) runs at lr * (t + 1) / (warmup_steps + 1) for t < warmup_steps, then at
+    # lr (or the cosine decay over the remaining updates); 0: no warm-up.
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine (after warm-up)
+    max_grad_norm: float = 1.0
+    ppo_epochs: int = 1
+    clip_eps: float = 0.2
+    kl_beta: float = 0.001
+    # prompt + output tokens per forward/backward (padding included; a prompt shared by several samples counted once)
+    micro_batch_tokens: int = 4096
+    logprob_chunk: int = 256  # output positions per log-softmax chunk
+    # Recompute each decoder layer's activations in the backward pass instead of keeping them (actor and critic):
+    # the activation memory of a micro-batch falls to about one layer's, for a quarter to a third more update time.
+    gradient_checkpointing: bool = True
+    # Samples with identical prompts (a forked group) computed as one sequence: the prompt once, then each output
+    # (mhgpo/model/packing.py), in the update, the reference pass and the critic; the same log-probs, values and gradients
+    # as one row per sample, for a fraction of the tokens.
+    share_prefix: bool = True
+
+    def validate(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"optim.schedule: expected {one_of(SCHEDULES)}, got {self.schedule!r}")
+        if self.lr <= 0:
+            raise InputError(f"optim.lr: must be positive, got {self.lr}")
+        for key in ("ppo_epochs", "micro_batch_tokens", "logprob_chunk"):
+            at_least(self, key, 1, "optim.")
+        for key in ("warmup_steps", "weight_decay", "kl_beta"):
+            if getattr(self, key) < 0:
+                raise InputError(f"optim.{key}: must be >= 0, got {getattr(self, key)}")
+        for key in ("max_grad_norm", "clip_eps"):
+            if getattr(self, key) <= 0:
+                raise InputError(f"optim.{key}: must be positive, got {getattr(self, key)}")
+
+
+@dataclasses.dataclass
+class LoraConfig:
+    enabled: bool = True
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    # One adapter per agent on the shared frozen base: each agent generates with, and is trained through, its own
+    # adapter (no role's updates reach another role's outputs); the reference stays the base. False: one adapter
+    # shared by every agent (the paper's parameter sharing).
+    per_role: bool = False
+    target_modules: list[str] = dataclasses.field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+    def validate(self) -> None:
+        at_least(self, "r", 1, "lora.")
+        if self.alpha <= 0:
+            raise InputError(f"lora.alpha: must be positive, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise InputError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
+
+
+CRITIC_LR_FACTOR = 2.0  # the critic learns this much faster than the actor when critic.lr is null
+
+
+def critic_lr(critic: "CriticConfig", optim: OptimConfig) -> float:
+    """The critic's learning rate: `critic.lr`, or `CRITIC_LR_FACTOR × optim.lr` when it is null."""
+    return critic.lr if critic.lr is not None else CRITIC_LR_FACTOR * optim.lr
+
+
+@dataclasses.dataclass
+class CriticConfig:
+    """The critic of MAPPO / PPO (`algo=mappo|ppo`; ignored otherwise): see `mhgpo/rl/critic.py`."""
+
+    # null: CRITIC_LR_FACTOR × optim.lr, the paper's ratio (critic 1e-6, actor 5e-7); a number sets it outright
+    lr: float | None = None
+    warmup_steps: int = 0  # first steps in which only the critic learns (the actor is not updated)
+    gamma: float = 1.0  # GAE discount within an output
+    lam: float = 0.95  # GAE lambda
+    value_clip: float = 0.2  # clip range of the value loss around the rollout-time values
+    whiten: bool = True  # normalise the step's advantages to mean 0, std 1 over its trained tokens
+
+    def validate(self) -> None:
+        if self.lr is not None and self.lr <= 0:
+            raise InputError(f"critic.lr: must be positive (or null: {CRITIC_LR_FACTOR:g} × optim.lr), got {self.lr}")
+        if self.warmup_steps < 0:
+            raise InputError(f"critic.warmup_steps: must be >= 0, got {self.warmup_steps}")
+        for key in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise InputError(f"critic.{key}: must be in [0, 1], got {getattr(self, key)}")
+        if self.value_clip <= 0:
+            raise InputError(f"critic.value_clip: must be positive, got {self.value_clip}")
+
+
+@dataclasses.dataclass
+class WarmStartConfig:
+    """A supervised warm start before RL (`mhgpo/run/pipeline.py`): every role first learns its gold outputs, in
+    `RUN/warm_start/` (an `mhgpo sft` run with the RL run's model, data, team, precision and LoRA settings)."""
+
+    enabled: bool = False
+    steps: int = 20  # optimiser steps
+    batch_size: int = 16  # demonstrations per step (all roles mixed)
+    lr: float = 5e-4
+    schedule: str = "constant"  # constant | cosine (from lr to 0 over the steps after the warm-up)
+    warmup_steps: int = 0
+    balance_roles: bool = False  # every batch holds the roles in equal shares (else drawn at random from all)
+    limit: int | None = None  # training questions to draw demonstrations from (None: all of `data`)
+    data: str | None = None  # None: the RL run's data
+    format_limit: int = 8  # held-out demonstrations per role for the logged format accuracy
+
+    def validate(self) -> None:
+        if self.format_limit < 0:
+            raise InputError(f"warm_start.format_limit: must be >= 0, got {self.format_limit}")
+        for key in ("steps", "batch_size"):
+            if getattr(self, key) < 1:
+                raise InputError(f"warm_start.{key}: must be at least 1, got {getattr(self, key)}")
+        if self.lr <= 0:
+            raise InputError(f"warm_start.lr: must be positive, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"warm_start.schedule: expected {one_of(SCHEDULES)}, got {self.schedule!r}")
+        if self.warmup_steps < 0:
+            raise InputError(f"warm_start.warmup_steps: must be >= 0, got {self.warmup_steps}")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"warm_start.limit: must be at least 1, got {self.limit}")
+
+
+def default_sampler(algo: str, system: str) -> str:
+    """The rollout sampler an algorithm uses when `sampler` is not set: MHGPO on the default team → rr; GRPO, MHGPO
+    on the single-agent system or on a workflow class → fof (G samples of one prompt at the first agent; RR needs
+    `rr_probs` with one probability per agent of the team); MAPPO / PPO → chains (G independent chains)."""
+    if algo in CRITIC_ALGOS:
+        return "chains"
+    return "rr" if algo == "mhgpo" and system == "mas" else "fof"
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    model: str = "smollm2-135m"
+    data: str = "synthetic:train"
+    val_data: str = "synthetic:dev"
+    system: str = "mas"
+    algo: str = "mhgpo"  # mhgpo | mappo (the team); grpo | ppo (system=llm)
+    sampler: str | None = None  # is | fof | rr | fof_os (MHGPO, GRPO); chains (MAPPO, PPO); None: default_sampler
+    steps: int = 20
+    questions_per_step: int = 8
+    group_size: int = 4
+    rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
+    rr_regroup: str = "fork"  # RR's singletons pooled by: fork | role | all (see mhgpo/rl/advantages.py)
+    # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py); the run's config.yaml records the resolved one
+    precision: str = "auto"
+    # Untrain groups whose rewards are all equal and draw more questions until the step holds as many informative
+    # groups as a plain draw forms, at most `filter_max_questions` questions a step (None: 4 × questions_per_step).
+    filter_zero_variance: bool = False
+    filter_max_questions: int | None = None
+    seed: int = 0
+    output_dir: str = "runs/train"
+    eval_every: int = 10  # 0: never during training
+    val_limit: int = 50
+    eval_batch_size: int = 32
+    gen_batch_size: int = 16
+    save_every: int = 10
+    keep_checkpoints: int = 2
+    max_rounds: int = 64  # safety bound on workflow steps per rollout
+    # Questions whose rollout may fail in a workflow method (each skipped, logged with its traceback in the run
+    # directory's errors.jsonl) before the run stops; 0: stop at the first.
+    max_failures: int = 10
+    train_roles: list[str] | None = None  # None: every role trains
+    frozen_roles: list[str] = dataclasses.field(default_factory=list)
+    # The KL term's reference policy: init (the initial weights: `model`, a trained run's weights included) or base
+    # (the base model beneath a trained run given as `model`: what its own first run started from)
+    reference: str = "init"
+    warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
+
+    def resolved(self) -> "TrainConfig":
+        """This config with the defaults that depend on other keys filled in (the loader calls it before
+        :meth:`validate`, so the dumped config names them): `sampler` from `algo` and `system`."""
+        if self.sampler is not None:
+            return self
+        return dataclasses.replace(self, sampler=default_sampler(self.algo, self.system))
+
+    def validate(self) -> None:
+        check_system(self.system, self.team)
+        if self.max_failures < 0:
+            raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
+        if self.reference not in REFERENCES:
+            raise InputError(f"reference: expected {one_of(REFERENCES)}, got {self.reference!r}")
+        if self.algo not in ALGOS:
+            raise InputError(f"algo: expected {one_of(ALGOS)}, got {self.algo!r}")
+        if self.algo in SINGLE_AGENT_ALGOS and self.system != "llm":
+            raise InputError(f"algo: {self.algo} is the single-agent baseline (system=llm); the team "
+                             f"(system={self.system}) trains with mhgpo or mappo")
+        if self.sampler not in SAMPLERS:
+            raise InputError(f"sampler: expected {one_of(GROUP_SAMPLERS)} (or chains for mappo/ppo), "
+                             f"got {self.sampler!r}")
+        if self.algo in CRITIC_ALGOS and self.sampler != "chains":
+            raise InputError(f"sampler: {self.algo} learns from independent chains (sampler=chains), got "
+                             f"{self.sampler!r}")
+        if self.algo not in CRITIC_ALGOS and self.sampler == "chains":
+            raise InputError(f"sampler: chains forms no groups; {self.algo} needs {one_of(GROUP_SAMPLERS)}")
+        if self.algo == "grpo" and self.sampler not in ("fof", "is"):
+            raise InputError(f"sampler: grpo samples groups of one prompt (fof or is), got {self.sampler!r}")
+        least = 1 if self.algo in CRITIC_ALGOS else 2  # a group needs 2; chains per question need 1
+        if self.group_size < least:
+            raise InputError(f"group_size: must be at least {least}, got {self.group_size}")
+        check_counts(self, ("steps", "questions_per_step", "val_limit", "eval_batch_size", "gen_batch_size",
+                             "max_rounds"))
+        for key in ("eval_every", "save_every", "keep_checkpoints"):
+            if getattr(self, key) < 0:
+                raise InputError(f"{key}: must be >= 0 (0: never / keep all), got {getattr(self, key)}")
+        # rr_probs is a distribution over the agents: rejected rather than normalised, so that the config that is
+        # dumped with the run is the one that ran
+        if any(p < 0 for p in self.rr_probs) or abs(sum(self.rr_probs) - 1.0) > 1e-6:
+            raise InputError(f"rr_probs: expected non-negative probabilities that sum to 1, got {self.rr_probs} "
+                             f"(sum {sum(self.rr_probs):g})")
+        if self.rr_regroup not in RR_REGROUP:
+            raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
+        check_precision(self.precision)
+        if self.filter_zero_variance and self.algo in CRITIC_ALGOS:
+            raise InputError(f"filter_zero_variance: {self.algo} forms no groups (its critic is the baseline)")
+        if self.filter_max_questions is not None and self.filter_max_questions < self.questions_per_step:
+            raise InputError(f"filter_max_questions: must be at least questions_per_step ({self.questions_per_step}),"
+                             f" got {self.filter_max_questions}")
+
+
+# --------------------------------------------------------------------------------------------- warm start
+
+
+def _sft_optim() -> OptimConfig:
+    return OptimConfig(lr=5e-4, kl_beta=0.0, warmup_steps=0, schedule="constant")
+
+
+@dataclasses.dataclass
+class SFTConfig:
+    """`mhgpo sft`: supervised warm start of every role on its gold outputs (`mhgpo/rl/sft.py`). The `search` and
+    `retrieval` sections must match the RL run's, so that the prompts are the same."""
+
+    model: str = "smollm2-135m"
+    data: str = "synthetic:train"
+    val_data: str = "synthetic:dev"
+    system: str = "mas"
+    roles: list[str] | None = None  # None: every role with demonstrations
+    steps: int = 40
+    batch_size: int = 16  # demonstrations per optimiser step (all roles mixed)
+    balance_roles: bool = False  # every batch holds the roles in equal shares (else drawn at random from all)
+    limit: int | None = None  # training questions to draw demonstrations from (None: all)
+    seed: int = 0
+    output_dir: str = "runs/sft"
+    eval_every: int = 0  # validation every N steps; 0: at the end only
+    val_limit: int = 40  # validation questions for the team's Acc / EM / F1 (0: none)
+    format_limit: int = 16  # held-out demonstrations per role for the format accuracy
+    eval_batch_size: int = 40
+    gen_batch_size: int = 16
+    save_every: int = 0  # 0: at the end only
+    keep_checkpoints: int = 1
+    max_rounds: int = 64
+    max_failures: int = 10  # validation questions whose rollout may fail in a workflow method (as in training)
+    precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py)
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=_sft_optim)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
+
+    def validate(self) -> None:
+        check_system(self.system, self.team)
+        if self.max_failures < 0:
+            raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
+        for key in ("steps", "batch_size"):
+            if getattr(self, key) < 1:
+                raise InputError(f"{key}: must be at least 1, got {getattr(self, key)}")
+        for key in ("eval_every", "val_limit", "format_limit", "save_every"):
+            if getattr(self, key) < 0:
+                raise InputError(f"{key}: must be >= 0, got {getattr(self, key)}")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"limit: must be at least 1, got {self.limit}")
+        if self.lora.per_role:
+            raise InputError("lora.per_role: a warm start trains one shared adapter (merged into the base when an RL "
+                             "run starts from it); set lora.per_role=true on the RL run instead")
+        check_precision(self.precision)

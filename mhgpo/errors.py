@@ -1,0 +1,10 @@
+"""The error types the command line reports as one line, without a traceback."""
+
+
+class InputError(ValueError):
+    """Bad user input (a file, a line, a key). The message names where; the CLI prints it without a traceback."""
+
+
+class RunError(RuntimeError):
+    """A run that cannot go on (a full disk, ...). The message says what is kept and how to continue; the CLI
+    prints it without a traceback."""

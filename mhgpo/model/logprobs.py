@@ -1,0 +1,164 @@
+"""Training-time log-probabilities of output tokens given their prompts, differentiable.
+
+:func:`output_logprobs` runs the model backbone once over right-padded rows (samples that share a prompt share one
+row and one computation of the prompt: :mod:`mhgpo.model.packing`), keeps
+only the hidden states at the positions that predict output tokens, and applies the LM head and the
+log-softmax to those in chunks of positions; each chunk is checkpointed when gradients are needed, so
+the full-vocabulary logits of a chunk are recomputed in the backward pass rather than kept. No
+full-vocabulary log-softmax is ever taken over prompt positions.
+
+:func:`output_logprobs_reference` is the slow, obviously correct version used to test it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from mhgpo.model.packing import mask_style, pack
+from mhgpo.model.precision import module_device
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside ``model`` (a peft wrapper is looked through; adapters stay active,
+    since peft injects its layers into the wrapped modules)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def backbone_and_head(model: Any) -> tuple[Any, Any]:
+    """The decoder stack (returning final, normalised hidden states) and the LM head of ``model``."""
+    lm = causal_lm(model)
+    head = lm.get_output_embeddings()
+    backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+    if backbone is None or backbone is lm:
+        prefix = getattr(lm, "base_model_prefix", "")
+        backbone = getattr(lm, prefix, None) if prefix else None
+    if head is None or backbone is None or backbone is lm:
+        raise TypeError(f"cannot split {type(lm).__name__} into a backbone and an LM head")
+    return backbone, head
+
+
+def _soft_cap(lm: Any) -> float | None:
+    cap = getattr(getattr(lm, "config", None), "final_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def check_pairs(prompts: list[list[int]], outputs: list[list[int]], temperature: float) -> None:
+    if len(prompts) != len(outputs):
+        raise ValueError(f"{len(prompts)} prompts but {len(outputs)} outputs")
+    if temperature <= 0.0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty: the first output token would have no context")
+
+
+def _token_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, cap: float | None
+) -> torch.Tensor:
+    """``log_softmax(head(hidden) / T)`` at ``targets``: hidden (N, H), targets (N,) -> (N,) float32."""
+    logits = head(hidden).float()  # (N, V)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap  # (N, V)
+    logits = logits / temperature  # (N, V)
+    picked = logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
+    return picked - torch.logsumexp(logits, dim=-1)  # (N,)
+
+
+def output_hidden_states(
+    backbone: Any, prompts: list[list[int]], outputs: list[list[int]], pad_id: int, device: torch.device,
+    share: bool = True,
+) -> torch.Tensor:
+    """The decoder's final hidden state at every position that predicts an output token: (N, H), N the total
+    number of output tokens, in row-major order (sample 0's tokens first). The state at prompt position
+    ``len(prompt) - 1`` predicts output token 0, the state at output token t - 1 predicts token t (the log-probs and
+    the critic's values both read it). One forward over the packed rows (:mod:`mhgpo.model.packing`): with ``share`` (and an
+    attention implementation that takes a custom mask), samples with identical prompts share one computation of the
+    prompt, else every sample is a right-padded ``prompt + output`` row."""
+    packed = pack(prompts, outputs, pad_id, mask_style(backbone.config) if share else None)
+    out = backbone(
+        input_ids=packed.input_ids.to(device),  # (R, L)
+        attention_mask=packed.attention_mask.to(device),  # (R, 1, L, L) or (R, L)
+        position_ids=packed.position_ids.to(device),  # (R, L)
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state  # (R, L, H)
+    return hidden[packed.rows.to(device), packed.cols.to(device)]  # (N, H)
+
+
+def output_logprobs(
+    model: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+    pad_id: int = 0,
+    share: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each output token given its prompt and the preceding output tokens.
+
+    Returns ``(logp, mask)``, both (B, T_out) with ``T_out = max(len(o) for o in outputs)``: ``logp`` is
+    float32, differentiable w.r.t. the model parameters, 0 where ``mask`` is False; ``mask`` is bool.
+    ``chunk_size`` bounds the number of positions whose full-vocabulary logits exist at once; ``share``: samples
+    with identical prompts share the prompt's computation (:func:`output_hidden_states`).
+    """
+    check_pairs(prompts, outputs, temperature)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    device = module_device(model)
+    batch = len(prompts)
+    t_out = max((len(o) for o in outputs), default=0)
+    mask = torch.zeros((batch, t_out), dtype=torch.bool, device=device)  # (B, T_out)
+    for row, out in enumerate(outputs):
+        mask[row, : len(out)] = True
+    if batch == 0 or t_out == 0:
+        return torch.zeros((batch, t_out), dtype=torch.float32, device=device), mask
+
+    backbone, head = backbone_and_head(model)
+    cap = _soft_cap(causal_lm(model))
+    picked_hidden = output_hidden_states(backbone, prompts, outputs, pad_id, device, share)  # (N, H)
+    targets = torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device)  # (N,)
+
+    needs_grad = torch.is_grad_enabled() and picked_hidden.requires_grad
+    pieces = []
+    for start in range(0, targets.shape[0], chunk_size):
+        h = picked_hidden[start : start + chunk_size]  # (n, H)
+        t = targets[start : start + chunk_size]  # (n,)
+        if needs_grad:
+            pieces.append(checkpoint(_token_logprobs, h, t, head, temperature, cap, use_reentrant=False))  # (n,)
+        else:
+            pieces.append(_token_logprobs(h, t, head, temperature, cap))  # (n,)
+    flat = torch.cat(pieces)  # (N,)
+    logp = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)
+    logp = logp.masked_scatter(mask, flat)  # (B, T_out), row-major order matches `rows`
+    return logp, mask
+
+
+def output_logprobs_reference(
+    model: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`output_logprobs`, computed one sample at a time with a full forward pass and
+    a full log-softmax over every position. Slow; for tests."""
+    check_pairs(prompts, outputs, temperature)
+    device = module_device(model)
+    batch = len(prompts)
+    t_out = max((len(o) for o in outputs), default=0)
+    logp = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)
+    mask = torch.zeros((batch, t_out), dtype=torch.bool, device=device)  # (B, T_out)
+    for row, (prompt, out) in enumerate(zip(prompts, outputs)):
+        if not out:
+            continue
+        ids = torch.tensor([list(prompt) + list(out)], dtype=torch.long, device=device)  # (1, L)
+        logits = model(input_ids=ids).logits.float()  # (1, L, V)
+        all_logp = torch.log_softmax(logits / temperature, dim=-1)[0]  # (L, V)
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(out), device=device)  # (T,)
+        targets = torch.tensor(out, dtype=torch.long, device=device)  # (T,)
+        logp[row, : len(out)] = all_logp[positions, targets]  # (T,)
+        mask[row, : len(out)] = True
+    return logp, mask

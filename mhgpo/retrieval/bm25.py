@@ -1,0 +1,401 @@
+"""Retrieval over a passage corpus: the shared result cache, BM25 (`bm25s`), and saved indexes.
+
+`CachedRetriever` is the base of every retriever (BM25 here, dense in `mhgpo.retrieval.dense`): `search` and
+`search_batch` go through one LRU cache keyed by (query, k), so repeated sub-queries are searched once; each
+retriever owns its cache, so a cached result is keyed by (retriever, query, k). Subclasses implement only
+`_search_uncached(queries, k)` for distinct queries that are not cached.
+
+BM25: each passage is indexed as `title + " " + text`, lowercased, split into word tokens, with English stop
+words removed; tokens are stemmed with PyStemmer's English stemmer when that package is installed (it is
+optional). Only passages that share at least one token with the query are returned (a query of stop words alone
+finds nothing), best score first.
+
+Saved indexes are folders with `meta.json` (written last: kind, corpus fingerprint, settings), `passages.jsonl`
+and the index files. `load_or_build_bm25` reuses a folder whose meta matches and rebuilds it otherwise (written to
+a temporary folder, then renamed). `mhgpo/team/build.py` opens any saved index as it is (`open_index`) and
+`mhgpo/paths.py` says where the index of a corpus file lives (`index_dir_for`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence, Union
+
+import bm25s
+import numpy as np
+
+from mhgpo.data.formats import load_corpus_jsonl
+from mhgpo.data.records import Passage
+from mhgpo.errors import InputError
+
+__all__ = [
+    "BM25Retriever",
+    "CacheInfo",
+    "CachedRetriever",
+    "corpus_fingerprint",
+    "load_or_build_bm25",
+    "read_meta",
+    "save_index",
+]
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+META_FILE = "meta.json"
+PASSAGES_FILE = "passages.jsonl"
+INDEX_FORMAT = 1
+STOPWORDS = "en"
+DEFAULT_CACHE_SIZE = 65536
+
+
+class CacheInfo(NamedTuple):
+    """Counters of the (query, k) result cache."""
+
+    hits: int
+    misses: int
+    size: int
+    maxsize: int
+
+
+def corpus_fingerprint(passages: Sequence[Passage]) -> dict[str, Any]:
+    """`{"count": N, "sha256": HEX}` over the ids, titles and texts of `passages`, in order."""
+    digest = hashlib.sha256()
+    for p in passages:
+        digest.update(json.dumps([p.id, p.title, p.text], ensure_ascii=False).encode("utf-8"))
+        digest.update(b"\n")
+    return {"count": len(passages), "sha256": digest.hexdigest()}
+
+
+def write_passages(passages: Sequence[Passage], path: Path) -> None:
+    """`passages.jsonl` of a saved index: one `{id, title, text}` a line."""
+    with open(path, "w", encoding="utf-8") as f:
+        for p in passages:
+            f.write(json.dumps({"id": p.id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n")
+
+
+def read_index_passages(directory: Path, meta: dict[str, Any]) -> list[Passage]:
+    """The passages of a saved index, checked against the fingerprint in its meta."""
+    passages = load_corpus_jsonl(directory / PASSAGES_FILE) if meta.get("count") else []
+    if corpus_fingerprint(passages) != {"count": meta.get("count"), "sha256": meta.get("sha256")}:
+        raise InputError(f"{directory}: {PASSAGES_FILE} does not match {META_FILE}; delete the folder to rebuild")
+    return passages
+
+
+# --- the shared result cache --------------------------------------------------------------------
+
+
+class CachedRetriever:
+    """Base class of the retrievers: `search`/`search_batch` through an LRU cache keyed by (query, k).
+
+    Subclasses set `passages` and `kind`, and implement `_search_uncached(queries, k)`, which gets each distinct
+    uncached query of a batch once and returns its passages, best first.
+    """
+
+    kind = ""
+    passages: tuple[Passage, ...]
+    fingerprint: dict[str, Any]
+
+    def __init__(self, passages: Sequence[Passage], cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        self.passages = tuple(passages)
+        self.fingerprint = corpus_fingerprint(self.passages)
+        self._cache: OrderedDict[tuple[str, int], tuple[Passage, ...]] = OrderedDict()
+        self._cache_size = cache_size
+        self._hits = 0
+        self._misses = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        """The top `k` passages for `query`."""
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        """`search` for each query; the queries not in the cache are searched together, each once."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        results: list[tuple[Passage, ...] | None] = [None] * len(queries)
+        todo: dict[str, list[int]] = {}
+        with self._lock:
+            for i, query in enumerate(queries):
+                if query in todo:  # repeated within this batch: searched once
+                    self._hits += 1
+                    todo[query].append(i)
+                    continue
+                cached = self._cache_get((query, k))
+                if cached is not None:
+                    self._hits += 1
+                    results[i] = cached
+                else:
+                    self._misses += 1
+                    todo[query] = [i]
+        found = self._search_uncached(list(todo), k) if todo else []
+        with self._lock:
+            for (query, positions), hits in zip(todo.items(), found):
+                self._cache_put((query, k), hits)
+                for i in positions:
+                    results[i] = hits
+        return [list(r or ()) for r in results]
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses and size of the (query, k) result cache."""
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, len(self._cache), self._cache_size)
+
+    def cache_clear(self) -> None:
+        """Empty the result cache and reset its counters."""
+        with self._lock:
+            self._cache.clear()
+            self._hits = self._misses = 0
+
+    def _cache_get(self, key: tuple[str, int]) -> tuple[Passage, ...] | None:
+        hits = self._cache.get(key)
+        if hits is not None:
+            self._cache.move_to_end(key)
+        return hits
+
+    def _cache_put(self, key: tuple[str, int], hits: tuple[Passage, ...]) -> None:
+        if self._cache_size <= 0:
+            return
+        self._cache[key] = hits
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def _search_uncached(self, queries: list[str], k: int) -> list[tuple[Passage, ...]]:
+        raise NotImplementedError
+
+    def save(self, directory: PathLike) -> None:
+        raise NotImplementedError
+
+
+# --- BM25 ---------------------------------------------------------------------------------------
+
+
+def _stemmer() -> Any | None:
+    """PyStemmer's English stemmer when installed, else None."""
+    try:
+        import Stemmer  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return Stemmer.Stemmer("english")
+
+
+def _tokenizer_config(stemmer: Any | None, k1: float, b: float) -> dict[str, Any]:
+    return {"stopwords": STOPWORDS, "stemmer": "english" if stemmer is not None else None, "k1": k1, "b": b}
+
+
+def _doc_text(passage: Passage) -> str:
+    return f"{passage.title} {passage.text}"
+
+
+class BM25Retriever(CachedRetriever):
+    """BM25 search over a fixed list of passages, with the shared (query, k) result cache."""
+
+    kind = "bm25"
+
+    def __init__(
+        self,
+        passages: Sequence[Passage],
+        index: bm25s.BM25 | None,
+        stemmer: Any | None = None,
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        """Wrap an already built `bm25s` index (None for an empty corpus); use `build` or `load`."""
+        super().__init__(passages, cache_size)
+        self._index = index
+        self._stemmer = stemmer
+        self.k1, self.b = k1, b
+
+    # --- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        passages: Sequence[Passage],
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> BM25Retriever:
+        """Index `passages` (title + text of each)."""
+        stemmer = _stemmer()
+        index = None
+        if passages:
+            tokens = bm25s.tokenize(
+                [_doc_text(p) for p in passages], stopwords=STOPWORDS, stemmer=stemmer, show_progress=False
+            )
+            index = bm25s.BM25(k1=k1, b=b)
+            index.index(tokens, show_progress=False)
+        return cls(passages, index, stemmer, k1=k1, b=b, cache_size=cache_size)
+
+    def meta(self) -> dict[str, Any]:
+        """What `save` writes to meta.json: format, corpus fingerprint and tokenizer settings."""
+        return {"format": INDEX_FORMAT, **self.fingerprint, **_tokenizer_config(self._stemmer, self.k1, self.b)}
+
+    def save(self, directory: PathLike) -> None:
+        """Write the bm25s index, passages.jsonl and meta.json (last) into `directory`."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self._index is not None:
+            self._index.save(str(directory), show_progress=False)
+        write_passages(self.passages, directory / PASSAGES_FILE)
+        (directory / META_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory: PathLike, *, cache_size: int = DEFAULT_CACHE_SIZE) -> BM25Retriever:
+        """Load an index written by `save`; InputError if it is missing, incomplete or inconsistent."""
+        directory = Path(directory)
+        meta = read_meta(directory)
+        if meta is None:
+            raise InputError(f"{directory}: not a BM25 index (no readable {META_FILE})")
+        return cls._from_meta(directory, read_index_passages(directory, meta), meta, cache_size)
+
+    @classmethod
+    def _from_meta(
+        cls, directory: Path, passages: Sequence[Passage], meta: dict[str, Any], cache_size: int
+    ) -> BM25Retriever:
+        stemmer = _stemmer() if meta.get("stemmer") else None
+        if meta.get("stemmer") and stemmer is None:
+            raise InputError(f"{directory}: index was built with PyStemmer, which is not installed")
+        k1, b = float(meta.get("k1", 1.5)), float(meta.get("b", 0.75))
+        index = None
+        if passages:
+            try:
+                index = bm25s.BM25.load(str(directory), show_progress=False)
+            except (OSError, ValueError, KeyError) as err:
+                raise InputError(f"{directory}: cannot load the bm25s index ({err})") from None
+            if int(index.scores["num_docs"]) != len(passages):
+                raise InputError(f"{directory}: index holds {index.scores['num_docs']} documents, expected {len(passages)}")
+        return cls(passages, index, stemmer, k1=k1, b=b, cache_size=cache_size)
+
+    # --- search ---------------------------------------------------------------------------------
+
+    def search(self, query: str, k: int) -> list[Passage]:
+        """The top `k` passages for `query` (fewer when fewer share a token with it)."""
+        return self.search_batch([query], k)[0]
+
+    def _query_tokens(self, queries: list[str]) -> list[list[str]]:
+        """Query tokens that occur in the index vocabulary (possibly none)."""
+        assert self._index is not None
+        tokens = bm25s.tokenize(
+            queries, stopwords=STOPWORDS, stemmer=self._stemmer, return_ids=False, show_progress=False
+        )
+        vocab = self._index.vocab_dict
+        return [[t for t in query if t and t in vocab] for query in tokens]
+
+    def _search_uncached(self, queries: list[str], k: int) -> list[tuple[Passage, ...]]:
+        """All queries scored in one bm25s call."""
+        if not queries or k == 0 or self._index is None:
+            return [() for _ in queries]
+        tokens = self._query_tokens(queries)
+        live = [i for i, t in enumerate(tokens) if t]
+        found: list[tuple[Passage, ...]] = [() for _ in queries]
+        if not live:
+            return found
+        k_eff = min(k, len(self.passages))
+        docs, scores = self._index.retrieve([tokens[i] for i in live], k=k_eff, show_progress=False)
+        for row, i in enumerate(live):
+            found[i] = self._ranked(np.asarray(docs[row]), np.asarray(scores[row]))
+        return found
+
+    def _ranked(self, docs: np.ndarray, scores: np.ndarray) -> tuple[Passage, ...]:
+        """Passages with a positive score, best first (ties by corpus order)."""
+        pairs = sorted((-float(s), int(d)) for d, s in zip(docs, scores) if s > 0)
+        return tuple(self.passages[d] for _, d in pairs)
+
+
+# --- on-disk indexes ----------------------------------------------------------------------------
+
+
+def read_meta(directory: PathLike) -> dict[str, Any] | None:
+    """The meta.json of a saved index, or None when it is absent or unreadable."""
+    try:
+        meta = json.loads((Path(directory) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def index_kind(meta: dict[str, Any]) -> str:
+    """The retriever a saved index is for (indexes written before kinds were recorded are BM25)."""
+    return str(meta.get("kind", "bm25"))
+
+
+def _expected_meta(passages: Sequence[Passage], k1: float, b: float) -> dict[str, Any]:
+    return {"format": INDEX_FORMAT, **corpus_fingerprint(passages), **_tokenizer_config(_stemmer(), k1, b)}
+
+
+def _is_ours_or_empty(directory: Path) -> bool:
+    return not directory.exists() or (directory / META_FILE).exists() or not any(directory.iterdir())
+
+
+def _replace_dir(tmp: Path, target: Path) -> None:
+    """Move `tmp` to `target`, replacing an older index there."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old / "index")
+    try:
+        os.replace(tmp, target)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def check_index_target(index_dir: Path, kind: str = "retrieval") -> None:
+    """Raise InputError unless `index_dir` is absent, empty, or an index (which saving would replace)."""
+    if not _is_ours_or_empty(Path(index_dir)):
+        raise InputError(f"{index_dir}: exists and is not a {kind} index; refusing to overwrite it")
+
+
+def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "") -> None:
+    """Save `retriever` into `index_dir` atomically (a temporary folder beside it, then a rename), replacing an
+    older index there; a folder that holds anything else is left alone (InputError)."""
+    index_dir = Path(index_dir)
+    check_index_target(index_dir, label or retriever.kind)
+    index_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.", suffix=".tmp", dir=index_dir.parent))
+    try:
+        retriever.save(tmp)
+        _replace_dir(tmp, index_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_or_warn(retriever: CachedRetriever, index_dir: Path, label: str) -> None:
+    """`save_index`, with a warning instead of an error when the disk refuses (the index still works in memory)."""
+    try:
+        save_index(retriever, index_dir, label)
+    except OSError as err:
+        log.warning("could not save the %s index to %s (%s); using it in memory", label, index_dir, err)
+
+
+def load_or_build_bm25(
+    passages: Sequence[Passage], index_dir: PathLike, *, k1: float = 1.5, b: float = 0.75
+) -> BM25Retriever:
+    """Load the index in `index_dir` if it was built from these passages with these settings;
+    otherwise build one and save it there (written to a temporary folder, then renamed)."""
+    index_dir = Path(index_dir)
+    meta = read_meta(index_dir)
+    if meta == _expected_meta(passages, k1, b):
+        try:
+            return BM25Retriever._from_meta(index_dir, passages, meta, DEFAULT_CACHE_SIZE)
+        except InputError as err:
+            log.warning("rebuilding the BM25 index: %s", err)
+    retriever = BM25Retriever.build(passages, k1=k1, b=b)
+    save_or_warn(retriever, index_dir, "BM25")
+    return retriever

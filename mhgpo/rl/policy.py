@@ -1,0 +1,448 @@
+"""The policy side of training: the shared model (full or LoRA), its reference, and one MHGPO update.
+
+The reference policy is the initial model: under LoRA the same model with the adapter disabled (no second
+copy), else a frozen copy. A :class:`Reference` makes it something else (`reference=base` with a trained run as
+`--model`): a frozen model of its own, or, under LoRA, the initial weights minus the deltas of the run's adapters.
+Log-probs are computed only at output positions, in chunks (`mhgpo.model.logprobs`).
+One update = `ppo_epochs` passes over the step's samples, each pass one optimiser step whose gradient is
+accumulated over micro-batches; the step-wide token weights make it independent of the micro-batch cut.
+
+Log-probabilities for the ratio, the reference and the critic are computed with dropout off (:func:`no_dropout`),
+as the sampler computed them, so that on-policy data gives a ratio of exactly 1. Precision (`mhgpo.model.precision`):
+the trainable weights and the optimiser state are float32 except under ``bf16``; under ``bf16-mixed`` every
+forward runs under bfloat16 autocast (the reference's too, so that it matches the actor's at the start).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mhgpo.model import packing
+from mhgpo.model.lora import Reference, peft_lora_config
+from mhgpo.config import LoraConfig, OptimConfig
+from mhgpo.model.distributed import Single, shares
+
+LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft's default name)
+from mhgpo.model.logprobs import output_logprobs
+from mhgpo.rl.losses import mhgpo_policy_loss, token_weights
+from mhgpo.model.precision import autocast, module_device, weight_dtype
+from mhgpo.model.sharding import clip_grad_norm, gathered, is_dtensor, is_sharded, shard_model
+
+
+@dataclass
+class Sample:
+    """One trained LLM call. ``advantage`` is one float (MHGPO, GRPO) or one per output token (MAPPO / PPO,
+    filled by :meth:`mhgpo.rl.critic.Critic.estimate` with ``old_values`` and ``returns``, the critic's targets)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    old_logprobs: list[float]
+    advantage: float | list[float]
+    agent: str
+    temperature: float = 1.0
+    reward: float = 0.0  # the agent's composite reward R (the critic's terminal reward)
+    old_values: list[float] | None = None
+    returns: list[float] | None = None
+
+
+class Policy:
+    """The trainable model, its optimiser and scheduler, and its reference."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, optim: OptimConfig, lora: LoraConfig, total_steps: int,
+                 reference: Reference | None = None, precision: str = "fp32", keep_reference: bool = True,
+                 roles: tuple[str, ...] = ()):
+        """``model`` comes stored as ``precision`` asks (:func:`mhgpo.model.precision.weight_dtype`: its frozen base
+        under LoRA, all of it under full fine-tuning); ``precision`` is a resolved one (not ``auto``).
+        ``keep_reference=False``: no frozen copy under full fine-tuning (a warm start has no KL term).
+        ``roles``: the agents, which get one LoRA adapter each under ``lora.per_role`` (named after them)."""
+        self.cfg = optim
+        self.pad_id = pad_id
+        self.ranks: Single = Single()  # the ranks of a data-parallel run (set by the trainer)
+        self.lora = lora.enabled
+        self.precision = precision
+        self.reference_adapters: list[str] = []
+        if lora.enabled and lora.per_role and not roles:
+            raise ValueError("lora.per_role needs the agents' names (roles)")
+        self.roles: tuple[str, ...] = tuple(roles) if lora.enabled and lora.per_role else ()
+        reference = reference or Reference()
+        if reference.adapters and not lora.enabled:
+            raise ValueError("reference adapters need a LoRA policy")
+        if optim.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        if lora.enabled:
+            from peft import get_peft_model
+
+            # the adapter's weights: float32 (peft casts them up from a bfloat16 base), except under pure bf16
+            names = self.roles or (LORA_ADAPTER,)
+            model = get_peft_model(model, peft_lora_config(lora, model), adapter_name=names[0],
+                                   autocast_adapter_dtype=precision != "bf16")
+            for name in names[1:]:
+                model.add_adapter(name, peft_lora_config(lora, model))
+            self.reference_adapters = _add_negated_adapters(model, reference.adapters)
+            _set_active(model, names[0], self._adapter_params(model, names, precision))
+        self.ref_model = reference.model
+        if self.ref_model is None and not lora.enabled and keep_reference:
+            # the reference copy keeps the actor's dtype: the same forward on the same weights, so KL starts at 0
+            self.ref_model = copy.deepcopy(model)
+        if self.ref_model is not None:
+            self.ref_model.eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.model = model
+        self.total_steps = total_steps
+        self._make_optimizer()
+
+    def _make_optimizer(self) -> None:
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(self.cfg, self.total_steps))
+
+    def shard(self, device: torch.device, world: int) -> None:
+        """Shard the actor's decoder layers over the `world` ranks (FSDP, :mod:`mhgpo.model.sharding`); the optimiser
+        and scheduler are made again on the sharded parameters (call it before any update). A frozen reference
+        model of its own (full fine-tuning) is sharded the same way; under LoRA the reference is the sharded model
+        itself, its adapter off. Both are gathered whole for the reference's log-probs (:meth:`reference_logprobs`)."""
+        if self.roles:
+            raise ValueError("FSDP: lora.per_role is not supported (each rank would reduce other adapters)")
+        if self.reference_adapters:
+            raise ValueError("FSDP: a reference made of negated adapters (reference=base on a trained LoRA run) is "
+                             "not supported")
+        shard_model(self.model, device, world)
+        if self.ref_model is not None:
+            shard_model(self.ref_model, device, world)
+        self._make_optimizer()
+
+    # ----------------------------------------------------------------------------------------------- helpers
+
+    def _reference_context(self):
+        if self.ref_model is not None:
+            return nullcontext()
+        if self.reference_adapters:
+            return _only_adapters(self.model, self.reference_adapters)
+        return self.model.disable_adapter()
+
+    @staticmethod
+    def _adapter_params(model: Any, names: tuple[str, ...], precision: str) -> list[torch.nn.Parameter]:
+        """The trainable adapters' parameters, in float32 unless the precision is pure bf16 (an adapter added after
+        the first is made in the base's dtype)."""
+        params = [p for n, p in model.named_parameters()
+                  if any(f".lora_A.{a}." in n or f".lora_B.{a}." in n for a in names)]
+        cast_trainable(params, precision)
+        return params
+
+    @contextmanager
+    def acting_as(self, agent: str | None) -> Iterator[None]:
+        """Forward passes (generation, log-probs) as `agent`: with its own adapter under ``lora.per_role``, else
+        unchanged. The other roles' adapters stay trainable (they take no part in these passes)."""
+        if self.roles and agent is not None:
+            if agent not in self.roles:
+                raise ValueError(f"no adapter for agent {agent!r} (adapters: {', '.join(self.roles)})")
+            _set_active(self.model, agent, self.params)
+        yield
+
+    def _logprobs(self, model: torch.nn.Module, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        as_agent = self.acting_as(batch[0].agent) if model is self.model else nullcontext()
+        with as_agent, autocast(self.precision, module_device(model)):
+            return output_logprobs(
+                model,
+                [s.prompt_ids for s in batch],
+                [s.output_ids for s in batch],
+                temperature=batch[0].temperature,
+                chunk_size=self.cfg.logprob_chunk,
+                pad_id=self.pad_id,
+                share=self.cfg.share_prefix,
+            )
+
+    def logprobs(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current policy's log-probs of every sample's output tokens: (b, T) float32 and the (b, T) mask."""
+        return self._logprobs(self.model, batch)
+
+    @torch.no_grad()
+    def reference_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """log pi_ref of every sample's output tokens (list of 1-D tensors)."""
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        was_training = self.model.training
+        self.model.eval()
+        model = self.model if self.ref_model is None else self.ref_model
+        # the ranks' shares differ in micro-batches: a sharded model is gathered whole for them
+        with gathered(model), self._reference_context():
+            for idx in micro_batches(samples, self.cfg.micro_batch_tokens, share=self.cfg.share_prefix):
+                with autocast(self.precision, module_device(model)):  # the base, or a frozen model: no roles
+                    logp, mask = output_logprobs(model, [samples[i].prompt_ids for i in idx],
+                                                 [samples[i].output_ids for i in idx],
+                                                 temperature=samples[idx[0]].temperature,
+                                                 chunk_size=self.cfg.logprob_chunk, pad_id=self.pad_id,
+                                                 share=self.cfg.share_prefix)
+                for row, i in enumerate(idx):
+                    out[i] = logp[row, : int(mask[row].sum())].detach()
+        self.model.train(was_training)
+        return out  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------------------------ update
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """`ppo_epochs` optimiser steps on the step's samples; returns loss / kl / clip_fraction / grad_norm. With
+        several ranks (``self.ranks``), every rank holds the whole step's samples and computes its share of them
+        (:func:`owned`); the gradients and statistics are summed across ranks."""
+        samples = [s for s in samples if s.output_ids]
+        if not samples:
+            with warnings.catch_warnings():  # a step without samples keeps the schedule in step, on purpose
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+                self.scheduler.step()
+            return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "ratio": 1.0}
+        ranks = self.ranks
+        mine = owned(samples, ranks, self.cfg.share_prefix)
+        if is_sharded(self.model) and not mine:
+            mine = [0]  # a rank without samples repeats sample 0 with weight 0 (accumulated_steps)
+        ref: list[torch.Tensor | None] | None = None
+        if self.cfg.kl_beta != 0:
+            ref = [None] * len(samples)
+            for i, r in zip(mine, self.reference_logprobs([samples[i] for i in mine])):
+                ref[i] = r
+
+        def batch_loss(idx: list[int], weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            batch = [samples[i] for i in idx]
+            logp, mask = self._logprobs(self.model, batch)  # (b, T) (b, T)
+            old = pad_rows([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
+            ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
+            adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
+            return mhgpo_policy_loss(
+                logp, old.to(logp.device), None if ref_b is None else ref_b.to(logp.device), adv.to(logp.device),
+                weights.to(logp.device), mask, self.cfg.clip_eps, self.cfg.kl_beta,
+            )
+
+        totals = accumulated_steps(self.model, self.optimizer, self.params, self.cfg, samples, batch_loss,
+                                   ("kl", "clip_fraction", "ratio"), by_agent=bool(self.roles), ranks=ranks)
+        self.scheduler.step()
+        totals["lr"] = self.scheduler.get_last_lr()[0]
+        return totals
+
+
+def accumulated_steps(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    optim: OptimConfig,
+    samples: list[Sample],
+    batch_loss: Callable[[list[int], torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
+    stats: tuple[str, ...],
+    by_agent: bool = False,
+    ranks: Single | None = None,
+) -> dict[str, float]:
+    """The update loop of the actor and the critic: `optim.ppo_epochs` passes over `samples` (each with an output),
+    each one optimiser step whose gradient is accumulated over micro-batches (:func:`micro_batches`, by agent with
+    `by_agent`, shared prompts with `optim.share_prefix`): ``batch_loss(indices, weights)`` gives a micro-batch's
+    loss and its stats (with ``n_tokens``), where `weights` are the micro-batch's rows of the step-wide token weights
+    (:func:`mhgpo.rl.losses.token_weights`, so the gradient does not depend on the cut); then `params`' gradient norm is
+    clipped at `optim.max_grad_norm` and the optimiser steps. Dropout is off (:func:`no_dropout`). Returns the last
+    pass's ``loss`` (summed over its micro-batches), ``grad_norm`` (before clipping) and each of `stats` as a token
+    mean. With several `ranks`, each computes the micro-batches of its share of `samples` (:func:`owned`) under the
+    weights of the whole step; the gradients (a sum of the samples' terms) and the statistics are summed across
+    ranks before clipping. A sharded `model` (FSDP, :mod:`mhgpo.model.sharding`) reduces its layers' gradients in each
+    backward pass: every rank then runs as many micro-batches as the busiest, the others' extra ones zero-weight
+    repeats of one of theirs (or of sample 0), which add nothing; only its replicated weights' gradients are summed
+    here."""
+    ranks = ranks or Single()
+    weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
+    mine = owned(samples, ranks, optim.share_prefix)
+    batches = [[mine[j] for j in b] for b in micro_batches([samples[i] for i in mine], optim.micro_batch_tokens,
+                                                           by_agent=by_agent, share=optim.share_prefix)]
+    real = len(batches)
+    if is_sharded(model):
+        busiest = int(max(ranks.gather(real)))
+        batches += [batches[0] if batches else [0]] * (busiest - real)
+    replicated = [p for p in params if not is_dtensor(p)]
+    totals: dict[str, float] = {}
+    with no_dropout(model):
+        for _epoch in range(optim.ppo_epochs):
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum, tokens = 0.0, 0.0
+            acc = dict.fromkeys(stats, 0.0)
+            for j, idx in enumerate(batches):
+                if j >= real:  # a zero-weight micro-batch: the backward pass's collectives, no gradient
+                    loss, _ = batch_loss(idx, torch.zeros(len(idx), dtype=weights.dtype))
+                    loss.backward()
+                    continue
+                loss, batch_stats = batch_loss(idx, weights[idx])
+                loss.backward()
+                loss_sum += float(loss.detach())
+                n = batch_stats["n_tokens"]
+                tokens += n
+                for k in acc:
+                    acc[k] += batch_stats.get(k, 0.0) * n
+            if replicated:
+                ranks.sum_grads(replicated)
+            loss_sum, tokens, *sums = ranks.sum([loss_sum, tokens, *acc.values()])
+            acc = dict(zip(acc, sums))
+            grad_norm = clip_grad_norm(params, optim.max_grad_norm)
+            optimizer.step()
+            means = {k: v / max(tokens, 1) for k, v in acc.items()}
+            totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **means}
+    return totals
+
+
+def owned(samples: list[Sample], ranks: Single, share: bool = False) -> list[int]:
+    """The indices of `samples` (the whole step's) that this rank computes: all of them in one process, else its
+    share of about equal tokens (:func:`mhgpo.model.distributed.shares`); with `share` (``optim.share_prefix``) the
+    samples of one prompt stay on one rank, which computes the prompt once."""
+    if ranks.world == 1:
+        return list(range(len(samples)))
+    units: dict[Any, list[int]] = {}
+    for i, s in enumerate(samples):
+        units.setdefault((tuple(s.prompt_ids), s.agent, s.temperature) if share else i, []).append(i)
+    cut = list(units.values())
+    tokens = [len(samples[u[0]].prompt_ids) + sum(len(samples[i].output_ids) for i in u) for u in cut]
+    return sorted(i for u in shares(tokens, ranks.world)[ranks.rank] for i in cut[u])
+
+
+def cast_trainable(params: list[torch.nn.Parameter], precision: str) -> None:
+    """Store the trainable `params` (LoRA adapters, made in the base's dtype; a value head) in
+    :func:`mhgpo.model.precision.weight_dtype` ``(precision, trainable=True)``: float32 unless pure ``bf16``."""
+    dtype = weight_dtype(precision, trainable=True)
+    for p in params:
+        p.data = p.data.to(dtype)
+
+
+def _add_negated_adapters(model: Any, adapters: list[tuple[LoraConfig, dict[str, torch.Tensor]]]) -> list[str]:
+    """Add to the PEFT `model` one frozen, inactive adapter per (config, checkpoint tensors) with its B negated (its
+    delta negated); return their names. The trained adapter `default` stays the only active (and trainable) one."""
+    names = []
+    for i, (lora, tensors) in enumerate(adapters):
+        name = f"reference{i}"
+        model.add_adapter(name, peft_lora_config(lora, model, dropout=0.0))
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for key, value in tensors.items():
+                target = params[re.sub(r"\.(lora_[AB])\.default\.", rf".\1.{name}.", key)]
+                target.copy_((-value if ".lora_B." in key else value).to(target.device, target.dtype))
+        names.append(name)
+    return names
+
+
+def _set_active(model: Any, name: str, trainable: list[torch.nn.Parameter]) -> None:
+    """Make adapter `name` the active one; peft then marks only its weights trainable, so `trainable` (every trained
+    adapter's weights) is marked again."""
+    model.base_model.set_adapter(name)
+    for p in trainable:
+        p.requires_grad_(True)
+
+
+@contextmanager
+def _only_adapters(model: Any, names: list[str]) -> Iterator[None]:
+    """Forward passes with the adapters `names` alone (no gradients flow to them: they are frozen)."""
+    active = list(model.base_model.active_adapters)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    model.base_model.set_adapter(names)
+    try:
+        yield
+    finally:
+        model.base_model.set_adapter(active[0] if len(active) == 1 else active)
+        for p in trainable:
+            p.requires_grad_(True)
+
+
+@contextmanager
+def no_dropout(model: torch.nn.Module) -> Iterator[None]:
+    """Train ``model`` with dropout off: every module in eval mode (``nn.Dropout`` layers, peft's LoRA dropout,
+    attention dropout that reads ``self.training``) except those that carry a ``gradient_checkpointing`` flag
+    (transformers' decoder layers, or the model itself in older versions), which checkpoint only in train mode;
+    float ``*dropout*`` rates those modules hold themselves are set to 0. Gradients flow as usual. Restores every
+    module's mode and rate on exit."""
+    modes = {m: m.training for m in model.modules()}
+    rates: list[tuple[torch.nn.Module, str, float]] = []
+    model.eval()
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) is True:
+            m.training = True  # this module only: its children stay in eval mode
+            rates += [(m, k, v) for k, v in vars(m).items() if "dropout" in k and isinstance(v, float) and v > 0]
+    for m, k, _ in rates:
+        setattr(m, k, 0.0)
+    try:
+        yield
+    finally:
+        for m, k, v in rates:
+            setattr(m, k, v)
+        for m, mode in modes.items():
+            m.training = mode
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute the decoder layers' activations in the backward pass (in train mode only; generation and
+    no-grad forwards are unchanged). Non-reentrant, so a frozen base under LoRA needs no input gradients."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"optim.gradient_checkpointing: {type(model).__name__} does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name for it
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """The 1-D ``rows`` as one (b, width) tensor: each cut at ``width`` or zero-padded to it."""
+    out = torch.zeros(len(rows), width, dtype=rows[0].dtype if rows else torch.float32)  # (b, T)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r[:width]
+    return out
+
+
+def _advantages(batch: list[Sample], width: int, dtype: torch.dtype) -> torch.Tensor:
+    """(b,) when every sample has one advantage, else (b, T) with per-sample ones broadcast to their tokens."""
+    if all(isinstance(s.advantage, (int, float)) for s in batch):
+        return torch.tensor([float(s.advantage) for s in batch], dtype=dtype)  # (b,)
+    rows = []
+    for s in batch:
+        per_token = s.advantage if isinstance(s.advantage, (list, tuple)) else [s.advantage] * len(s.output_ids)
+        rows.append(torch.tensor(per_token, dtype=dtype))  # (|o|,)
+    return pad_rows(rows, width)  # (b, T)
+
+
+def micro_batches(samples: list[Sample], max_tokens: int, by_agent: bool = False,
+                  share: bool = True) -> list[list[int]]:
+    """Indices of samples cut into micro-batches (:func:`mhgpo.model.packing.micro_batches`): the same temperature together,
+    and the same agent with `by_agent`; samples with identical prompts share a segment when `share` (the prompt
+    counted once); rows × longest segment ≤ max_tokens, a larger group split, a longer single sample in a batch of
+    its own."""
+    keys = [(s.agent if by_agent else "", s.temperature) for s in samples]
+    return packing.micro_batches([s.prompt_ids for s in samples], [len(s.output_ids) for s in samples], max_tokens,
+                                 keys, share)
+
+
+def _lr_lambda(cfg: OptimConfig, total_steps: int):
+    """The lr multiplier of update ``step`` (0-based): ``(step + 1) / (warmup_steps + 1)`` during the warm-up, so the
+    first update runs at a fraction of the lr and update ``warmup_steps`` is the first at full lr; then 1, or a
+    cosine from 1 to 0 over the remaining updates."""
+
+    def f(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.schedule == "cosine":
+            span = max(total_steps - cfg.warmup_steps, 1)
+            progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return f
+
+
+def peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def describe(model: torch.nn.Module) -> dict[str, Any]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"parameters": total, "trainable": trainable}

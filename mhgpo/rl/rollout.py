@@ -1,0 +1,488 @@
+"""Rollout trees, breadth-first over the whole batch, and the four samplers (paper Algorithms 1–5).
+
+A rollout for one question is a tree of `Node`s (LLM calls and tool calls). A `Branch` is a live path through a
+tree. `fork_on(q, G, agent)` (paper Algorithm 5) is a branch whose `fork_agent` is set: its first call of that
+agent samples G outputs from one prompt and continues each one-to-one to the end. All pending calls of one
+agent across every question and branch are generated in one batched call, and each tool is called once per
+round for all branches waiting on it. Samplers:
+
+- `is`:     fork_on at every agent (one chain per agent and question); only the forked agent's G samples train.
+- `fof`:    fork_on at the first agent; all samples train.
+- `rr`:     per question, fork agent ~ Categorical(p); prefix singletons regrouped across the batch (Algorithm 3)
+            with the singletons of the same role whose questions forked at the same agent (§3.2; `rr_regroup`).
+- `fof_os`: FoF, and the terminal agent samples G outputs per branch (its own homogeneous group).
+- `chains`: G independent chains per question, no fork and no groups (MAPPO / PPO: the critic is the baseline).
+- `none`:   one chain per question (evaluation).
+
+Group ids come from the sampler: samples of one agent (at its k-th visit) under one question and one fork form
+one group (homogeneous at the fork agent, heterogeneous downstream); FoF(os)'s terminal samples of one input
+form one group. Groups of size 1 never train: RR regroups them (by role and fork agent by default), other samplers
+drop and count them.
+`chains` gives every LLM call an id of its own: it marks the sample as trained, it is not a group.
+
+A question whose rollout fails in a workflow method (an exception, a name `next_agent` should not return, no end
+within `max_rounds`) either stops the batch with a `WorkflowError` naming file, class, method and question
+(`on_error="raise"`), or is left out of the batch whole and reported in `RolloutBatch.failures`
+(`on_error="skip"`): the other questions' trees, group ids and rewards are those of a batch without it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from mhgpo.rl.advantages import regroup_singletons, rr_pool_keys
+from mhgpo.config.choices import ROLLOUT_SAMPLERS
+from mhgpo.model.generation import Generator, SamplingParams
+from mhgpo.data.records import Example
+from mhgpo.team.loader import RolloutFailure, WorkflowError, failure
+from mhgpo.team.workflow import State, StepResult, Workflow
+
+
+@dataclass
+class Node:
+    """One LLM call or tool call of a rollout tree."""
+
+    node_id: int
+    question_index: int
+    parent_id: int  # -1 for a root
+    agent: str
+    kind: str  # "llm" or "tool"
+    visit: int  # this agent's k-th call along the path (0-based)
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+    output_ids: list[int] = field(default_factory=list, repr=False)
+    logprobs: list[float] = field(default_factory=list, repr=False)
+    output: str = ""
+    penalty: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    group_key: tuple | None = None  # filled at creation; None for tool nodes
+    fork_id: int = -1  # the fork (start of chains) of its question it belongs to
+    fork_sample: bool = False  # one of the G samples at a fork point
+    group_id: int = -1  # -1: not trained
+    terminal: float = float("nan")  # leaves: the final answer's score
+    final_answer: str | None = None  # leaves only
+    trace: dict[str, Any] | None = None  # leaves only
+    reward_shared: float = 0.0
+    reward: float = 0.0
+    advantage: float = 0.0
+
+    @property
+    def trained(self) -> bool:
+        return self.group_id >= 0
+
+
+@dataclass
+class Branch:
+    question_index: int
+    state: State
+    parent_id: int
+    fork_id: int
+    fork_agent: str | None
+    forked: bool = False
+    visits: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutBatch:
+    """All trees of one batch, nodes numbered so that a parent's id is smaller than its children's."""
+
+    examples: list[Example]
+    nodes: list[Node]
+    fork_agents: list[list[str | None]]  # per question, the fork agent of each of its forks
+    stats: dict[str, float]
+    failures: list[RolloutFailure] = field(default_factory=list)  # questions left out (on_error="skip")
+
+    def llm_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "llm"]
+
+    def leaves(self) -> list[Node]:
+        return [n for n in self.nodes if n.final_answer is not None]
+
+
+@dataclass
+class RolloutSpec:
+    sampler: str = "none"
+    group_size: int = 1
+    rr_probs: tuple[float, ...] = (0.7, 0.1, 0.2)
+    rr_regroup: str = "fork"  # fork | role | all: how RR pools singletons (mhgpo.rl.advantages.regroup_singletons)
+    greedy: bool = False
+
+    @property
+    def width(self) -> int:
+        """Samples drawn at a fork point (G; 1 without a sampler)."""
+        return self.group_size if self.sampler != "none" else 1
+
+
+def _sampling_params(workflow: Workflow, agent: str, greedy: bool) -> SamplingParams:
+    s = workflow.sampling(agent)
+    return SamplingParams(s.max_new_tokens, 0.0 if greedy else s.temperature, s.top_p, agent)
+
+
+def initial_branches(
+    n_questions: int, workflow: Workflow, spec: RolloutSpec, rng: np.random.Generator
+) -> tuple[list[tuple[int, str | None]], list[list[str | None]]]:
+    """(question index, fork agent) of every chain to start, and the fork agents per question."""
+    agents = list(workflow.agents)
+    starts: list[tuple[int, str | None]] = []
+    per_question: list[list[str | None]] = []
+    for q in range(n_questions):
+        if spec.sampler == "none":
+            forks: list[str | None] = [None]
+        elif spec.sampler == "chains":
+            forks = [None] * spec.group_size  # no fork_agent: each start runs one chain
+        elif spec.sampler == "is":
+            forks = list(agents)
+        elif spec.sampler in ("fof", "fof_os"):
+            forks = [None]  # resolved to the first agent actually called (Algorithm 1)
+        elif spec.sampler == "rr":
+            probs = np.asarray(spec.rr_probs, dtype=float)
+            if len(probs) != len(agents):
+                raise ValueError(f"rr_probs has {len(probs)} entries for {len(agents)} agents {agents}")
+            forks = [agents[int(rng.choice(len(agents), p=probs / probs.sum()))]]
+        else:
+            raise ValueError(f"unknown sampler {spec.sampler!r}; choose one of {', '.join(ROLLOUT_SAMPLERS)}")
+        per_question.append(forks)
+        starts.extend((q, f) for f in forks)
+    return starts, per_question
+
+
+def run_rollouts(
+    examples: list[Example],
+    workflow: Workflow,
+    generator: Generator,
+    encode: Callable[[list[dict[str, str]]], list[int]],
+    spec: RolloutSpec,
+    rng: np.random.Generator,
+    max_rounds: int = 64,
+    on_error: str = "raise",
+    grouped: bool = True,
+) -> RolloutBatch:
+    """Run every tree of the batch breadth-first; assign group ids; score the leaves (`workflow.reward`).
+
+    `on_error`: "raise" (a failing question stops with a `WorkflowError`) or "skip" (it is left out and listed in
+    the batch's `failures`). `grouped=False`: the trees without group ids, for :func:`assign_groups` later (several
+    ranks each grow the trees of their questions, and the whole step's trees are grouped together)."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error: expected raise or skip, got {on_error!r}")
+    starts, fork_agents = initial_branches(len(examples), workflow, spec, rng)
+    guard = _Guard(workflow, examples, on_error)
+    nodes: list[Node] = []
+    live = []
+    for fork_id, (q, fork_agent) in enumerate(starts):
+        state = guard.call(q, "init_state", None, workflow.init_state, examples[q])
+        if state is not _FAILED:
+            live.append(Branch(q, state, -1, fork_id, fork_agent))
+    llm_calls = 0
+    tokens = 0
+    for _round in range(max_rounds):
+        live = guard.alive(live)
+        if not live:
+            break
+        pending: dict[str, list[Branch]] = defaultdict(list)
+        for b in live:
+            agent = guard.next_agent(b)
+            if agent is None:
+                _finish(b, nodes, workflow, guard)
+            elif agent is not _FAILED:
+                pending[agent].append(b)
+        live = []
+        for agent, branches in pending.items():
+            branches = guard.alive(branches)
+            if workflow.is_tool(agent):
+                live.extend(_run_tool(agent, branches, nodes, guard))
+                continue
+            done = _run_agent(agent, branches, len(nodes), guard, generator, encode, spec)
+            nodes.extend(done.nodes)
+            live.extend(done.branches)
+            llm_calls += done.llm_calls
+            tokens += done.tokens
+    else:  # max_rounds steps taken: branches whose workflow is done still finish
+        for b in guard.alive(live):
+            agent = guard.next_agent(b)
+            if agent is None:
+                _finish(b, nodes, workflow, guard)
+            elif agent is not _FAILED:
+                guard.fail(b.question_index, "next_agent", agent,
+                           problem=f"did not finish within {max_rounds} rounds (max_rounds)")
+
+    if guard.failures:
+        examples, nodes, fork_agents = _without_questions(set(guard.failures), examples, nodes, fork_agents)
+    stats = dict(llm_calls=float(llm_calls), tokens_generated=float(tokens),
+                 failed_questions=float(len(guard.failures)))
+    batch = RolloutBatch(examples, nodes, fork_agents, stats, list(guard.failures.values()))
+    if grouped:
+        assign_groups(batch, spec, rng)
+    return batch
+
+
+def assign_groups(batch: RolloutBatch, spec: RolloutSpec, rng: np.random.Generator) -> None:
+    """Group ids of the batch's trees (:func:`_assign_groups`: RR pools its singletons across all its questions),
+    their counts in its stats, and FoF's fork agents (the first agent each question called)."""
+    batch.stats = {**_assign_groups(batch.nodes, spec, spec.width, rng, batch.fork_agents), **batch.stats}
+    if spec.sampler in ("fof", "fof_os"):
+        batch.fork_agents = [[_first_llm_agent(batch.nodes, q)] for q in range(len(batch.examples))]
+
+
+_FAILED = object()  # what a guarded call returns for a question that failed (on_error="skip")
+
+
+class _Guard:
+    """Calls the workflow's methods for one question at a time and turns what goes wrong into a failure of that
+    question: raised at once as a `WorkflowError` (on_error="raise") or recorded (on_error="skip")."""
+
+    def __init__(self, workflow: Workflow, examples: list[Example], on_error: str):
+        self.workflow, self.examples, self.on_error = workflow, examples, on_error
+        self.failures: dict[int, RolloutFailure] = {}
+        self.names = set(workflow.agents) | set(workflow.tools)
+
+    def fail(self, q: int, method: str, agent: str | None, exc: BaseException | None = None, problem: str = ""):
+        if q in self.failures:
+            return _FAILED
+        record = failure(self.workflow, method, self.examples[q].id, agent, exc, problem)
+        if self.on_error == "raise":
+            raise WorkflowError(record.message()) from exc
+        self.failures[q] = record
+        return _FAILED
+
+    def call(self, q: int, method: str, agent: str | None, fn: Callable, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            return self.fail(q, method, agent, e)
+
+    def alive(self, branches: list[Branch]) -> list[Branch]:
+        return [b for b in branches if b.question_index not in self.failures]
+
+    def next_agent(self, b: Branch) -> Any:
+        """The branch's next step (None: done), checked to be one of the workflow's agents or tools."""
+        name = self.call(b.question_index, "next_agent", None, self.workflow.next_agent, b.state)
+        if name is None or name is _FAILED or (isinstance(name, str) and name in self.names):
+            return name
+        return self.fail(b.question_index, "next_agent", None, problem=(
+            f"returned {name!r}, which is neither an agent ({', '.join(self.workflow.agents)}) nor a tool "
+            f"({', '.join(self.workflow.tools) or 'none'})"))
+
+    def step_result(self, q: int, method: str, agent: str, res: Any) -> Any:
+        if res is _FAILED:
+            return res
+        if not isinstance(res, StepResult) or not isinstance(res.state, State):
+            return self.fail(q, method, agent, problem=f"returned {type(res).__name__}, not a StepResult(state, ...)")
+        try:
+            float(res.penalty)
+        except (TypeError, ValueError):
+            return self.fail(q, method, agent, problem=f"returned the penalty {res.penalty!r}, not a number")
+        return res
+
+
+def _without_questions(failed: set[int], examples: list[Example], nodes: list[Node],
+                       fork_agents: list[list[str | None]]) -> tuple[list[Example], list[Node], list[list[str | None]]]:
+    """The batch without the failed questions: the others' nodes renumbered (ids, parents, question indices).
+    Group keys keep the old numbers, which still tell the groups apart."""
+    keep = [q for q in range(len(examples)) if q not in failed]
+    q_map = {q: i for i, q in enumerate(keep)}
+    kept = [n for n in nodes if n.question_index not in failed]
+    id_map = {n.node_id: i for i, n in enumerate(kept)}
+    for n in kept:
+        n.node_id = id_map[n.node_id]
+        n.parent_id = id_map[n.parent_id] if n.parent_id >= 0 else -1
+        n.question_index = q_map[n.question_index]
+    return [examples[q] for q in keep], kept, [fork_agents[q] for q in keep]
+
+
+def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
+    """One batch holding the trees of `batches` in order: node ids, parent ids, question indices, fork ids and
+    group ids are shifted so that they stay distinct (group ids stay per batch: groups never span batches), and
+    group keys are tagged with their batch, so that grouping the merged trees (:func:`assign_groups`: the ranks'
+    trees of one step) groups within each question as each batch would; stats add up and failures are listed
+    together."""
+    if len(batches) == 1:
+        return batches[0]
+    examples: list[Example] = []
+    nodes: list[Node] = []
+    fork_agents: list[list[str | None]] = []
+    stats: dict[str, float] = {}
+    failures: list[RolloutFailure] = []
+    next_group = next_fork = 0
+    for part, b in enumerate(batches):
+        node_shift, question_shift = len(nodes), len(examples)
+        groups = [n.group_id for n in b.nodes if n.group_id >= 0]
+        forks = [n.fork_id for n in b.nodes if n.fork_id >= 0]
+        for n in b.nodes:
+            n.node_id += node_shift
+            n.parent_id = n.parent_id + node_shift if n.parent_id >= 0 else -1
+            n.question_index += question_shift
+            n.group_id = n.group_id + next_group if n.group_id >= 0 else -1
+            n.fork_id = n.fork_id + next_fork if n.fork_id >= 0 else -1
+            n.group_key = None if n.group_key is None else (part, n.group_key)  # distinct across batches
+            nodes.append(n)
+        next_group += max(groups) + 1 if groups else 0
+        next_fork += max(forks) + 1 if forks else 0
+        examples.extend(b.examples)
+        fork_agents.extend(b.fork_agents)
+        failures.extend(b.failures)
+        for k, v in b.stats.items():
+            stats[k] = stats.get(k, 0.0) + v
+    return RolloutBatch(examples, nodes, fork_agents, stats, failures)
+
+
+def _first_llm_agent(nodes: list[Node], q: int) -> str | None:
+    return next((n.agent for n in nodes if n.question_index == q and n.kind == "llm"), None)
+
+
+def _finish(b: Branch, nodes: list[Node], workflow: Workflow, guard: _Guard) -> None:
+    q = b.question_index
+    if b.parent_id < 0:
+        guard.fail(q, "next_agent", None, problem="returned None before any agent was called")
+        return
+    example = b.state.example
+    answer = guard.call(q, "final_answer", None, workflow.final_answer, b.state)
+    terminal = guard.call(q, "reward", None, lambda: float(workflow.reward(b.state, example)))
+    trace = guard.call(q, "trace", None, workflow.trace, b.state)
+    if _FAILED in (answer, terminal, trace):
+        return
+    leaf = nodes[b.parent_id]
+    leaf.final_answer = answer if isinstance(answer, str) else str(answer)
+    leaf.terminal = terminal
+    leaf.trace = trace
+
+
+def _child(b: Branch, agent: str, nodes: list[Node], kind: str) -> Node:
+    visit = b.visits.get(agent, 0)
+    node = Node(len(nodes), b.question_index, b.parent_id, agent, kind, visit, fork_id=b.fork_id)
+    nodes.append(node)
+    return node
+
+
+def _run_tool(tool: str, branches: list[Branch], nodes: list[Node], guard: _Guard) -> list[Branch]:
+    """One batched call of the tool for every waiting branch; if it raises, each state is tried alone, so that
+    only the questions it fails on are failures."""
+    workflow = guard.workflow
+    try:
+        results = list(workflow.call_tools(tool, [b.state for b in branches]))
+        if len(results) != len(branches):
+            raise ValueError(f"returned {len(results)} results for {len(branches)} states")
+    except Exception:
+        results = []
+        for b in branches:
+            res = guard.call(b.question_index, "call_tools", tool, workflow.call_tools, tool, [b.state])
+            results.append(res[0] if isinstance(res, list) and len(res) == 1 else res)
+    out = []
+    for b, res in zip(branches, results):
+        res = guard.step_result(b.question_index, "call_tools", tool, res)
+        if res is _FAILED:
+            continue
+        node = _child(b, tool, nodes, "tool")
+        node.info = dict(res.info)
+        visits = dict(b.visits)
+        visits[tool] = node.visit + 1
+        out.append(Branch(b.question_index, res.state, node.node_id, b.fork_id, b.fork_agent, b.forked, visits))
+    return out
+
+
+@dataclass
+class AgentRound:
+    """What one batched call of an agent adds: the branches that continue, the new LLM nodes (numbered on from the
+    batch's nodes), and the calls and tokens generated."""
+
+    branches: list[Branch]
+    nodes: list[Node]
+    llm_calls: int = 0
+    tokens: int = 0
+
+
+def _run_agent(agent: str, branches: list[Branch], next_id: int, guard: _Guard, generator: Generator,
+               encode: Callable, spec: RolloutSpec) -> AgentRound:
+    """One batched generation for every branch waiting on `agent` (G samples where a branch forks or
+    over-samples); the input branches are left as they are."""
+    workflow = guard.workflow
+    G = spec.width
+    first_agent_fork = spec.sampler in ("fof", "fof_os")
+    prompts: list[list[int]] = []
+    owners: list[tuple[Branch, str | None, bool, bool]] = []  # (branch, its fork agent, fork sample?, over-sample?)
+    for b in branches:
+        ids = guard.call(b.question_index, "build_prompt", agent, lambda: encode(workflow.build_prompt(b.state, agent)))
+        if ids is _FAILED:
+            continue
+        fork_agent = b.fork_agent
+        if first_agent_fork and fork_agent is None and not b.forked:
+            fork_agent = agent  # FoF: the fork point is the first agent called
+        fork_here = fork_agent == agent and not b.forked
+        oversample = spec.sampler == "fof_os" and b.forked and agent == workflow.terminal_agent
+        n = G if (fork_here or oversample) else 1
+        for _ in range(n):
+            prompts.append(ids)
+            owners.append((b, fork_agent, fork_here, oversample))
+    kept = [i for i, (b, *_) in enumerate(owners) if b.question_index not in guard.failures]
+    prompts, owners = [prompts[i] for i in kept], [owners[i] for i in kept]
+    if not prompts:
+        return AgentRound([], [])
+    try:
+        params = _sampling_params(workflow, agent, spec.greedy)
+    except Exception as e:  # not one question's failure: every question needs it
+        raise WorkflowError(failure(workflow, "sampling", None, agent, e).message()) from e
+    generations = generator.generate(prompts, params)
+    out: list[Branch] = []
+    new_nodes: list[Node] = []
+    for (b, fork_agent, fork_here, oversample), gen in zip(owners, generations):
+        res = guard.step_result(b.question_index, "apply", agent,
+                                guard.call(b.question_index, "apply", agent, workflow.apply, b.state, agent, gen.text))
+        if res is _FAILED:
+            continue
+        node = Node(next_id + len(new_nodes), b.question_index, b.parent_id, agent, "llm", b.visits.get(agent, 0),
+                    fork_id=b.fork_id)
+        new_nodes.append(node)
+        node.prompt_ids, node.output_ids, node.logprobs = gen.prompt_ids, gen.output_ids, gen.logprobs
+        node.output = gen.text
+        node.penalty = float(res.penalty)
+        node.info = dict(res.info)
+        node.fork_sample = fork_here
+        if oversample:
+            node.group_key = ("os", b.question_index, b.parent_id)
+        else:
+            node.group_key = ("fork", b.question_index, b.fork_id, agent, node.visit)
+        visits = dict(b.visits)
+        visits[agent] = node.visit + 1
+        forked = b.forked or fork_here
+        out.append(Branch(b.question_index, res.state, node.node_id, b.fork_id, fork_agent, forked, visits))
+    return AgentRound(out, new_nodes, len(generations), sum(len(g.output_ids) for g in generations))
+
+
+def _assign_groups(
+    nodes: list[Node], spec: RolloutSpec, G: int, rng: np.random.Generator, fork_agents: list[list[str | None]]
+) -> dict[str, float]:
+    """Turn group keys into integer group ids; drop (or, for RR, regroup) singletons. Returns counts."""
+    llm = [n for n in nodes if n.kind == "llm"]
+    if spec.sampler == "none" or not llm:
+        return {"groups": 0.0, "singletons_dropped": 0.0, "samples": 0.0}
+    if spec.sampler == "chains":  # every call trains on its own (the critic, not a group, gives its baseline)
+        for i, n in enumerate(llm):
+            n.group_id = i
+        return {"groups": 0.0, "singletons_dropped": 0.0, "samples": float(len(llm))}
+    keep = [n for n in llm if n.fork_sample] if spec.sampler == "is" else llm
+    sizes = Counter(n.group_key for n in keep)
+    ids: dict[tuple, int] = {}
+    group_ids = np.full(len(keep), -1, dtype=np.int64)
+    for i, n in enumerate(keep):
+        group_ids[i] = ids.setdefault(n.group_key, len(ids))
+    dropped = 0
+    if spec.sampler == "rr":
+        keys = rr_pool_keys(spec.rr_regroup, [n.agent for n in keep],
+                            [fork_agents[n.question_index][0] for n in keep])  # RR: one fork agent per question
+        group_ids, dropped = regroup_singletons(group_ids, keys, G, rng)
+    else:
+        for i, n in enumerate(keep):
+            if sizes[n.group_key] < 2:
+                group_ids[i] = -1
+                dropped += 1
+    # renumber to 0..K-1 in order of first appearance
+    remap: dict[int, int] = {}
+    for n, g in zip(keep, group_ids):
+        n.group_id = -1 if g < 0 else remap.setdefault(int(g), len(remap))
+    return {
+        "groups": float(len(remap)),
+        "singletons_dropped": float(dropped),
+        "samples": float(sum(1 for n in keep if n.group_id >= 0)),
+    }

@@ -1,0 +1,118 @@
+"""The run directory's logs: `metrics.jsonl` (one line per step), TensorBoard events with the same scalars,
+`rollouts/step_NNNNNN.jsonl` (one line per rollout node) and `errors.jsonl` (one line per question whose rollout
+failed in a workflow method, with the traceback)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mhgpo.io import atomic_write_jsonl, read_jsonl
+from mhgpo.rl.rollout import RolloutBatch
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, resume_step: int = 0, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.errors_path = self.run_dir / "errors.jsonl"
+        self._truncate_after(resume_step)
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_step + 1)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+        if self.writer is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and v is not None:
+                    self.writer.add_scalar(k, v, step)
+            self.writer.flush()
+
+    def error(self, step: int, record: dict[str, Any]) -> None:
+        with self.errors_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop the lines (metrics, errors) and rollout records of steps after the checkpoint (they will
+        be run again), and a last line cut short by a killed process."""
+        for log in (self.metrics_path, self.errors_path):
+            rows, cut = read_jsonl(log)
+            keep = [r for r in rows if r.get("step", 0) <= step]
+            if cut or len(keep) != len(rows):
+                atomic_write_jsonl(log, keep)
+        for path in (self.run_dir / "rollouts").glob("step_*.jsonl"):
+            if path.stem[5:].isdigit() and int(path.stem[5:]) > step:
+                path.unlink()
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of `metrics.jsonl` (a last line cut short by a killed process left out)."""
+    return read_jsonl(Path(run_dir) / "metrics.jsonl")[0]
+
+
+def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
+    """One JSON-able record per node: ids, agent, group, rewards, advantage and the output text."""
+    rows = []
+    for n in batch.nodes:
+        ex = batch.examples[n.question_index]
+        row: dict[str, Any] = {
+            "question_id": ex.id,
+            "node_id": n.node_id,
+            "parent_id": n.parent_id,
+            "agent": n.agent,
+            "kind": n.kind,
+            "visit": n.visit,
+            "fork": n.fork_id,
+            "group_id": n.group_id,
+            "trained": n.trained,
+            "reward_shared": n.reward_shared,
+            "reward_specific": n.penalty,
+            "reward": n.reward,
+            "advantage": n.advantage,
+            "output": n.output if n.kind == "llm" else n.info,
+            "output_tokens": len(n.output_ids),
+            "prompt_tokens": len(n.prompt_ids),
+        }
+        if n.final_answer is not None:
+            row.update(final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers),
+                       question=ex.question)
+        rows.append(row)
+    return rows
+
+
+class NoLog:
+    """The run log of a rank other than 0 in a data-parallel run: rank 0 writes the logs."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def error(self, step: int, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def write_rollouts(run_dir: Path, step: int, batch: RolloutBatch) -> Path:
+    path = Path(run_dir) / "rollouts" / f"step_{step:06d}.jsonl"
+    atomic_write_jsonl(path, rollout_records(batch))
+    return path

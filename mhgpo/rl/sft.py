@@ -1,0 +1,287 @@
+"""Supervised warm start (`mhgpo sft`): every role of the team is fine-tuned on its own gold outputs.
+
+Gold traces come from the workflow's `demonstration(state, agent)`. Each training question is walked through the
+workflow breadth-first with the gold output of each agent in place of a sample (tools run as usual, batched), so a
+role is trained on exactly the prompts it sees during RL, built from the previous roles' gold outputs. A chain
+stops where the data gives no demonstration (for the default team: an Answerer whose documents do not contain the
+answer). The loss is the cross-entropy of the output tokens only, averaged as the RL objective averages (tokens
+within a demonstration, demonstrations within a role, roles: `mhgpo.rl.losses.token_weights`), one optimiser step per
+`batch_size` demonstrations, accumulated over packed micro-batches.
+
+The run directory has the layout of `mhgpo train` (`config.yaml`, `metrics.jsonl`, `checkpoints/step_N/`), so
+`--model DIR` starts an RL run (or an evaluation) from the warm-started team, and `mhgpo sft --resume DIR`
+continues it. Besides the per-role loss, every `eval_every` steps (and at the end) it logs each role's format
+accuracy on held-out demonstrations (greedy outputs that the workflow accepts without a penalty, and outputs
+equal to the gold one) and the team's validation Acc / EM / F1.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from mhgpo.config import SFTConfig
+from mhgpo.model.generation import Generator, SamplingParams
+from mhgpo.io import atomic_write_json
+from mhgpo.rl.losses import token_weights
+from mhgpo.data.metrics import normalize_answer, score
+from mhgpo.rl.policy import Sample, micro_batches
+from mhgpo.data.records import Example
+from mhgpo.errors import InputError
+from mhgpo.team.loader import WorkflowError, failure, require_demonstrations
+from mhgpo.rl.trainer import Trainer, TrainingSetup, load_team_data
+from mhgpo.team.workflow import State, Workflow
+
+
+@dataclass
+class Demonstration:
+    """One gold LLM call: the agent's prompt (token ids) and its gold output (token ids, ending with the stop id)."""
+
+    state: State
+    agent: str
+    prompt_ids: list[int]
+    target_ids: list[int]
+    target: str
+
+
+def collect_demonstrations(
+    examples: list[Example],
+    workflow: Workflow,
+    encode: Callable[[list[dict[str, str]]], list[int]],
+    encode_target: Callable[[str], list[int]],
+    max_rounds: int = 64,
+) -> tuple[list[Demonstration], dict[str, int]]:
+    """Walk every example through `workflow` with gold outputs; returns the demonstrations (in breadth-first
+    order) and, per agent, how many chains stopped at it for want of a demonstration (`skipped/<agent>`). A
+    workflow method that raises stops it with a `WorkflowError` naming file, class, method and question."""
+    demos: list[Demonstration] = []
+    skipped: dict[str, int] = {}
+    live = [_checked(workflow, "init_state", e, None, workflow.init_state, e) for e in examples]
+    for _ in range(max_rounds):
+        if not live:
+            break
+        pending: dict[str, list[State]] = {}
+        for state in live:
+            step = _checked(workflow, "next_agent", state.example, None, workflow.next_agent, state)
+            if step is not None:
+                pending.setdefault(step, []).append(state)
+        live = []
+        for step, states in pending.items():
+            if workflow.is_tool(step):
+                try:
+                    results = workflow.call_tools(step, states)
+                except Exception:  # again one state at a time: the error names its question
+                    results = [r for state in states for r in _checked(workflow, "call_tools", state.example, step,
+                                                                       workflow.call_tools, step, [state])]
+                live.extend(r.state for r in results)
+                continue
+            for state in states:
+                target = _checked(workflow, "demonstration", state.example, step, workflow.demonstration, state, step)
+                if target is None:
+                    skipped[f"skipped/{step}"] = skipped.get(f"skipped/{step}", 0) + 1
+                    continue
+                messages = _checked(workflow, "build_prompt", state.example, step, workflow.build_prompt, state, step)
+                demos.append(Demonstration(state, step, encode(messages), encode_target(target), target))
+                live.append(_checked(workflow, "apply", state.example, step, workflow.apply, state, step, target).state)
+    return demos, skipped
+
+
+def _checked(workflow: Workflow, method: str, example: Example, agent: str | None, fn: Callable, *args: Any) -> Any:
+    """`fn(*args)`, a method of `workflow` on a question; what it raises becomes a one-line `WorkflowError`."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        raise WorkflowError(failure(workflow, method, example.id, agent, e).message()) from e
+
+
+def target_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """Token ids of a gold output followed by the id that ends a generation (`<|im_end|>` when the vocabulary
+    has it, else the EOS token), as the sampler records outputs."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if end is None or end == tokenizer.unk_token_id:
+        end = tokenizer.eos_token_id
+
+    def encode(text: str) -> list[int]:
+        return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]] + [int(end)]
+
+    return encode
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted cross-entropy of the output tokens: ``-sum_{i,t} mask * w_i * logp``.
+
+    logp (B, T) log-probs of the gold tokens; mask (B, T); weights (B,) the step-wide token weights, so the
+    micro-batches' losses add up to the step's whatever the cut.
+    """
+    return -(torch.where(mask, logp, torch.zeros((), dtype=logp.dtype)) * weights[:, None]).sum()  # ()
+
+
+def format_accuracy(
+    demos: list[Demonstration], workflow: Workflow, generator: Generator
+) -> dict[str, float]:
+    """Greedy outputs on held-out demonstrations, per agent: `sft/<agent>/format_ok` (the workflow applies it with
+    no penalty) and `sft/<agent>/exact` (equal to the gold output after answer normalisation); the final agent also
+    gets `sft/<agent>/f1` against the gold answers."""
+    out: dict[str, float] = {}
+    for agent in dict.fromkeys(d.agent for d in demos):
+        mine = [d for d in demos if d.agent == agent]
+        params = SamplingParams(workflow.sampling(agent).max_new_tokens, 0.0, 1.0, agent)
+        gens = generator.generate([d.prompt_ids for d in mine], params)
+        ok = [_checked(workflow, "apply", d.state.example, agent, workflow.apply, d.state, agent, g.text).penalty == 0
+              for d, g in zip(mine, gens)]
+        exact = [normalize_answer(g.text) == normalize_answer(d.target) for d, g in zip(mine, gens)]
+        out[f"sft/{agent}/format_ok"] = float(np.mean(ok))
+        out[f"sft/{agent}/exact"] = float(np.mean(exact))
+        if agent == workflow.terminal_agent:
+            f1 = [score(g.text, d.state.example.answers)["f1"] for d, g in zip(mine, gens)]
+            out[f"sft/{agent}/f1"] = float(np.mean(f1))
+    return out
+
+
+def held_out(demos: list[Demonstration], per_agent: int) -> list[Demonstration]:
+    """The first `per_agent` demonstrations of each agent."""
+    counts: dict[str, int] = {}
+    out = []
+    for d in demos:
+        if counts.get(d.agent, 0) < per_agent:
+            counts[d.agent] = counts.get(d.agent, 0) + 1
+            out.append(d)
+    return out
+
+
+class SFTTrainer(Trainer):
+    """The supervised loop: `steps` optimiser steps of `batch_size` demonstrations each, in a seeded order that is
+    reshuffled every pass over the data (per role with `balance_roles`); logging, validation, checkpoints, Ctrl-C
+    and resume are the RL trainer's."""
+
+    def __init__(self, cfg: SFTConfig, setup: TrainingSetup, run_dir: Path, demos: list[Demonstration],
+                 held: list[Demonstration], progress: bool = True):
+        super().__init__(cfg, setup, run_dir, progress)  # type: ignore[arg-type]
+        self.demos, self.held = demos, held
+        roles = dict.fromkeys(d.agent for d in demos)  # in the team's order of first appearance
+        self.by_role = [[d for d in demos if d.agent == r] for r in roles]
+
+    def _next_demos(self) -> list[Demonstration]:
+        """The next `batch_size` demonstrations. With `balance_roles`, the roles take turns (demonstration p of the
+        run is of role p mod k), each role's demonstrations in their own seeded order reshuffled every pass over
+        them, so every batch holds (almost) the same number of each role; else one seeded order over all of them."""
+        out = []
+        for _ in range(self.cfg.batch_size):
+            if self.cfg.balance_roles:
+                k = len(self.by_role)
+                role, p = self.position % k, self.position // k
+                pool = self.by_role[role]
+                epoch, idx = divmod(p, len(pool))
+                order = np.random.default_rng([self.cfg.seed, role, epoch]).permutation(len(pool))
+            else:
+                pool = self.demos
+                epoch, idx = divmod(self.position, len(pool))
+                order = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(pool))
+            out.append(pool[int(order[idx])])
+            self.position += 1
+        return out
+
+    def collect(self) -> tuple[None, list[Sample], dict[str, float]]:
+        batch = self._next_demos()
+        samples = [Sample(d.prompt_ids, d.target_ids, [0.0] * len(d.target_ids), 0.0, d.agent) for d in batch]
+        return None, samples, {"samples": float(len(samples))}
+
+    def learn(self, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
+        """One optimiser step (per-agent mean token NLL, grad norm); the held-out format accuracy when the step
+        validates."""
+        t0 = time.perf_counter()
+        metrics.update(sft_update(self.setup.policy, samples))
+        metrics["seconds/train"] = time.perf_counter() - t0
+        if self._evaluates_at(self.step + 1) and self.held:
+            metrics.update(format_accuracy(self.held, self.setup.workflow, self.setup.generator))
+        return metrics
+
+    def _evaluates_at(self, step: int) -> bool:
+        every = self.cfg.eval_every
+        return (every > 0 and step % every == 0) or step == self.cfg.steps
+
+    def _validates_at(self, step: int) -> bool:
+        return bool(self.setup.val) and self._evaluates_at(step)
+
+    def _saves_at(self, step: int) -> bool:
+        every = self.cfg.save_every
+        return (every > 0 and step % every == 0) or step == self.cfg.steps
+
+
+def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
+    """One optimiser step of the weighted cross-entropy on `samples`, accumulated over packed micro-batches."""
+    weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (B,)
+    nll: dict[str, list[float]] = {}
+    policy.model.train()
+    policy.optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for idx in micro_batches(samples, policy.cfg.micro_batch_tokens, by_agent=bool(policy.roles),
+                             share=policy.cfg.share_prefix):
+        mb = [samples[i] for i in idx]
+        logp, mask = policy.logprobs(mb)  # (b, T) (b, T)
+        loss = sft_loss(logp, mask, weights[idx].to(logp.device))
+        loss.backward()
+        total += float(loss.detach())
+        with torch.no_grad():
+            for row, s in enumerate(mb):
+                n = int(mask[row].sum())
+                nll.setdefault(s.agent, []).append(-float(logp[row, :n].sum()) / max(n, 1))
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.params, policy.cfg.max_grad_norm)
+    policy.optimizer.step()
+    policy.scheduler.step()
+    out = {"loss": total, "grad_norm": float(grad_norm), "lr": policy.scheduler.get_last_lr()[0]}
+    out.update({f"sft/{agent}/nll": float(np.mean(v)) for agent, v in nll.items()})
+    out.update({f"sft/{agent}/samples": float(len(v)) for agent, v in nll.items()})
+    return out
+
+
+def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[TrainingSetup, list[Demonstration], list[Demonstration],
+                                                              dict[str, int]]:
+    """The training setup (data, workflows, model, policy without a reference copy, generator) and the training and
+    held-out demonstrations of `cfg`. `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or a
+    built instance; it must define `demonstration`."""
+    from mhgpo.team.build import prepare_system
+    from mhgpo.model.generation import HFGenerator
+    from mhgpo.model.pretrained import encode_chat
+    from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
+    from mhgpo.model.trained import initial_weights, run_model_spec
+    from mhgpo.rl.policy import Policy
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    require_demonstrations(prepare_system(cfg, workflow))  # before the data, index and model load
+    n_val = max(cfg.val_limit, cfg.format_limit)
+    train, val, workflow, val_workflow = load_team_data(cfg, n_val > 0, n_val, workflow)
+    if cfg.limit is not None:
+        train = train[: cfg.limit]
+    if cfg.roles is not None:
+        bad = [r for r in cfg.roles if r not in workflow.agents]
+        if bad:
+            raise InputError(f"roles: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
+    device = default_device()
+    cfg.precision, reason = resolve_precision(cfg.precision, device)  # config.yaml records the resolved one
+    loaded, _ = initial_weights(run_model_spec(cfg.model, Path(cfg.output_dir)), "init", cfg.lora.enabled,
+                                device=device, dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled))
+    announce(cfg.precision, reason)
+    encode = lambda messages: encode_chat(loaded.tokenizer, messages)  # noqa: E731
+    to_ids = target_encoder(loaded.tokenizer)
+    demos, skipped = collect_demonstrations(train, workflow, encode, to_ids, cfg.max_rounds)
+    held_demos, _ = collect_demonstrations(val, val_workflow, encode, to_ids, cfg.max_rounds) if val else ([], {})
+    if cfg.roles is not None:
+        demos = [d for d in demos if d.agent in cfg.roles]
+        held_demos = [d for d in held_demos if d.agent in cfg.roles]
+    if not demos:
+        raise InputError(f"{cfg.data}: the data gives no demonstration for the roles "
+                         f"{', '.join(cfg.roles or workflow.agents)}")
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, cfg.steps,
+                    precision=cfg.precision, keep_reference=False)
+    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision)
+    setup = TrainingSetup(train, val[: cfg.val_limit], workflow, val_workflow, policy, generator, encode)
+    return setup, demos, held_out(held_demos, cfg.format_limit), skipped

@@ -1,0 +1,487 @@
+"""`mhgpo report`: read run directories and write `report.md`, `report.html` (images embedded) and PNG plots.
+
+What a reader looks for in an RL run of a team of agents: the team (its agents and tools by name, how often each
+is called), reward and validation F1 over steps, each agent's format penalty and behaviour over steps (the
+measures its workflow logs), how similar the outputs inside a group are (the paper's intra-group similarity),
+where the time and memory go, a results table in the layout of the paper's Table 1, and example traces from the
+first and the last step. Anything missing from a run directory is reported as missing.
+
+Run directories may come from anyone: text taken from them (questions, outputs, answers, labels, folder names) is
+escaped so that it cannot make markdown or HTML structure, and the HTML page embeds only the PNG plots this module
+wrote, by name.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import itertools
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from mhgpo.io import atomic_write_text, read_json, read_jsonl
+from mhgpo.errors import InputError
+from mhgpo.rl.runlog import read_metrics
+
+# Per-agent metrics that are not behaviour (plotted elsewhere or not at all); the rest of `<agent>/<name>` is.
+NOT_BEHAVIOUR = ("reward", "penalty", "advantage_abs", "samples", "penalty_rate")
+
+
+@dataclass
+class Run:
+    path: Path
+    label: str
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    rollout_files: list[Path]
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> metrics.json content
+    missing: list[str] = field(default_factory=list)
+
+
+def _label(path: Path, config: dict[str, Any]) -> str:
+    if not config:
+        return path.name
+    algo = str(config.get("algo", "mhgpo")).upper()
+    sampler = str(config.get("sampler", "")).upper().replace("_OS", "(os)")
+    system = str(config.get("system", "mas")).rpartition(":")[2]  # a workflow class: its name
+    name = f"{algo}-{sampler}" if algo == "MHGPO" else algo
+    return f"{name}{'' if system == 'mas' else ' (' + system + ')'} [{path.name}]"
+
+
+def load_run(path: Path) -> Run:
+    """A training run directory, or an evaluation output directory (metrics.json alone)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: not a run directory")
+    cfg_path = path / "config.yaml"
+    try:
+        config = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise InputError(f"{cfg_path}: invalid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(config or {}, dict):
+        raise InputError(f"{cfg_path}: expected a mapping of config keys")
+    run = Run(path, _label(path, config or {}), config or {}, read_metrics(path),
+              sorted(p for p in (path / "rollouts").glob("step_*.jsonl") if re.fullmatch(r"step_\d+", p.stem)))
+    if config or (path / "metrics.jsonl").exists():  # a training run: say what it lacks
+        if not run.metrics:
+            run.missing.append("training metrics (metrics.jsonl)")
+        if not run.rollout_files:
+            run.missing.append("rollout records (rollouts/)")
+    found = [c / "metrics.json" for c in [path, *(p for p in path.iterdir() if p.is_dir())]]
+    for m in sorted((f for f in found if f.exists()), key=lambda f: f.stat().st_mtime):  # in the order run
+        content = read_json(m)
+        if isinstance(content, dict) and all(isinstance(content.get(k), (int, float)) for k in ("acc", "em", "f1")):
+            run.evals[m.parent.name if m.parent != path else "eval"] = content  # (not a retrieval evaluation)
+    if not run.evals:
+        run.missing.append("evaluation results (metrics.json)")
+    return run
+
+
+# --------------------------------------------------------------------------------------------- measures
+
+
+def token_f1(a: str, b: str) -> float:
+    """Token-overlap F1 of two texts (lower-cased whitespace tokens); 1.0 for two empty texts."""
+    ta, tb = a.lower().split(), b.lower().split()
+    if not ta and not tb:
+        return 1.0
+    common = sum((Counter(ta) & Counter(tb)).values())
+    if common == 0:
+        return 0.0
+    p, r = common / len(ta), common / len(tb)
+    return 2 * p * r / (p + r)
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return read_jsonl(path)[0]
+
+
+def _checked(path: Path, measure, *args: Any) -> Any:
+    """`measure(rows of path, *args)`, or an InputError naming a rollout file that lacks what it needs."""
+    try:
+        return measure(_rows(path), *args)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise InputError(f"{path}: not a rollout record file of mhgpo ({type(e).__name__}: {e})") from None
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|&~])")
+
+
+def md_text(value: Any) -> str:
+    """Text from a run, made inert for markdown: one line (whitespace collapsed, so it never starts a line) with
+    every character that could start inline structure (links, images, code, emphasis, tags, cells) escaped."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(value).split()))
+
+
+def intra_group_similarity(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per agent: the mean over trained groups of the mean pairwise token F1 between the group's outputs."""
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("trained") and r.get("kind", "llm") == "llm":
+            groups[r["group_id"]].append(r)
+    per_agent: dict[str, list[float]] = defaultdict(list)
+    for members in groups.values():
+        pairs = [token_f1(a["output"], b["output"]) for a, b in itertools.combinations(members, 2)]
+        if pairs:
+            per_agent[members[0]["agent"]].append(float(np.mean(pairs)))
+    return {agent: float(np.mean(v)) for agent, v in per_agent.items()}
+
+
+def traces(rows: list[dict[str, Any]], limit: int = 2) -> list[dict[str, Any]]:
+    """Up to `limit` root-to-leaf paths (one per question): each agent's output, the answer and the gold."""
+    by_key = {(r["question_id"], r["node_id"]): r for r in rows}
+    out, seen = [], set()
+    for r in rows:
+        if "final_answer" not in r or r["question_id"] in seen:
+            continue
+        seen.add(r["question_id"])
+        chain, node = [], r
+        while node is not None:
+            chain.append(node)
+            node = by_key.get((node["question_id"], node["parent_id"]))
+        steps = [(n["agent"], n["output"] if isinstance(n["output"], str) else json.dumps(n["output"]))
+                 for n in reversed(chain)]
+        out.append({"question": r.get("question", ""), "steps": steps, "answer": r["final_answer"],
+                    "gold": r.get("answers", []), "reward": r.get("terminal_reward")})
+        if len(out) >= limit:
+            break
+    return out
+
+
+def run_agents(run: Run) -> list[str]:
+    """The run's agents in the workflow's order (the order its per-agent metrics were logged in)."""
+    return list(dict.fromkeys(k[: -len("/penalty")] for m in run.metrics for k in m if k.endswith("/penalty")))
+
+
+def team_summary(run: Run) -> list[str]:
+    """One line per agent and tool of the run's team: calls per question and the most visits on one path, from
+    the last step's rollout records."""
+    if not run.rollout_files:
+        return []
+    return _checked(run.rollout_files[-1], _team_lines, run_agents(run))
+
+
+def _team_lines(rows: list[dict[str, Any]], agents: list[str]) -> list[str]:
+    questions = max(len({r["question_id"] for r in rows}), 1)
+    calls: dict[str, int] = Counter(r["agent"] for r in rows)
+    visits: dict[str, int] = defaultdict(int)
+    kinds: dict[str, str] = {}
+    for r in rows:
+        visits[r["agent"]] = max(visits[r["agent"]], int(r.get("visit", 0)) + 1)
+        kinds[r["agent"]] = r.get("kind", "llm")
+    order = [a for a in agents if a in calls] + [a for a in calls if a not in agents]
+    return [f"- *{md_text(a)}* ({'agent' if kinds[a] == 'llm' else 'tool'}): {calls[a] / questions:.1f} calls per "
+            f"question, up to {visits[a]} per path" for a in order]
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def _plain(label: str) -> str:
+    """A legend label that matplotlib shows as it is (a `$` would start math text)."""
+    return label.replace("$", r"\$")
+
+
+def _series(run: Run, key: str) -> tuple[list[int], list[float]]:
+    pts = [(m["step"], m[key]) for m in run.metrics if m.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _figure(ncols: int):
+    fig, axes = _grid(1, ncols)
+    return fig, axes[0]
+
+
+def _grid(nrows: int, ncols: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows), squeeze=False)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
+    """Every plot the data allows; returns {name: png path}."""
+    trained = [r for r in runs if r.metrics]
+    if not trained:
+        return {}
+    agents = list(dict.fromkeys(a for r in trained for a in run_agents(r)))
+    figures = {  # each drawn and saved in turn (one figure open at a time); None: nothing to plot
+        "reward_and_val_f1": lambda: _plot_reward_and_val_f1(trained),
+        "penalties": lambda: _plot_penalties(trained, agents),
+        "behaviour": lambda: _plot_behaviour(trained, agents),
+        "intra_group_similarity": lambda: _plot_similarity(trained),
+        "cost": lambda: _plot_cost(trained),
+    }
+    plots: dict[str, Path] = {}
+    for name, draw in figures.items():
+        fig = draw()
+        if fig is not None:
+            plots[name] = _save(fig, out / f"{name}.png")
+    return plots
+
+
+def _plot_reward_and_val_f1(trained: list[Run]):
+    """Training reward and validation F1 over steps (the untrained team's evaluation as step 0)."""
+    fig, (ax1, ax2) = _figure(2)
+    for r in trained:
+        ax1.plot(*_series(r, "reward/mean"), marker=".", label=_plain(r.label))
+        xs, ys = _series(r, "val/f1")
+        untrained = [m["f1"] for m in r.evals.values() if m.get("label") == "untrained"]
+        if xs and untrained:  # the untrained team's evaluation is step 0
+            xs, ys = [0, *xs], [untrained[0], *ys]
+        if xs:
+            ax2.plot(xs, ys, marker="o", label=_plain(r.label))
+    ax1.set(title="training reward (final-answer F1)", xlabel="step", ylabel="reward")
+    ax2.set(title="validation F1", xlabel="step", ylabel="F1 (%)")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_penalties(trained: list[Run], agents: list[str]):
+    """Each agent's mean format penalty over steps (None without agents)."""
+    if not agents:
+        return None
+    fig, axes = _figure(len(agents))
+    for ax, agent in zip(axes, agents):
+        for r in trained:
+            ax.plot(*_series(r, f"{agent}/penalty"), marker=".", label=_plain(r.label))
+        ax.set(title=f"{agent}: format penalty", xlabel="step", ylabel="mean penalty")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_behaviour(trained: list[Run], agents: list[str]):
+    """One row per agent, one panel per behaviour measure its workflow logs (None when none does)."""
+    measures = {a: list(dict.fromkeys(k.split("/", 1)[1] for r in trained for m in r.metrics for k in m
+                                      if k.startswith(f"{a}/") and k.split("/", 1)[1] not in NOT_BEHAVIOUR))
+                for a in agents}
+    rows = [(a, names) for a, names in measures.items() if names]
+    if not rows:
+        return None
+    fig, axes = _grid(len(rows), max(len(names) for _, names in rows))
+    for ax_row, (agent, names) in zip(axes, rows):
+        for i, ax in enumerate(ax_row):
+            if i >= len(names):
+                ax.set_visible(False)
+                continue
+            for r in trained:
+                ax.plot(*_series(r, f"{agent}/{names[i]}"), marker=".", label=_plain(r.label))
+            ax.set(title=f"{agent}: {names[i].replace('_', ' ')}", xlabel="step")
+            ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_similarity(trained: list[Run]):
+    """Each agent's intra-group similarity over the saved rollout steps (None without rollouts)."""
+    sims = {r.label: [(int(p.stem.split("_")[1]), _checked(p, intra_group_similarity)) for p in r.rollout_files]
+            for r in trained if r.rollout_files}
+    sim_agents = sorted({a for v in sims.values() for _, s in v for a in s})
+    if not sim_agents:
+        return None
+    fig, axes = _figure(len(sim_agents))
+    for ax, agent in zip(axes, sim_agents):
+        for label, points in sims.items():
+            pts = [(step, s[agent]) for step, s in points if agent in s]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=_plain(label))
+        ax.set(title=f"{agent}: intra-group similarity", xlabel="step", ylabel="mean pairwise token F1",
+               ylim=(0, 1.05))
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_cost(trained: list[Run]):
+    """Seconds per step (rollout and update) per run, and peak memory over steps."""
+    fig, (ax1, ax2) = _figure(2)
+    labels = [_plain(r.label) for r in trained]
+    roll = [float(np.mean(_series(r, "seconds/rollout")[1] or [0])) for r in trained]
+    upd = [float(np.mean(_series(r, "seconds/train")[1] or [0])) for r in trained]
+    x = np.arange(len(trained))
+    ax1.bar(x, roll, label="rollout")
+    ax1.bar(x, upd, bottom=roll, label="update")
+    ax1.set_xticks(x, labels, rotation=15, fontsize=7)
+    ax1.set(title="seconds per step", ylabel="s")
+    ax1.legend(fontsize=7)
+    for r in trained:
+        ax2.plot(*_series(r, "memory/peak_mb"), marker=".", label=_plain(r.label))
+    ax2.set(title="peak memory", xlabel="step", ylabel="MB")
+    ax2.legend(fontsize=7)
+    return fig
+
+
+def results_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """Paper Table 1 layout: one row per (run, evaluation), Acc/EM/F1 per dataset, then the averages."""
+    datasets: list[str] = []
+    rows: list[tuple[str, dict[str, dict[str, float]]]] = []
+    for r in runs:
+        for name, m in r.evals.items():
+            ds = md_text(m.get("data", "data"))
+            if ds not in datasets:
+                datasets.append(ds)
+            label = f"{r.label} / {m.get('label', name)}"
+            if "checkpoint" in m and "label" not in m:  # `mhgpo eval --model RUN`: which trained model
+                label += f" ({Path(str(m.get('model', ''))).name} step {m.get('step', '?')})"
+            label = md_text(label)
+            rows.append((label, {ds: m}))
+    header = ["run"] + [f"{ds} {k}" for ds in datasets for k in ("Acc", "EM", "F1")] + ["avg Acc", "avg EM", "avg F1"]
+    body = []
+    for label, per_ds in rows:
+        cells, acc = [label], defaultdict(list)
+        for ds in datasets:
+            m = per_ds.get(ds)
+            for k in ("acc", "em", "f1"):
+                if m is None:
+                    cells.append("–")
+                else:
+                    cells.append(f"{m[k]:.1f}")
+                    acc[k].append(m[k])
+        cells += [f"{np.mean(acc[k]):.1f}" if acc[k] else "–" for k in ("acc", "em", "f1")]
+        body.append(cells)
+    return header, body
+
+
+def _md_table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]  # cells are numbers or md_text
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ writer
+
+
+def build_report(run_dirs: list[Path], out: Path) -> Path:
+    """Write report.md, report.html and the plots for these run (or evaluation) directories into `out`."""
+    runs = [load_run(Path(p)) for p in run_dirs]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = plot_runs(runs, out)
+    header, body = results_table(runs)
+    md = ["# mhgpo report", "", "Runs: " + ", ".join(f"{md_text(r.path)} ({md_text(r.label)})" for r in runs), ""]
+    for r in runs:
+        if r.missing:
+            md.append(f"- {md_text(r.path.name)} has no " + "; no ".join(r.missing) + ".")
+    for r in runs:
+        lines = team_summary(r)
+        if lines:
+            step = int(r.rollout_files[-1].stem.split("_")[1])
+            md += ["", f"## Team: {md_text(r.label)}", "", f"Calls in the rollouts of step {step} (sampler "
+                   f"{md_text(r.config.get('sampler', '?'))}, group size {md_text(r.config.get('group_size', '?'))}):",
+                   "", *lines]
+    md += ["", "## Results", ""]
+    md.append(_md_table(header, body) if body else "No evaluation results were found.")
+    for r in runs:
+        if r.metrics:
+            first, last = r.metrics[0], r.metrics[-1]
+            md += ["", f"Training of {md_text(r.label)}: {len(r.metrics)} steps; "
+                   f"reward {first.get('reward/mean', 0):.3f} "
+                   f"(step {first['step']}) → {last.get('reward/mean', 0):.3f} (step {last['step']})."]
+    titles = {"reward_and_val_f1": "Training reward and validation F1", "penalties": "Format penalty per agent",
+              "behaviour": "Agent behaviour", "intra_group_similarity": "Intra-group similarity",
+              "cost": "Time and memory"}
+    for name, png in plots.items():
+        md += ["", f"## {titles[name]}", "", f"![{titles[name]}]({png.name})"]
+    if not plots:
+        md += ["", "No training metrics were found, so there are no training plots."]
+    for r in runs:
+        if not r.rollout_files:
+            continue
+        for which, path in (("first", r.rollout_files[0]), ("last", r.rollout_files[-1])):
+            md += ["", f"## Example traces: {md_text(r.label)}, {which} step ({path.stem})", ""]
+            for t in _checked(path, traces):
+                md.append(f"**Q:** {md_text(t['question'])}  ")
+                for agent, text in t["steps"]:
+                    md.append(f"- *{md_text(agent)}*: {md_text(str(text)[:300])}")
+                reward = t["reward"] if isinstance(t["reward"], (int, float)) else float("nan")
+                gold = md_text(", ".join(map(str, t["gold"])))
+                md.append(f"- **answer:** {md_text(t['answer'])} — **gold:** {gold} — F1 {reward:.2f}")
+                md.append("")
+    text = "\n".join(md) + "\n"
+    atomic_write_text(out / "report.md", text)
+    atomic_write_text(out / "report.html", to_html(text, plots))
+    return out / "report.md"
+
+
+_IMAGE = re.compile(r"^!\[([^\]]*)\]\(([A-Za-z0-9_]+\.png)\)$")
+
+
+def to_html(markdown: str, images: dict[str, Path]) -> str:
+    """A self-contained page: the markdown's headings, lists, tables and paragraphs; an image line is inlined only
+    when it names one of `images` (the plots written for this report, by file name)."""
+    files = {Path(p).name: Path(p) for p in images.values()}
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>mhgpo report</title><style>"
+             "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+             "td:first-child{text-align:left}img{max-width:100%}code{background:#f4f4f4}</style></head><body>"]
+    table: list[list[str]] = []
+
+    def flush() -> None:
+        if table:
+            head, *rest = table
+            parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rest)
+                         + "</table>")
+            table.clear()
+
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            protected, literals = _protect(line.strip().strip("|"))
+            cells = [c.strip() for c in protected.split("|")]
+            if not all(set(c) <= {"-"} for c in cells):
+                table.append([_format(c, literals) for c in cells])
+            continue
+        flush()
+        image = _IMAGE.match(line)
+        if image and image.group(2) in files:
+            data = base64.b64encode(files[image.group(2)].read_bytes()).decode()
+            parts.append(f"<img alt='{html.escape(image.group(1))}' src='data:image/png;base64,{data}'>")
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            parts.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("- "):
+            parts.append(f"<div>• {_inline(line[2:])}</div>")
+        elif line.strip():
+            parts.append(f"<p>{_inline(line)}</p>")
+    flush()
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _protect(text: str) -> tuple[str, list[str]]:
+    """Set backslash-escaped characters apart (as numbered placeholders) so that no formatting rule sees them."""
+    literals: list[str] = []
+
+    def stash(m: re.Match) -> str:
+        literals.append(m.group(1))
+        return f"\x00{len(literals) - 1}\x00"
+
+    return re.sub(r"\\(.)", stash, text.replace("\x00", "")), literals
+
+
+def _format(text: str, literals: list[str]) -> str:
+    text = html.escape(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    text = re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+    text = re.sub(r"\*(.+?)\*", r"<i>\1</i>", text)
+    return re.sub("\x00(\\d+)\x00", lambda m: html.escape(literals[int(m.group(1))]), text)
+
+
+def _inline(text: str) -> str:
+    return _format(*_protect(text))
