@@ -63,34 +63,23 @@ def train(config: Any = None, workflow: Any = None, *, overrides: list[str] | tu
 
 
 def evaluate(config: Any = None, workflow: Any = None, *, overrides: list[str] | tuple[str, ...] = (),
-             progress: bool = True) -> Any:
+             progress: bool = True, resume: bool = False) -> Any:
     """Greedy evaluation of a team on `data` (the first `limit` questions); returns an `EvalResult`: `.metrics`
     (n, acc, em, f1 in percent, seconds, per-agent behaviour) and `.predictions` (one dict per question). With
-    `output_dir` set (a new or empty folder), metrics.json, predictions.jsonl and eval_config.yaml are written
-    there. A question whose rollout fails in the workflow stops the evaluation with a `WorkflowError` naming file,
-    class and method."""
-    from mhgpo.model.loading import load_generator
-    from mhgpo.model.precision import resolve_config_precision
-    from mhgpo.config import EvalConfig, dump_config
-    from mhgpo.rl.evaluation import CONFIG, evaluate_examples, write_eval
-    from mhgpo.team.build import build_workflow, load_examples, prepare_system
-    from mhgpo.run.rundir import RunLock, require_empty_run_dir
-    from mhgpo.model.trained import model_record
+    `output_dir` set, eval_config.yaml and each finished batch of predictions.jsonl are written there as they finish,
+    and metrics.json at the end; a folder that already holds an evaluation is refused unless `resume=True`, which
+    continues it with its saved config (the given config may repeat it, not change it). Ctrl-C raises
+    `mhgpo.run.evaluate.EvalInterrupted` (a KeyboardInterrupt) after what finished is saved. A question whose
+    rollout fails in the workflow stops the evaluation with a `WorkflowError` naming file, class and method."""
+    from mhgpo.config import EvalConfig, to_dict
+    from mhgpo.run.evaluate import resumed_config, run_evaluation
 
     cfg = _load(EvalConfig, config, overrides, workflow)
-    out = Path(cfg.output_dir).expanduser() if cfg.output_dir else None
-    if out is not None:
-        require_empty_run_dir(out, "output_dir")
-    examples = load_examples(cfg.data, cfg.limit)
-    team = build_workflow(prepare_system(cfg, None if isinstance(workflow, str) else workflow), cfg.data,
-                          cfg.retrieval, cfg.search, cfg.team)
-    reason = resolve_config_precision(cfg)
-    loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
-    result = evaluate_examples(examples, team, generator, encode, cfg.batch_size, progress=progress)
-    if out is not None:
-        with RunLock(out, "evaluate"):
-            require_empty_run_dir(out, "output_dir")
-            write_eval(result, out, {"data": cfg.data, "model": cfg.model, "system": cfg.system,
-                                     **model_record(loaded)})
-            dump_config(cfg, out / CONFIG)
-    return result
+    if resume:
+        if not cfg.output_dir:
+            raise InputError("output_dir: resume=True continues the evaluation saved in output_dir; none is set")
+        given = {k: v for k, v in to_dict(cfg).items() if k != "output_dir"}
+        defaults = {k: v for k, v in to_dict(EvalConfig()).items() if k != "output_dir"}
+        changed = {k: v for k, v in given.items() if v != defaults.get(k)}  # what the caller set
+        cfg = resumed_config(Path(cfg.output_dir), base=changed)
+    return run_evaluation(cfg, None if isinstance(workflow, str) else workflow, resume=resume, progress=progress)

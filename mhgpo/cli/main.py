@@ -90,7 +90,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     import numpy as np
 
     from mhgpo.config import EvalConfig, load_config
-    from mhgpo.team.build import build_workflow, prepare_system
+    from mhgpo.team.build import build_workflow, resolve_team
     from mhgpo.data.records import Example
     from mhgpo.rl.rollout import RolloutSpec, run_rollouts
 
@@ -99,7 +99,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
                                        "system": "system"})
     cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
     console = _console()
-    workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
+    team = resolve_team(cfg)
+    workflow = build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
     reason = resolve_config_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
         loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
@@ -153,9 +154,9 @@ EVAL_FLAGS = {
 def _eval_config(args: argparse.Namespace):
     """The evaluation's config; with `--resume DIR`, the saved one, which the command line may repeat but not
     change (the first differing key is named)."""
-    from mhgpo.config import EvalConfig, load_config, to_dict
-    from mhgpo.rl.evaluation import CONFIG
+    from mhgpo.config import EvalConfig, load_config
     from mhgpo.errors import InputError
+    from mhgpo.run.evaluate import resumed_config
 
     overrides = flag_overrides(args, EVAL_FLAGS) + list(args.overrides)
     if not args.resume:
@@ -163,117 +164,33 @@ def _eval_config(args: argparse.Namespace):
     folder = Path(args.resume)
     if args.output_dir and Path(args.output_dir).resolve() != folder.resolve():
         raise InputError(f"--output-dir: {args.output_dir} is not the folder being continued ({folder})")
-    if not (folder / CONFIG).is_file():
-        raise InputError(f"{folder}: no evaluation to continue ({CONFIG} is missing)")
-    saved = load_config(EvalConfig, folder / CONFIG)
-    saved.output_dir = str(folder)
-    tree = to_dict(saved)
-    cfg = load_config(EvalConfig, args.config, overrides + [f"output_dir={folder}"], base=tree)
-    key = _first_difference(tree, to_dict(cfg))
-    if key is not None:
-        old, new = _lookup(tree, key), _lookup(to_dict(cfg), key)
-        raise InputError(f"{key}: {new!r} here, but the evaluation in {folder} used {old!r}; --resume continues "
-                         f"with the same config (leave {key} out, or start a new evaluation in another folder)")
-    return cfg
-
-
-def _first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
-    for k in list(a) + [k for k in b if k not in a]:
-        x, y = a.get(k), b.get(k)
-        if isinstance(x, dict) and isinstance(y, dict):
-            found = _first_difference(x, y, f"{prefix}{k}.")
-            if found:
-                return found
-        elif x != y:
-            return prefix + k
-    return None
-
-
-def _lookup(tree: dict, key: str):
-    for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
+    return resumed_config(folder, args.config, overrides)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from mhgpo.config import dump_config
-    from mhgpo.rl.evaluation import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
-                                  metrics_table, summarise, write_eval)
-    from mhgpo.team.build import build_workflow, load_examples, prepare_system
-    from mhgpo.io import append_jsonl, read_jsonl
-    from mhgpo.errors import InputError
-    from mhgpo.run.rundir import RunLock
+    from mhgpo.rl.evaluation import METRICS, PREDICTIONS, metrics_table
+    from mhgpo.run.evaluate import EvalInterrupted, run_evaluation
 
     cfg = _eval_config(args)
     console = _console()
-    examples = load_examples(cfg.data, cfg.limit)
-    out = lock = None
-    if cfg.output_dir:  # checked, created and locked before anything slow
-        out = Path(cfg.output_dir).expanduser()
-        lock = RunLock(out, "eval").acquire()  # a folder it creates is removed again if nothing gets written
     try:
-        done: list[dict] = []
-        if args.resume:
-            done = finished_predictions(out, examples)
-        elif out is not None and any((out / name).exists() for name in (CONFIG, PREDICTIONS, METRICS)):
-            raise InputError(f"{out} already holds an evaluation; continue it with: mhgpo eval --resume {out}, or "
-                             f"pick another --output-dir")
-        finished = {row["id"] for row in done}
-        todo = [e for e in examples if e.id not in finished]
-        if args.resume and not todo and (out / METRICS).exists():
-            console.print(f"{out} is complete: all {len(examples)} questions are in {out / PREDICTIONS}")
-            return 0
-
-        def keep(rows: list[dict]) -> None:
-            if not (out / CONFIG).exists():
-                dump_config(cfg, out / CONFIG)
-            append_jsonl(out / PREDICTIONS, rows)
-            done.extend(rows)
-
-        with console.status("preparing the team ..."):
-            workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
-        reason = resolve_config_precision(cfg)
-        with console.status(f"loading {cfg.model} ..."):
-            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
-        console.print(f"[dim]{len(examples)} questions from {cfg.data}"
-                      + (f" ({len(examples) - len(todo)} already done)" if args.resume else "")
-                      + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")
-        try:
-            result = evaluate_examples(todo, workflow, generator, encode, cfg.batch_size,
-                                       on_batch=keep if out is not None else None)
-        except KeyboardInterrupt:
-            kept = len(read_jsonl(out / PREDICTIONS)[0]) if out is not None else 0  # what reached the file
-            if out is None:
-                print("mhgpo: interrupted; nothing was kept (no --output-dir)", file=sys.stderr)
-            elif not kept:
-                print("mhgpo: interrupted before the first batch finished; nothing to keep", file=sys.stderr)
-            else:
-                print(f"mhgpo: interrupted; {kept} of {len(examples)} questions are in {out / PREDICTIONS} "
-                      f"(continue with: mhgpo eval --resume {out})", file=sys.stderr)
-            return 130
-        order = {e.id: i for i, e in enumerate(examples)}
-        rows = sorted(done, key=lambda r: order[r["id"]]) if out is not None else result.predictions
-        metrics = summarise(rows, workflow, result.metrics["seconds"])
-        if len(rows) > len(result.predictions):
-            metrics["resumed"] = len(rows) - len(result.predictions)  # finished in earlier sessions
-        console.print(metrics_table({f"{cfg.system} / {cfg.data}": metrics}))
-        behaviour = {k: v for k, v in metrics.items() if "/" in k}
-        console.print("  ".join(f"{k} {v:.2f}" for k, v in behaviour.items()))
-        new = len(result.predictions)
-        console.print(f"{new} questions in {metrics['seconds']:.1f} s ({new / max(metrics['seconds'], 1e-9):.2f} "
-                      f"questions/s)" + (f"; {metrics['resumed']} from earlier sessions" if "resumed" in metrics
-                                         else ""))
-        if out is not None:
-            if not (out / CONFIG).exists():
-                dump_config(cfg, out / CONFIG)
-            from mhgpo.model.trained import model_record
-
-            write_eval(EvalResult(metrics, rows), out, {"data": cfg.data, "model": cfg.model, "system": cfg.system,
-                                                        **model_record(loaded)})
-            console.print(f"wrote {out / METRICS} and {out / PREDICTIONS}")
-    finally:
-        if lock is not None:
-            lock.release()
+        result = run_evaluation(cfg, resume=bool(args.resume), say=console.print, status=console.status)
+    except EvalInterrupted as e:
+        print(f"mhgpo: {e.message}", file=sys.stderr)
+        return 130
+    if result.complete_before:
+        return 0
+    metrics = result.metrics
+    console.print(metrics_table({f"{cfg.system} / {cfg.data}": metrics}))
+    behaviour = {k: v for k, v in metrics.items() if "/" in k}
+    console.print("  ".join(f"{k} {v:.2f}" for k, v in behaviour.items()))
+    new = len(result.predictions) - metrics.get("resumed", 0)
+    console.print(f"{new} questions in {metrics['seconds']:.1f} s ({new / max(metrics['seconds'], 1e-9):.2f} "
+                  f"questions/s)" + (f"; {metrics['resumed']} from earlier sessions" if "resumed" in metrics
+                                     else ""))
+    if cfg.output_dir:
+        out = Path(cfg.output_dir).expanduser()
+        console.print(f"wrote {out / METRICS} and {out / PREDICTIONS}")
     return 0
 
 

@@ -35,6 +35,7 @@ class EvalResult:
     metrics: dict[str, float]
     predictions: list[dict[str, Any]]
     failures: list[Any] = field(default_factory=list)  # RolloutFailure of questions left out (on_error="skip")
+    complete_before: bool = False  # resumed, with nothing left to do: metrics are the saved ones
 
 
 def chain_record(example: Example, chain: list[Node]) -> dict[str, Any]:

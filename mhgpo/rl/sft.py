@@ -246,7 +246,7 @@ def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[TrainingSetup, list
     """The training setup (data, workflows, model, policy without a reference copy, generator) and the training and
     held-out demonstrations of `cfg`. `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or a
     built instance; it must define `demonstration`."""
-    from mhgpo.team.build import prepare_system
+    from mhgpo.team.build import resolve_team
     from mhgpo.model.generation import HFGenerator
     from mhgpo.model.pretrained import encode_chat
     from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
@@ -256,9 +256,10 @@ def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[TrainingSetup, list
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    require_demonstrations(prepare_system(cfg, workflow))  # before the data, index and model load
+    team = resolve_team(cfg, workflow)
+    require_demonstrations(team.source)  # before the data, index and model load
     n_val = max(cfg.val_limit, cfg.format_limit)
-    train, val, workflow, val_workflow = load_team_data(cfg, n_val > 0, n_val, workflow)
+    train, val, workflow, val_workflow = load_team_data(cfg, n_val > 0, n_val, team)
     if cfg.limit is not None:
         train = train[: cfg.limit]
     if cfg.roles is not None:

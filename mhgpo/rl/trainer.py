@@ -512,19 +512,18 @@ def _warn(text: str) -> None:
 def load_team_data(cfg: Any, with_val: bool, val_limit: int | None = None,
                    workflow: Any = None) -> tuple[list[Example], list[Example], Workflow, Workflow]:
     """The training and validation examples of `cfg` (`data`, `val_data`, `val_limit`) and the workflows that
-    answer them (one, or one per data set when each brings its own context corpus). `workflow`: None (the team
-    `cfg.system` names), a `Workflow` subclass or a built instance; `cfg.system` and `cfg.team` are settled to
-    name it (`factory.prepare_system`)."""
-    from mhgpo.team.build import build_workflow, load_examples, prepare_system
+    answer them (one, or one per data set when each brings its own context corpus). `workflow`: the `Team`
+    resolved at the entry (`team.build.resolve_team`), or what `resolve_team` takes."""
+    from mhgpo.team.build import build_workflow, load_examples, resolve_team
 
     train = load_examples(cfg.data)
     val = load_examples(cfg.val_data, cfg.val_limit if val_limit is None else val_limit) if with_val else []
-    source = prepare_system(cfg, workflow)
-    workflow = build_workflow(source, cfg.data, cfg.retrieval, cfg.search, cfg.team)
+    team = resolve_team(cfg, workflow)
+    workflow = build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
     same_corpus = (cfg.retrieval.corpus not in (None, "context")  # a corpus file; "context": each data set's own
                    or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic")
     val_workflow = workflow if same_corpus or not val else build_workflow(
-        source, cfg.val_data, cfg.retrieval, cfg.search, cfg.team)
+        team.source, cfg.val_data, cfg.retrieval, cfg.search, team.section)
     return train, val, workflow, val_workflow
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from mhgpo.model.checkpoint import checkpoint_step, list_checkpoints
 from mhgpo.config import OptimConfig, SFTConfig, TrainConfig, dump_config
 from mhgpo.rl.evaluation import EvalResult
-from mhgpo.team.build import prepare_system
+from mhgpo.team.build import Team, resolve_team
 from mhgpo.run.rundir import RunLock, require_empty_run_dir
 from mhgpo.run.warm_start import resume_sft, run_sft
 from mhgpo.team.loader import require_demonstrations
@@ -77,12 +77,13 @@ def _is_warm_start(cfg: TrainConfig, run_dir: Path) -> bool:
     return Path(run_model_spec(cfg.model, run_dir)).resolve() == (run_dir / WARM_START_DIR).resolve()
 
 
-def _settle_team(cfg: TrainConfig, workflow: Any) -> None:
-    """Name the team in `cfg` (`system`, the resolved `team` section) and check that a warm start can train it,
-    before anything is written."""
-    source = prepare_system(cfg, workflow)
+def _settle_team(cfg: TrainConfig, workflow: Any) -> Team:
+    """The team of the run, resolved once (`cfg.system` and the `team` section name it), checked that a warm start
+    can train it, before anything is written."""
+    team = resolve_team(cfg, workflow)
     if cfg.warm_start.enabled:
-        require_demonstrations(source)
+        require_demonstrations(team.source)
+    return team
 
 
 def train(cfg: TrainConfig, progress: bool = True, workflow: Any = None) -> Trainer:
@@ -94,7 +95,7 @@ def train(cfg: TrainConfig, progress: bool = True, workflow: Any = None) -> Trai
     check_ranks(cfg, ranks)
     if ranks.is_main:
         require_empty_run_dir(run_dir)
-    _settle_team(cfg, workflow)
+    team = _settle_team(cfg, workflow)
     with main_lock(ranks, run_dir, "train"):
         if ranks.is_main:
             require_empty_run_dir(run_dir)  # again, now that no other run can write into it
@@ -102,8 +103,8 @@ def train(cfg: TrainConfig, progress: bool = True, workflow: Any = None) -> Trai
         cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
         if cfg.warm_start.enabled:
             dump_config(cfg, run_dir / "config.yaml")  # what `resume` continues if the warm start is cut short
-            cfg.model = warm_start(cfg, run_dir, progress, workflow)
-        trainer = Trainer(cfg, build_team(cfg, workflow=workflow), run_dir, progress, ranks)
+            cfg.model = warm_start(cfg, run_dir, progress, team)
+        trainer = Trainer(cfg, build_team(cfg, workflow=team), run_dir, progress, ranks)
         trainer.run()
     return trainer
 
@@ -117,14 +118,15 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from
     ranks = current()
     check_ranks(cfg, ranks)
     if cfg.warm_start.enabled and not list_checkpoints(run_dir) and from_step is None:
-        _settle_team(cfg, workflow)
+        team = _settle_team(cfg, workflow)
         with RunLock(run_dir, "train --resume"):
             if not _is_warm_start(cfg, run_dir):
-                cfg.model = warm_start(cfg, run_dir, progress, workflow)
-            trainer = Trainer(cfg, build_team(cfg, workflow=workflow), run_dir, progress)
+                cfg.model = warm_start(cfg, run_dir, progress, team)
+            trainer = Trainer(cfg, build_team(cfg, workflow=team), run_dir, progress)
             trainer.run()
         return trainer
-    return continue_run(run_dir, lambda: Trainer(cfg, build_team(cfg, workflow=workflow), run_dir, progress, ranks),
+    team = resolve_team(cfg, workflow)
+    return continue_run(run_dir, lambda: Trainer(cfg, build_team(cfg, workflow=team), run_dir, progress, ranks),
                         from_step, "train", ranks)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,27 @@ def build_retriever(data_spec: str, retrieval: RetrievalConfig):
         return load_or_build_dense(passages, index_dir, retrieval.model, index_type=retrieval.index_type,
                                    batch_size=retrieval.batch_size)
     return load_or_build_bm25(passages, index_dir)
+
+
+@dataclass(frozen=True)
+class Team:
+    """The team of a run or an evaluation, resolved once where the command or API call starts and passed down:
+    `source` is what `build_workflow` builds from (a built-in team's name, a `Workflow` class or a built instance);
+    `system` and `section` are the `system` and resolved `team` section the config records."""
+
+    source: Any
+    system: str
+    section: dict[str, Any]
+
+
+def resolve_team(cfg: Any, workflow: Any = None) -> Team:
+    """The team of `cfg` (a train, sft or eval config), settling `cfg.system` and `cfg.team` to name it.
+    `workflow`: None (what `cfg.system` names), a `Workflow` subclass, a built instance, or a `Team` already
+    resolved (returned as it is: the config is settled once)."""
+    if isinstance(workflow, Team):
+        return workflow
+    source = prepare_system(cfg, workflow)
+    return Team(source, cfg.system, dict(cfg.team))
 
 
 def prepare_system(cfg: Any, workflow: Any = None) -> Any:

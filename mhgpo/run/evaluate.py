@@ -1,0 +1,152 @@
+"""One evaluation routine for the command line (`mhgpo eval`) and the Python API (`mhgpo.evaluate`).
+
+With an output folder, an evaluation is checked and locked before anything slow starts; `eval_config.yaml` and each
+finished batch of questions go to `predictions.jsonl` as they finish, and `metrics.json` is written at the end,
+computed from the prediction lines (so an evaluation continued with `resume` scores the questions of every session).
+A folder that already holds an evaluation is refused unless it is being resumed; a resumed evaluation runs with the
+saved config, and a value that differs from it is refused, naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from mhgpo.config import EvalConfig, dump_config, load_config, to_dict
+from mhgpo.errors import InputError
+from mhgpo.io import append_jsonl, read_json, read_jsonl
+from mhgpo.model.loading import load_generator
+from mhgpo.model.precision import resolve_config_precision
+from mhgpo.model.trained import model_record
+from mhgpo.rl.evaluation import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
+                                 summarise, write_eval)
+from mhgpo.run.rundir import RunLock
+from mhgpo.team.build import build_workflow, load_examples, resolve_team
+
+
+class EvalInterrupted(KeyboardInterrupt):
+    """Ctrl-C during an evaluation; ``message`` says what was kept and how to continue."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
+    """The first dotted key whose value differs between two nested config trees, or None."""
+    for k in list(a) + [k for k in b if k not in a]:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            found = first_difference(x, y, f"{prefix}{k}.")
+            if found:
+                return found
+        elif x != y:
+            return prefix + k
+    return None
+
+
+def lookup(tree: dict, key: str) -> Any:
+    """The value at dotted `key` of a nested tree (None where a part is missing)."""
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def resumed_config(folder: Path, path: str | Path | None = None, overrides: list[str] = (),
+                   base: dict[str, Any] | None = None) -> EvalConfig:
+    """The config of the evaluation saved in `folder`, which `path`, `base` and `overrides` may repeat but not
+    change (the first differing key is named)."""
+    folder = Path(folder)
+    if not (folder / CONFIG).is_file():
+        raise InputError(f"{folder}: no evaluation to continue ({CONFIG} is missing)")
+    saved = load_config(EvalConfig, folder / CONFIG)
+    saved.output_dir = str(folder)
+    tree = to_dict(saved)
+    merged = {**tree, **(base or {})}
+    cfg = load_config(EvalConfig, path, list(overrides) + [f"output_dir={folder}"], base=merged)
+    key = first_difference(tree, to_dict(cfg))
+    if key is not None:
+        old, new = lookup(tree, key), lookup(to_dict(cfg), key)
+        raise InputError(f"{key}: {new!r} here, but the evaluation in {folder} used {old!r}; --resume continues "
+                         f"with the same config (leave {key} out, or start a new evaluation in another folder)")
+    return cfg
+
+
+def _interrupted(out: Path | None, total: int) -> EvalInterrupted:
+    kept = len(read_jsonl(out / PREDICTIONS)[0]) if out is not None else 0  # what reached the file
+    if out is None:
+        return EvalInterrupted("interrupted; nothing was kept (no --output-dir)")
+    if not kept:
+        return EvalInterrupted("interrupted before the first batch finished; nothing to keep")
+    return EvalInterrupted(f"interrupted; {kept} of {total} questions are in {out / PREDICTIONS} "
+                           f"(continue with: mhgpo eval --resume {out})")
+
+
+def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = False, progress: bool = True,
+                   say: Callable[[str], None] = lambda text: None,
+                   status: Callable[[str], Any] | None = None) -> EvalResult:
+    """Evaluate the team `cfg` names (or `workflow`: a `Workflow` class or instance) greedily on `cfg.data`.
+
+    With `cfg.output_dir`, the folder is locked, each finished batch is appended to it, and `resume` continues an
+    evaluation saved there (the finished questions are skipped; `metrics["resumed"]` counts them). `say` receives
+    one-line progress notes, `status(text)` (a context manager, e.g. rich's `Console.status`) wraps the slow
+    loading steps. Ctrl-C raises `EvalInterrupted`, whose message says what was kept."""
+    from contextlib import nullcontext
+
+    status = status or (lambda text: nullcontext())
+    examples = load_examples(cfg.data, cfg.limit)
+    out = Path(cfg.output_dir).expanduser() if cfg.output_dir else None
+    if resume and out is None:
+        raise InputError("output_dir: resuming an evaluation needs the folder it was saved in")
+    lock = RunLock(out, "eval").acquire() if out is not None else None  # before anything slow
+    try:
+        done: list[dict] = []
+        if resume:
+            done = finished_predictions(out, examples)
+        elif out is not None and any((out / name).exists() for name in (CONFIG, PREDICTIONS, METRICS)):
+            raise InputError(f"{out} already holds an evaluation; continue it with: mhgpo eval --resume {out}, or "
+                             f"pick another --output-dir")
+        finished = {row["id"] for row in done}
+        todo = [e for e in examples if e.id not in finished]
+        if resume and not todo and (out / METRICS).exists():
+            say(f"{out} is complete: all {len(examples)} questions are in {out / PREDICTIONS}")
+            return EvalResult(read_json(out / METRICS), done, complete_before=True)
+
+        def keep(rows: list[dict]) -> None:
+            if not (out / CONFIG).exists():
+                dump_config(cfg, out / CONFIG)
+            append_jsonl(out / PREDICTIONS, rows)
+            done.extend(rows)
+
+        with status("preparing the team ..."):
+            team = _team(cfg, workflow)
+        reason = resolve_config_precision(cfg)
+        with status(f"loading {cfg.model} ..."):
+            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+        say(f"[dim]{len(examples)} questions from {cfg.data}"
+            + (f" ({len(examples) - len(todo)} already done)" if resume else "")
+            + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")
+        try:
+            result = evaluate_examples(todo, team, generator, encode, cfg.batch_size, progress=progress,
+                                       on_batch=keep if out is not None else None)
+        except KeyboardInterrupt:
+            raise _interrupted(out, len(examples)) from None
+        order = {e.id: i for i, e in enumerate(examples)}
+        rows = sorted(done, key=lambda r: order[r["id"]]) if out is not None else result.predictions
+        metrics = summarise(rows, team, result.metrics["seconds"])
+        if len(rows) > len(result.predictions):
+            metrics["resumed"] = len(rows) - len(result.predictions)  # finished in earlier sessions
+        if out is not None:
+            if not (out / CONFIG).exists():
+                dump_config(cfg, out / CONFIG)
+            write_eval(EvalResult(metrics, rows), out, {"data": cfg.data, "model": cfg.model, "system": cfg.system,
+                                                        **model_record(loaded)})
+        return EvalResult(metrics, rows, result.failures)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _team(cfg: EvalConfig, workflow: Any) -> Any:
+    team = resolve_team(cfg, workflow)
+    return build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
