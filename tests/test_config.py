@@ -86,11 +86,9 @@ def test_warm_up_starts_below_the_lr_and_reaches_it():
         load_config(TrainConfig, None, ["optim.warmup_steps=-1"])
 
 
-def test_renamed_and_bad_regrouping_keys_are_named():
+def test_bad_regrouping_keys_are_named():
     from mhgpo.config import TrainConfig
 
-    with pytest.raises(InputError, match=r"^config key regroup_within_role was replaced by rr_regroup"):
-        load_config(TrainConfig, None, ["regroup_within_role=true"])
     with pytest.raises(InputError, match=r"^rr_regroup: expected fork, role, all, got 'agent'"):
         load_config(TrainConfig, None, ["rr_regroup=agent"])
     assert load_config(TrainConfig, None, []).rr_regroup == "fork"

@@ -119,7 +119,7 @@ def test_config_errors_name_the_key() -> None:
         load_config(TrainConfig, None, ["algo=mappo", "sampler=rr"])
     with pytest.raises(InputError, match=r"^sampler: chains forms no groups"):
         load_config(TrainConfig, None, ["sampler=chains"])
-    with pytest.raises(InputError, match=r"^sampler: grpo samples groups of one prompt"):
+    with pytest.raises(InputError, match=r"^sampler: grpo trains with is or fof, got 'rr'"):
         load_config(TrainConfig, None, ["system=llm", "algo=grpo", "sampler=rr"])
     with pytest.raises(InputError, match=r"^algo: expected mhgpo, grpo, mappo or ppo, got 'a2c'"):
         load_config(TrainConfig, None, ["algo=a2c"])

@@ -932,3 +932,30 @@ def test_merge_batches_keeps_trees_groups_and_stats_apart():
     assert len(groups(merged)) == len(parts[0][2]) + len(parts[1][2])
     assert merged.stats == {k: parts[0][3][k] + parts[1][3][k] for k in parts[0][3]}
     assert merge_batches([first]) is first
+
+
+def test_a_new_sampler_is_one_table_entry(monkeypatch):
+    """The rollout engine reads the sampler table: an entry it has never seen (IS's fork at every agent with FoF(os)'s
+    over-sampling, every sample trained) runs with no other change."""
+    from mhgpo.config import samplers
+
+    entry = samplers.Sampler("is_os", forks="every", oversample_terminal=True, algos=("mhgpo",))
+    monkeypatch.setitem(samplers.SAMPLERS, "is_os", entry)
+    batch, _, _ = rollout("is_os", n_questions=2)
+    llm = batch.llm_nodes()
+    # Per question: 3 chains (one forked at each agent). Forked at the rewriter: 4 rewriter, 4 reranker, 16 answerer
+    # calls; at the reranker: 1 + 4 + 16; at the answerer: 1 + 1 + 4 (no over-sampling before a fork).
+    assert Counter(n.question_index for n in llm) == {0: 51, 1: 51}
+    assert batch.stats["samples"] == float(sum(n.trained for n in llm))
+    over = [n for n in llm if n.group_key[0] == "os"]
+    assert len(over) == 2 * 32 and Counter(Counter(n.group_id for n in over).values()) == {4: 16}
+
+
+def test_sampler_table_matches_the_config_choices():
+    from mhgpo.config import samplers
+    from mhgpo.config.choices import ROLLOUT_SAMPLERS, SAMPLERS
+
+    assert SAMPLERS == ("is", "fof", "rr", "fof_os", "chains") and ROLLOUT_SAMPLERS == SAMPLERS + ("none",)
+    assert samplers.GROUP_SAMPLERS == ("is", "fof", "rr", "fof_os")
+    with pytest.raises(ValueError, match="unknown sampler 'x'"):
+        samplers.sampler("x")

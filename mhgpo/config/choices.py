@@ -3,13 +3,14 @@ the modules that dispatch on them all read these tuples."""
 
 from __future__ import annotations
 
+from mhgpo.config.samplers import GROUP_SAMPLERS, SAMPLERS as _SAMPLER_TABLE, TRAIN_SAMPLERS
+
 SYSTEMS = ("mas", "llm")  # the built-in teams; any other `system` names a workflow class (mhgpo/team/loader.py)
 ALGOS = ("mhgpo", "grpo", "mappo", "ppo")
 CRITIC_ALGOS = ("mappo", "ppo")  # actor-critic: GAE advantages from a learned value model
 SINGLE_AGENT_ALGOS = ("grpo", "ppo")  # the "LLM + RL" baselines: system=llm only
-GROUP_SAMPLERS = ("is", "fof", "rr", "fof_os")  # samplers that form groups (MHGPO, GRPO)
-SAMPLERS = GROUP_SAMPLERS + ("chains",)  # `sampler`: chains are independent (MAPPO, PPO)
-ROLLOUT_SAMPLERS = SAMPLERS + ("none",)  # the rollout engine's: `none` is one greedy chain (evaluation)
+SAMPLERS = TRAIN_SAMPLERS  # `sampler` (mhgpo/config/samplers.py): is, fof, rr, fof_os; chains (MAPPO, PPO)
+ROLLOUT_SAMPLERS = tuple(_SAMPLER_TABLE)  # the rollout engine's: `none` is one greedy chain (evaluation)
 RR_REGROUP = ("fork", "role", "all")
 AGGREGATORS = ("mean", "max", "min", "rand")  # reward.aggr
 SCHEDULES = ("constant", "cosine")  # optim.schedule

@@ -97,19 +97,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-# Keys of earlier versions: a config that still has one is told what replaced it.
-RENAMED_KEYS = {"regroup_within_role": "rr_regroup (true: role, false: all; the default is fork)"}
-
-
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a (partial) nested dict; unknown keys raise InputError naming them. A class's
     `resolved()` (if it has one) fills in the defaults that depend on other keys, then its `validate()` checks."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
-    renamed = [k for k in unknown if k in RENAMED_KEYS]
-    if renamed:
-        raise InputError(f"config key {prefix}{renamed[0]} was replaced by {prefix}{RENAMED_KEYS[renamed[0]]}")
     if unknown:
         raise InputError(
             f"unknown config key {prefix}{unknown[0]!s}; valid keys here: {', '.join(prefix + n for n in sorted(names))}"

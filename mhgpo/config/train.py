@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
 from mhgpo.config.choices import (AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, REFERENCES, RR_REGROUP, SAMPLERS,
                            SCHEDULES, SINGLE_AGENT_ALGOS, one_of)
 from mhgpo.config.eval import RetrievalConfig, SystemConfig, check_precision, check_system
@@ -147,6 +148,21 @@ class WarmStartConfig:
             raise InputError(f"warm_start.limit: must be at least 1, got {self.limit}")
 
 
+def check_sampler(name: str | None, algo: str) -> None:
+    """`sampler` against the sampler table (mhgpo/config/samplers.py): a training sampler that `algo` trains with."""
+    if name not in SAMPLERS:
+        others = "; ".join(f"{n} for {'/'.join(s.algos)}" for n, s in SAMPLER_TABLE.items() if s.algos and not s.groups)
+        raise InputError(f"sampler: expected {one_of(GROUP_SAMPLERS)} (or {others}), got {name!r}")
+    allowed = tuple(n for n, s in SAMPLER_TABLE.items() if algo in s.algos)
+    if algo in SAMPLER_TABLE[name].algos:
+        return
+    if not any(SAMPLER_TABLE[n].groups for n in allowed):
+        raise InputError(f"sampler: {algo} learns from independent chains (sampler={one_of(allowed)}), got {name!r}")
+    if not SAMPLER_TABLE[name].groups:
+        raise InputError(f"sampler: {name} forms no groups; {algo} needs {one_of(allowed)}")
+    raise InputError(f"sampler: {algo} trains with {one_of(allowed)}, got {name!r}")
+
+
 def default_sampler(algo: str, system: str) -> str:
     """The rollout sampler an algorithm uses when `sampler` is not set: MHGPO on the default team → rr; GRPO, MHGPO
     on the single-agent system or on a workflow class → fof (G samples of one prompt at the first agent; RR needs
@@ -219,16 +235,7 @@ class TrainConfig:
         if self.algo in SINGLE_AGENT_ALGOS and self.system != "llm":
             raise InputError(f"algo: {self.algo} is the single-agent baseline (system=llm); the team "
                              f"(system={self.system}) trains with mhgpo or mappo")
-        if self.sampler not in SAMPLERS:
-            raise InputError(f"sampler: expected {one_of(GROUP_SAMPLERS)} (or chains for mappo/ppo), "
-                             f"got {self.sampler!r}")
-        if self.algo in CRITIC_ALGOS and self.sampler != "chains":
-            raise InputError(f"sampler: {self.algo} learns from independent chains (sampler=chains), got "
-                             f"{self.sampler!r}")
-        if self.algo not in CRITIC_ALGOS and self.sampler == "chains":
-            raise InputError(f"sampler: chains forms no groups; {self.algo} needs {one_of(GROUP_SAMPLERS)}")
-        if self.algo == "grpo" and self.sampler not in ("fof", "is"):
-            raise InputError(f"sampler: grpo samples groups of one prompt (fof or is), got {self.sampler!r}")
+        check_sampler(self.sampler, self.algo)
         least = 1 if self.algo in CRITIC_ALGOS else 2  # a group needs 2; chains per question need 1
         if self.group_size < least:
             raise InputError(f"group_size: must be at least {least}, got {self.group_size}")

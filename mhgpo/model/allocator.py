@@ -3,10 +3,7 @@
 glibc's ``malloc`` serves every block above its mmap threshold with a fresh ``mmap`` and gives it back to the
 system when freed (the threshold starts at 128 KiB and rises to the largest such block freed so far). PyTorch's CPU tensors come straight from ``malloc``, so every activation,
 KV-cache buffer and gradient of a few MiB is new memory, and the first write to each of its 4 KiB pages is a page
-fault: about 1 GB/s where a plain copy runs at several times that. Measured on 2 cores in float32, 32 generations
-of about 450 prompt tokens (prefill and 24 decoding steps): 16.2 s, of which 1.2 s copying the prefilled prefix's
-keys into each bucket's cache; with the settings below, 14.8 s and 0.1 s. Under bf16-mixed a training step was
-unchanged within noise.
+fault: about 1 GB/s where a plain copy runs at several times that (docs/benchmarks.md has the measured effect).
 
 :func:`keep_freed_memory` keeps blocks of up to 32 MiB on the heap, where a freed block is reused as it is, and lets
 the heap hold on to what it has grown to (the resident memory stays near its peak instead of rising and falling with

@@ -440,9 +440,3 @@ def peak_memory_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def describe(model: torch.nn.Module) -> dict[str, Any]:
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"parameters": total, "trainable": trainable}

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mhgpo.rl.advantages import regroup_singletons, rr_pool_keys
-from mhgpo.config.choices import ROLLOUT_SAMPLERS
+from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.model.generation import Generator, SamplingParams
 from mhgpo.data.records import Example
 from mhgpo.team.loader import RolloutFailure, WorkflowError, failure
@@ -113,7 +113,7 @@ class RolloutSpec:
     @property
     def width(self) -> int:
         """Samples drawn at a fork point (G; 1 without a sampler)."""
-        return self.group_size if self.sampler != "none" else 1
+        return self.group_size if sampler_entry(self.sampler).forks != "none" else 1
 
 
 def _sampling_params(workflow: Workflow, agent: str, greedy: bool) -> SamplingParams:
@@ -126,24 +126,23 @@ def initial_branches(
 ) -> tuple[list[tuple[int, str | None]], list[list[str | None]]]:
     """(question index, fork agent) of every chain to start, and the fork agents per question."""
     agents = list(workflow.agents)
+    forking = sampler_entry(spec.sampler).forks
     starts: list[tuple[int, str | None]] = []
     per_question: list[list[str | None]] = []
     for q in range(n_questions):
-        if spec.sampler == "none":
+        if forking == "none":
             forks: list[str | None] = [None]
-        elif spec.sampler == "chains":
+        elif forking == "chains":
             forks = [None] * spec.group_size  # no fork_agent: each start runs one chain
-        elif spec.sampler == "is":
+        elif forking == "every":
             forks = list(agents)
-        elif spec.sampler in ("fof", "fof_os"):
+        elif forking == "first":
             forks = [None]  # resolved to the first agent actually called (Algorithm 1)
-        elif spec.sampler == "rr":
+        else:  # drawn
             probs = np.asarray(spec.rr_probs, dtype=float)
             if len(probs) != len(agents):
                 raise ValueError(f"rr_probs has {len(probs)} entries for {len(agents)} agents {agents}")
             forks = [agents[int(rng.choice(len(agents), p=probs / probs.sum()))]]
-        else:
-            raise ValueError(f"unknown sampler {spec.sampler!r}; choose one of {', '.join(ROLLOUT_SAMPLERS)}")
         per_question.append(forks)
         starts.extend((q, f) for f in forks)
     return starts, per_question
@@ -222,7 +221,7 @@ def assign_groups(batch: RolloutBatch, spec: RolloutSpec, rng: np.random.Generat
     """Group ids of the batch's trees (:func:`_assign_groups`: RR pools its singletons across all its questions),
     their counts in its stats, and FoF's fork agents (the first agent each question called)."""
     batch.stats = {**_assign_groups(batch.nodes, spec, spec.width, rng, batch.fork_agents), **batch.stats}
-    if spec.sampler in ("fof", "fof_os"):
+    if sampler_entry(spec.sampler).forks == "first":
         batch.fork_agents = [[_first_llm_agent(batch.nodes, q)] for q in range(len(batch.examples))]
 
 
@@ -399,7 +398,8 @@ def _run_agent(agent: str, branches: list[Branch], next_id: int, guard: _Guard, 
     over-samples); the input branches are left as they are."""
     workflow = guard.workflow
     G = spec.width
-    first_agent_fork = spec.sampler in ("fof", "fof_os")
+    entry = sampler_entry(spec.sampler)
+    first_agent_fork = entry.forks == "first"
     prompts: list[list[int]] = []
     owners: list[tuple[Branch, str | None, bool, bool]] = []  # (branch, its fork agent, fork sample?, over-sample?)
     for b in branches:
@@ -410,7 +410,7 @@ def _run_agent(agent: str, branches: list[Branch], next_id: int, guard: _Guard, 
         if first_agent_fork and fork_agent is None and not b.forked:
             fork_agent = agent  # FoF: the fork point is the first agent called
         fork_here = fork_agent == agent and not b.forked
-        oversample = spec.sampler == "fof_os" and b.forked and agent == workflow.terminal_agent
+        oversample = entry.oversample_terminal and b.forked and agent == workflow.terminal_agent
         n = G if (fork_here or oversample) else 1
         for _ in range(n):
             prompts.append(ids)
@@ -455,20 +455,21 @@ def _assign_groups(
 ) -> dict[str, float]:
     """Turn group keys into integer group ids; drop (or, for RR, regroup) singletons. Returns counts."""
     llm = [n for n in nodes if n.kind == "llm"]
-    if spec.sampler == "none" or not llm:
+    entry = sampler_entry(spec.sampler)
+    if entry.forks == "none" or not llm:
         return {"groups": 0.0, "singletons_dropped": 0.0, "samples": 0.0}
-    if spec.sampler == "chains":  # every call trains on its own (the critic, not a group, gives its baseline)
+    if entry.forks == "chains":  # every call trains on its own (the critic, not a group, gives its baseline)
         for i, n in enumerate(llm):
             n.group_id = i
         return {"groups": 0.0, "singletons_dropped": 0.0, "samples": float(len(llm))}
-    keep = [n for n in llm if n.fork_sample] if spec.sampler == "is" else llm
+    keep = [n for n in llm if n.fork_sample] if entry.fork_samples_only else llm
     sizes = Counter(n.group_key for n in keep)
     ids: dict[tuple, int] = {}
     group_ids = np.full(len(keep), -1, dtype=np.int64)
     for i, n in enumerate(keep):
         group_ids[i] = ids.setdefault(n.group_key, len(ids))
     dropped = 0
-    if spec.sampler == "rr":
+    if entry.regroup_singletons:
         keys = rr_pool_keys(spec.rr_regroup, [n.agent for n in keep],
                             [fork_agents[n.question_index][0] for n in keep])  # RR: one fork agent per question
         group_ids, dropped = regroup_singletons(group_ids, keys, G, rng)

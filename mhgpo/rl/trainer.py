@@ -35,6 +35,7 @@ from mhgpo.model import sharding
 from mhgpo.rl.advantages import drop_zero_variance, group_advantages, propagate_rewards, total_rewards
 from mhgpo.rl.behaviour import agent_behaviour
 from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
+from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config
 from mhgpo.model.distributed import Single, current
 from mhgpo.rl.evaluation import evaluate_examples, merge_results
@@ -545,7 +546,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
         bad = [r for r in names if r not in roles]
         if bad:
             raise InputError(f"{key}: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
-    if cfg.sampler == "rr" and len(cfg.rr_probs) != len(workflow.agents):
+    if sampler_entry(cfg.sampler).forks == "drawn" and len(cfg.rr_probs) != len(workflow.agents):
         raise InputError(f"rr_probs: {len(cfg.rr_probs)} probabilities for the {len(workflow.agents)} agents "
                          f"({', '.join(workflow.agents)}) of system={cfg.system}")
     device = default_device()
