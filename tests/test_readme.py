@@ -175,7 +175,10 @@ def anchors(path: Path) -> set[str]:
     return {slug(m) for m in re.findall(r"^#{1,6}\s+(.*?)\s*#*\s*$", text, re.M)}
 
 
-@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: p.relative_to(REPO).as_posix())
+LINKED_PAGES = [README, *DOCS, REPO / "experiments" / "README.md", REPO / "CHANGELOG.md"]
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_relative_links_point_at_files(page):
     text = FENCE.sub("", page.read_text(encoding="utf-8"))
     broken = []
