@@ -1,5 +1,6 @@
-"""The README's commands parse with the real `mhgpo` parser, the README stays short, and every relative link in the
-README and docs/ points at a file (and heading) that exists. Fast: nothing is executed, no model is loaded."""
+"""The `mhgpo` commands in the README's (and the docs') shell blocks parse with the real parser and their `key=value`
+overrides are config keys, the README stays short, and every relative link in the README and docs/ points at a
+file (and heading) that exists. Fast: nothing is executed, no model is loaded."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from mhgpo.cli import train as train_cli
+from mhgpo.cli.common import flag_overrides
 from mhgpo.cli.main import _eval_config, build_parser
 from mhgpo.config import SFTConfig, TrainConfig, demo_config_path, load_config
-from mhgpo.cli.common import flag_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -122,6 +123,18 @@ def test_readme_command_parses(command, monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)  # `--config configs/...` and `--system examples/...` are relative to the repository
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
     parse_cli(mhgpo_argv(command))
+
+
+DOC_PAGES = [*DOCS, REPO / "experiments" / "README.md"]
+DOC_COMMANDS = [f"{page.name}: {c}" for page in DOC_PAGES for c in shell_commands(page.read_text(encoding="utf-8"))
+                if mhgpo_argv(c) is not None and "$" not in c]  # a loop's `$team` is filled in only by the shell
+
+
+@pytest.mark.parametrize("command", DOC_COMMANDS, ids=DOC_COMMANDS)
+def test_docs_command_parses(command, monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
+    parse_cli(mhgpo_argv(command.split(": ", 1)[1]))
 
 
 BROKEN = [
