@@ -15,6 +15,7 @@ from mhgpo.cli import train as train_cli
 from mhgpo.cli.common import flag_overrides
 from mhgpo.cli.main import _eval_config, build_parser
 from mhgpo.config import SFTConfig, TrainConfig, demo_config_path, load_config
+from mhgpo.config.experiments import scaled_tree
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -71,8 +72,9 @@ class ParseError(Exception):
 
 def parse_cli(argv: list[str]) -> argparse.Namespace:
     """Parse `argv` as `mhgpo.cli.main.main` does, without running the command; raises ParseError where `main` would
-    stop with a usage error. For the training commands the flags and `key=value` overrides are also resolved into
-    their config (unknown keys and bad values are refused there), which reads a `--config` file but runs nothing."""
+    stop with a usage error. For `train`, `demo`, `sft` and `eval` the flags and `key=value` overrides are also
+    resolved into their config as the command resolves them (unknown keys and bad values are refused there), which
+    reads a `--config` file but runs nothing."""
     parser = build_parser()
 
     def fail(message: str):
@@ -87,9 +89,13 @@ def parse_cli(argv: list[str]) -> argparse.Namespace:
             args.overrides = list(args.overrides) + extra
         else:
             fail(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command in ("train", "demo") and not getattr(args, "resume", None) and not getattr(args, "scale", None):
-        default = demo_config_path() if args.command == "demo" else None
-        load_config(TrainConfig, args.config or default, train_cli._overrides(args))
+    if args.command in ("train", "demo") and not getattr(args, "resume", None):
+        if getattr(args, "scale", None):
+            base = scaled_tree(args.config, args.scale)
+            load_config(TrainConfig, None, train_cli._overrides(args), base=base)
+        else:
+            default = demo_config_path() if args.command == "demo" else None
+            load_config(TrainConfig, args.config or default, train_cli._overrides(args))
     elif args.command == "eval" and not args.resume:
         _eval_config(args)
     elif args.command == "sft" and not args.resume:
@@ -145,6 +151,7 @@ BROKEN = [
     "mhgpo export runs/demo",  # --out is required
     "mhgpo train --steps 2 optim.no_such_key=1",  # an override the config does not have
     "mhgpo eval --limit 0",  # a count below 1
+    "mhgpo train --config experiments/no_such_row.yaml --scale demo",
 ]
 
 
