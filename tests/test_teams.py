@@ -466,3 +466,43 @@ def test_the_default_trace_keeps_what_json_can_hold() -> None:
     state = State(GOOD[0]).with_values(attempts=("x", "y"), n=2, info={"a": [1, 2]},
                                        documents=(Passage("p", "T", "text"),), mixed=["ok", Passage("q", "U", "")])
     assert SolverJudge().trace(state) == {"attempts": ("x", "y"), "n": 2, "info": {"a": [1, 2]}}
+
+
+def test_api_evaluation_resumes_after_an_interrupt(tiny_model_dir: Path, world: Path, tmp_path: Path,  # noqa: F811
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mhgpo.evaluate` runs the same routine as `mhgpo eval`: Ctrl-C after the first batch keeps it, and
+    `resume=True` finishes the other questions with the saved config, giving the uninterrupted predictions."""
+    import mhgpo
+    import mhgpo.run.evaluate as routine
+    from mhgpo.run.evaluate import EvalInterrupted
+
+    data, ids = _four_questions(world, tmp_path)
+    cfg = {"model": str(tiny_model_dir), "data": f"hotpotqa:{data}", "limit": 4, "batch_size": 2, "precision": "fp32",
+           "output_dir": str(tmp_path / "whole")}
+    whole = mhgpo.evaluate(cfg, workflow=Parrot, progress=False)
+    real = routine.evaluate_examples
+
+    def cut_after_one_batch(examples, *args, on_batch=None, **kwargs):
+        def keep_then_stop(rows):
+            on_batch(rows)
+            raise KeyboardInterrupt
+        return real(examples, *args, on_batch=keep_then_stop, **kwargs)
+
+    monkeypatch.setattr(routine, "evaluate_examples", cut_after_one_batch)
+    cut = {**cfg, "output_dir": str(tmp_path / "cut")}
+    with pytest.raises(EvalInterrupted, match=r"interrupted; 2 of 4 questions are in .*predictions.jsonl"):
+        mhgpo.evaluate(cut, workflow=Parrot, progress=False)
+    assert not (tmp_path / "cut" / "metrics.json").exists()
+    with pytest.raises(InputError, match=r"already holds an evaluation; continue it with"):
+        mhgpo.evaluate(cut, workflow=Parrot, progress=False)
+    monkeypatch.setattr(routine, "evaluate_examples", real)
+    with pytest.raises(InputError, match=r"^limit: 3 here, but the evaluation in .* used 4"):
+        mhgpo.evaluate({**cut, "limit": 3}, workflow=Parrot, progress=False, resume=True)
+    resumed = mhgpo.evaluate(cut, workflow=Parrot, progress=False, resume=True)
+    assert resumed.metrics["resumed"] == 2 and resumed.metrics["n"] == 4
+    as_json = lambda rows: json.loads(json.dumps(rows))  # noqa: E731 (rows read back from the file hold lists)
+    assert as_json(resumed.predictions) == as_json(whole.predictions)
+    assert [p["id"] for p in resumed.predictions] == ids
+    assert {k: resumed.metrics[k] for k in ("acc", "em", "f1")} == {k: whole.metrics[k] for k in ("acc", "em", "f1")}
+    saved = [json.loads(line) for line in (tmp_path / "cut" / "predictions.jsonl").read_text().splitlines()]
+    assert sorted(p["id"] for p in saved) == sorted(ids)
