@@ -4,7 +4,9 @@ A run directory (`mhgpo train`, `mhgpo demo`) holds `config.yaml` (the run's con
 `lora` section) and `checkpoints/step_N/model.safetensors`: the tensors that training changed, by parameter name,
 either the LoRA adapter's (`....lora_A.default.weight`) or every parameter of the model (full fine-tuning). Loading a
 run loads its base model and applies the checkpoint: the LoRA adapter merged into the base weights, or the full
-weights copied in place. A run directory means its latest checkpoint; `RUN/checkpoints/step_N` names one.
+weights copied in place, in float32 on the CPU, then rounded once to the dtype asked for (:func:`merged_model`, which
+`mhgpo export` uses too: a run and its export load the same weights bit for bit). A run directory means its latest
+checkpoint; `RUN/checkpoints/step_N` names one.
 
 Runs chain: a run started from another run (`--model RUN`) has that run as its `model`, and loading it loads that run
 first (recursively), then applies its own checkpoint. The chain's first model is its *base*.
@@ -14,6 +16,10 @@ directory's parent (`--model runs/sft --output-dir runs/rl` stores `model: sft`;
 `model: ../base`); absolute paths and names (`smollm2-135m`, hub ids) are stored as given. When a run is read, a
 relative `model` is looked up beside the run directory first, then as written (relative to the working directory:
 config files written by hand). So runs that start from one another can be moved together, and opened from anywhere.
+
+A `lora.per_role` run has one adapter per agent, so no single merged model: it loads as the merged stages beneath
+with the agents' adapters unmerged, and so does its export (the shared weights in `base/`, each agent's PEFT adapter
+beside: :func:`load_agents`). Neither can start another run.
 """
 
 from __future__ import annotations
