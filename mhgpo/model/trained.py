@@ -4,7 +4,9 @@ A run directory (`mhgpo train`, `mhgpo demo`) holds `config.yaml` (the run's con
 `lora` section) and `checkpoints/step_N/model.safetensors`: the tensors that training changed, by parameter name,
 either the LoRA adapter's (`....lora_A.default.weight`) or every parameter of the model (full fine-tuning). Loading a
 run loads its base model and applies the checkpoint: the LoRA adapter merged into the base weights, or the full
-weights copied in place. A run directory means its latest checkpoint; `RUN/checkpoints/step_N` names one.
+weights copied in place, in float32 on the CPU, then rounded once to the dtype asked for (:func:`merged_model`, which
+`mhgpo export` uses too: a run and its export load the same weights bit for bit). A run directory means its latest
+checkpoint; `RUN/checkpoints/step_N` names one.
 
 Runs chain: a run started from another run (`--model RUN`) has that run as its `model`, and loading it loads that run
 first (recursively), then applies its own checkpoint. The chain's first model is its *base*.
@@ -14,6 +16,10 @@ directory's parent (`--model runs/sft --output-dir runs/rl` stores `model: sft`;
 `model: ../base`); absolute paths and names (`smollm2-135m`, hub ids) are stored as given. When a run is read, a
 relative `model` is looked up beside the run directory first, then as written (relative to the working directory:
 config files written by hand). So runs that start from one another can be moved together, and opened from anywhere.
+
+A `lora.per_role` run has one adapter per agent, so no single merged model: it loads as the merged stages beneath
+with the agents' adapters unmerged, and so does its export (the shared weights in `base/`, each agent's PEFT adapter
+beside: :func:`load_agents`). Neither can start another run.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ import torch
 
 from mhgpo.model.checkpoint import STEP_PREFIX, list_checkpoints
 from mhgpo.config import LoraConfig, from_dict
-from mhgpo.model.pretrained import (DEFAULT_MODEL, RUN_CONFIG, TRAINED_KINDS, LoadedModel, ModelNotFoundError, load_pretrained,
-                              resolve_model)
+from mhgpo.model.pretrained import (AGENTS_KIND, DEFAULT_MODEL, RUN_CONFIG, SHARED_FOLDER, TRAINED_KINDS, LoadedModel,
+                                   ModelNotFoundError, agent_folders, device_and_dtype, load_pretrained,
+                                   resolve_model)
 from mhgpo.model.lora import Reference, peft_lora_config
 from mhgpo.errors import InputError
 
@@ -232,11 +239,17 @@ def with_adapter(model: torch.nn.Module, stage: Stage, tensors: dict[str, torch.
     return wrapped
 
 
+def per_agent_refusal(where: Any, beneath: Any) -> str:
+    """Why a team with one adapter per agent (a `lora.per_role` run, or its export) cannot be one model, and which
+    model lies beneath its adapters: the same words for the run and for its export."""
+    return (f"{where}: one adapter per agent (lora.per_role), so no single set of weights to start another run "
+            f"from; start from the model beneath the adapters ({beneath})")
+
+
 def apply_stage(model: torch.nn.Module, stage: Stage, base: str) -> torch.nn.Module:
     """`model` with the stage's checkpoint applied: LoRA merged into the weights, or full weights in place."""
     if stage.lora.per_role:
-        raise TrainedModelError(f"{stage.run_dir}: trained one adapter per agent (lora.per_role), so it has no single "
-                                f"set of weights to start another run from; start from its own starting model")
+        raise TrainedModelError(per_agent_refusal(stage.run_dir, run_model_spec(stage.model, stage.run_dir)))
     tensors = read_weights(stage)
     if stage.lora.enabled:
         return with_adapter(model, stage, tensors, base).merge_and_unload()
@@ -260,27 +273,89 @@ def load_model(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None,
     source = resolve_model(spec)
     if source.kind in TRAINED_KINDS:
         return load_trained(resolve_trained(Path(source.location), source.kind), device, dtype)
+    if source.kind == AGENTS_KIND:
+        return load_agents(Path(source.location), device, dtype)
     return load_pretrained(spec, device, dtype)
 
 
-def load_trained(spec: TrainedSpec, device: Any = None, dtype: Any = None) -> LoadedModel:
-    """The base model with every stage applied in order (a plain model, in eval mode). A last stage with one
-    adapter per agent stays unmerged: `LoadedModel.select(agent)` switches to that agent's adapter."""
-    loaded = load_pretrained(spec.base, device=device, dtype=dtype)
+def stored_as(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``model`` with its floating-point parameters stored in ``dtype``, each value rounded once, as
+    ``from_pretrained(..., dtype=dtype)`` stores a float32 checkpoint: the modules the model keeps in float32 stay
+    float32, and buffers (the rotary frequencies) keep their dtype. Tied parameters stay tied."""
+    keep: set[str] = set()
+    if dtype in (torch.float16, torch.bfloat16):
+        keep |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    if dtype == torch.float16:
+        keep |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.is_floating_point() and param.dtype != dtype and not keep.intersection(name.split(".")):
+                param.data = param.data.to(dtype)
+    if getattr(model, "config", None) is not None:
+        model.config.dtype = dtype
+    return model
+
+
+def merged_model(spec: TrainedSpec, device: Any = None, dtype: Any = None) -> LoadedModel:
+    """The base model with the stages of ``spec`` merged into its weights, then stored as ``dtype`` on ``device``:
+    the one merge that loading a run (``--model RUN``) and ``mhgpo export`` share. The base is loaded and every
+    stage applied in float32 on the CPU (a LoRA adapter's product added to float32 weights), and the result is
+    rounded once to ``dtype``, so that a run and its export, loaded with the same dtype, hold the same weights bit
+    for bit (a float32 sum rounded once, where a merge into bfloat16 weights would round twice, and a merge on
+    a GPU would sum in another order). A last stage with one adapter per agent (``lora.per_role``) is not merged:
+    the stages before it are, and :func:`load_trained` adds the adapters."""
+    device, dtype = device_and_dtype(device, dtype)
+    loaded = load_pretrained(spec.base, device="cpu", dtype=torch.float32)
     model = loaded.model
-    for stage in spec.stages[:-1]:
+    merged = spec.stages[:-1] if spec.last.lora.per_role else spec.stages
+    for stage in merged:
         model = apply_stage(model, stage, spec.base)
-    if spec.last.lora.per_role:
-        model = with_adapter(model, spec.last, read_weights(spec.last), spec.base)
-        roles = adapter_names(read_weights(spec.last))
-        loaded.select = lambda agent: _acting_as(model, roles, agent)
-    else:
-        model = apply_stage(model, spec.last, spec.base)
+    model = stored_as(model, dtype).to(device)
     for param in model.parameters():  # as `from_pretrained` gives them (merging LoRA leaves them frozen)
         param.requires_grad_(True)
-    model.eval()
-    loaded.model, loaded.name, loaded.trained = model, spec.last.label, spec
+    loaded.model, loaded.device, loaded.dtype = model.eval(), device, dtype
     return loaded
+
+
+def load_trained(spec: TrainedSpec, device: Any = None, dtype: Any = None) -> LoadedModel:
+    """The base model with every stage applied in order (a plain model, in eval mode; see :func:`merged_model`).
+    A last stage with one adapter per agent stays unmerged: `LoadedModel.select(agent)` switches to that agent's
+    adapter."""
+    loaded = merged_model(spec, device, dtype)
+    if spec.last.lora.per_role:
+        tensors = read_weights(spec.last)
+        _per_agent(loaded, with_adapter(loaded.model, spec.last, tensors, spec.base), adapter_names(tensors))
+    loaded.name, loaded.trained = spec.last.label, spec
+    return loaded
+
+
+def load_agents(folder: Path, device: Any = None, dtype: Any = None) -> LoadedModel:
+    """The export of a team with one adapter per agent (``mhgpo export`` of a ``lora.per_role`` run): the shared
+    model in ``base/`` and each agent's PEFT adapter, unmerged as when the run itself is loaded, so the two hold
+    the same weights; ``LoadedModel.select(agent)`` switches adapters."""
+    from peft import PeftModel
+
+    roles = agent_folders(folder)
+    loaded = load_pretrained(folder / SHARED_FOLDER, device, dtype)
+    try:
+        model = PeftModel.from_pretrained(loaded.model, str(folder / roles[0]), adapter_name=roles[0])
+        for role in roles[1:]:
+            model.load_adapter(str(folder / role), adapter_name=role)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise TrainedModelError(f"{folder}: the agents' adapters do not load onto {SHARED_FOLDER}/ ({first})") from None
+    _per_agent(loaded, model, roles)
+    loaded.name = Path(folder).name
+    return loaded
+
+
+def _per_agent(loaded: LoadedModel, model: Any, roles: list[str]) -> None:
+    """Make ``loaded`` the PEFT ``model`` with one adapter per agent of ``roles`` (the first active), in eval mode."""
+    model.base_model.set_adapter(roles[0])
+    for param in model.parameters():  # as `from_pretrained` gives them
+        param.requires_grad_(True)
+    loaded.model = model.eval()
+    loaded.select = lambda agent: _acting_as(model, roles, agent)
 
 
 def initial_weights(spec: str, reference: str, lora_enabled: bool, device: Any = None,
@@ -291,8 +366,10 @@ def initial_weights(spec: str, reference: str, lora_enabled: bool, device: Any =
     loaded = load_model(spec, device=device, dtype=dtype)
     trained: TrainedSpec | None = loaded.trained
     if loaded.select is not None:
-        raise TrainedModelError(f"{trained.last.run_dir}: trained one adapter per agent (lora.per_role), so it has no "
-                                f"single set of weights to start another run from; start from its own starting model")
+        if trained is not None:
+            last = trained.last
+            raise TrainedModelError(per_agent_refusal(last.run_dir, run_model_spec(last.model, last.run_dir)))
+        raise TrainedModelError(per_agent_refusal(spec, Path(spec) / SHARED_FOLDER))
     if reference != "base" or trained is None:
         return loaded, None
     if lora_enabled and all(stage.lora.enabled for stage in trained.stages):

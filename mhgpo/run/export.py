@@ -8,8 +8,12 @@ transformers, which then refuses to save it: the export builds a plain model fro
 quantization entry and loads the merged weights into it. `lora_only` writes `adapter_config.json` and
 `adapter_model.safetensors` (with the tokenizer and the card), for `peft.PeftModel.from_pretrained(base, DIR)`.
 
-Weights are loaded and merged in float32 on the CPU, then rounded once to the chosen dtype. The folder is written
-under a temporary name beside `out` and renamed when complete.
+Weights are loaded and merged in float32 on the CPU, then rounded once to the chosen dtype, by the same function
+that loads a run for `--model RUN` (:func:`mhgpo.model.trained.merged_model`): loaded with the same dtype, a run and
+its (float32) export hold the same weights bit for bit. A team with one adapter per agent (`lora.per_role`) has no
+single merged model: its export holds the shared weights in `base/` and each agent's adapter in `<agent>/`, and
+`--model` loads that folder as a team, as it loads the run. The folder is written under a temporary name beside
+`out` and renamed when complete.
 """
 
 from __future__ import annotations
@@ -24,10 +28,9 @@ from typing import Any
 import torch
 
 from mhgpo.io import atomic_write_text, usual_permissions
-from mhgpo.model.pretrained import TRAINED_KINDS, LoadedModel, resolve_model, stop_token_ids
-from mhgpo.model.trained import load_model
 from mhgpo.errors import InputError
-from mhgpo.model.trained import RUN_CONFIG, TrainedSpec, read_weights, resolve_trained, with_adapter
+from mhgpo.model.pretrained import SHARED_FOLDER, TRAINED_KINDS, LoadedModel, resolve_model, stop_token_ids
+from mhgpo.model.trained import RUN_CONFIG, TrainedSpec, load_model, read_weights, resolve_trained, with_adapter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # what the packaged default derives from
@@ -49,7 +52,7 @@ def export(spec: str, out: Path, dtype: str = "float32", lora_only: bool = False
         if lora_only:
             loaded = _write_adapter(spec, trained, tmp, DTYPES[dtype])
         else:
-            loaded = _write_merged(spec, tmp, DTYPES[dtype])
+            loaded = _write_merged(spec, tmp, out, DTYPES[dtype])
         _save_tokenizer(loaded.tokenizer, tmp)
         atomic_write_text(tmp / "README.md", model_card(spec, out.name, trained, dtype, lora_only))
         for f in tmp.rglob("*"):  # some writers make 0600 files; give the usual permissions
@@ -80,24 +83,34 @@ def plain_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return plain.eval()
 
 
-def _write_merged(spec: str, folder: Path, dtype: torch.dtype) -> LoadedModel:
-    """The merged model in `folder`; a team with one adapter per agent (`lora.per_role`): one merged model per
-    agent, in `folder/<agent>/` (each with the tokenizer)."""
-    loaded = load_model(spec, device="cpu", dtype=torch.float32)  # merged in float32, then rounded once
+def _write_merged(spec: str, folder: Path, out: Path, dtype: torch.dtype) -> LoadedModel:
+    """The merged model in `folder`, loaded exactly as `--model spec` loads it (:func:`mhgpo.model.trained.load_model`:
+    merged in float32 on the CPU, rounded once to `dtype`). A team with one adapter per agent (`lora.per_role`) has
+    no single model: the shared weights go to `folder/base/` (a plain model, with the tokenizer) and each agent's
+    adapter, unmerged, to `folder/<agent>/` (PEFT), which `--model out` loads as the run loads."""
+    loaded = load_model(spec, device="cpu", dtype=dtype)
     if loaded.select is None:
         _save_plain(loaded, loaded.model, folder, dtype)
         return loaded
-    for role in list(loaded.model.peft_config):
-        one = load_model(spec, device="cpu", dtype=torch.float32)  # a fresh copy: merging one unloads the others
-        _save_plain(one, one.model.merge_and_unload(adapter_names=[role]), folder / role, dtype)
-        _save_tokenizer(one.tokenizer, folder / role)
+    model = loaded.model
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.data = param.data.to(dtype)
+    for config in model.peft_config.values():
+        config.base_model_name_or_path = os.path.abspath(out / SHARED_FOLDER)
+    # no adapter is named `default`: each goes to the sub-folder named after it (adapters hold no embedding layers)
+    model.save_pretrained(folder, save_embedding_layers=False)
+    base = folder / SHARED_FOLDER
+    _save_plain(loaded, model.unload(), base, dtype)
+    _save_tokenizer(loaded.tokenizer, base)
     return loaded
 
 
 def _save_plain(loaded: LoadedModel, merged: torch.nn.Module, folder: Path, dtype: torch.dtype) -> None:
     from transformers import GenerationConfig
 
-    model = plain_model(merged.to(dtype), dtype)
+    model = plain_model(merged, dtype)
     tok = loaded.tokenizer
     bos = tok.bos_token_id if tok.bos_token_id is not None else merged.generation_config.bos_token_id
     model.generation_config = GenerationConfig(  # token ids only: decoding settings stay the caller's
@@ -190,16 +203,25 @@ def model_card(spec: str, name: str, trained: TrainedSpec | None, dtype: str, lo
              "", "| | |", "|---|---|",
              f"| base model | `{base}`{origin} |"]
     lines += _stage_rows(trained) if trained else ["| training | none (the base model as it is) |"]
-    merged = not lora_only and trained is not None and any(stage.lora.enabled for stage in trained.stages)
-    if trained is not None and trained.last.lora.per_role:
-        lines += ["| agents | one adapter per agent (`lora.per_role`): " + ("one sub-folder per agent, each adapter"
-                  if lora_only else "one model per agent, in the sub-folder named after it") + " |"]
+    per_agent = trained is not None and trained.last.lora.per_role
+    merged = not lora_only and trained is not None and any(stage.lora.enabled for stage in trained.stages
+                                                           if not stage.lora.per_role)
+    if per_agent:
+        lines += ["| agents | one adapter per agent (`lora.per_role`), so no single merged model: " + (
+            "one sub-folder per agent, each adapter" if lora_only else
+            f"the shared weights in `{SHARED_FOLDER}/`, each agent's adapter (unmerged) in the sub-folder named "
+            "after it") + " |"]
     lines += [f"| weights | {dtype}" + (", LoRA merged into the base weights" if merged else "") + " |", ""]
     lines += ["## Use", "", "The agents' prompts are chat messages rendered with the tokenizer's chat template (plain "
               "ChatML, no default system message); decode greedily for evaluation.", ""]
     if not lora_only:
         lines += ["```bash", f"mhgpo eval --model {name} --data hotpotqa:PATH", "```", ""]
-    if lora_only:
+    if per_agent and not lora_only:
+        lines += ["```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM, "
+                  "AutoTokenizer", "", f"base = AutoModelForCausalLM.from_pretrained(\"{name}/{SHARED_FOLDER}\")",
+                  f"model = PeftModel.from_pretrained(base, \"{name}/AGENT\")  # e.g. answerer",
+                  f"tokenizer = AutoTokenizer.from_pretrained(\"{name}\")", "```", ""]
+    elif lora_only:
         lines += ["```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
                   "base = AutoModelForCausalLM.from_pretrained(BASE)  # the base model above",
                   f"model = PeftModel.from_pretrained(base, \"{name}\")", "```", ""]
