@@ -605,3 +605,35 @@ def test_a_truncated_model_file_and_debug(tiny_model_dir, world, tmp_path, capsy
     res = subprocess.run([sys.executable, "-m", "mhgpo", "--debug", "data", "synth", "--out", weights],
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
     assert res.returncode == 1 and "Traceback (most recent call last)" in res.stderr and "InputError" in res.stderr
+
+
+def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path: Path, capsys) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / LOCK_FILE).symlink_to(target)
+    with pytest.raises(Exception, match=r"mhgpo.lock: is a symbolic link"):
+        RunLock(out, "eval").acquire()
+    assert main(["eval", "--limit", "1", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "mhgpo: error:" in err and "is a symbolic link" in err and "Traceback" not in err
+    assert target.read_text() == "keep me\n" and (out / LOCK_FILE).is_symlink()
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.lr=nan", "optim.lr"),
+    ("optim.max_grad_norm=inf", "optim.max_grad_norm"),
+    ("rr_probs=[nan, 0.5, 0.5]", "rr_probs[0]"),
+    ("search.answerer.temperature=nan", "search.answerer.temperature"),
+    ("optim.kl_beta=-inf", "optim.kl_beta"),
+])
+def test_non_finite_numbers_are_refused_naming_the_key(override: str, key: str, capsys) -> None:
+    import re
+
+    with pytest.raises(Exception, match="^" + re.escape(key) + ": expected a finite number"):
+        load_config(TrainConfig, None, [override])
+    assert main(["train", "--steps", "1", override]) == 2
+    err = capsys.readouterr().err
+    assert f"mhgpo: error: {key}: expected a finite number" in err and "Traceback" not in err

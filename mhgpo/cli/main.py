@@ -93,6 +93,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from mhgpo.team.build import build_workflow, resolve_team
     from mhgpo.data.records import Example
     from mhgpo.rl.rollout import RolloutSpec, run_rollouts
+    from rich.markup import escape
 
     overrides = flag_overrides(args, {"model": "model", "corpus": "retrieval.corpus",
                                        "retriever": "retrieval.retriever", "index": "retrieval.index",
@@ -123,7 +124,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
         if node.penalty:
             details["penalty"] = node.penalty
         for k, v in details.items():
-            console.print(f"  [dim]{k}:[/] {v}", markup=True, highlight=False)
+            console.print(f"  [dim]{escape(str(k))}:[/] {escape(str(v))}", markup=True, highlight=False)
     leaf = batch.leaves()[0]
     console.rule("[bold]answer[/]")
     console.print(leaf.final_answer, markup=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -82,14 +83,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise InputError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise InputError(f"{key}: expected a number, got {value!r}")
+        if number is None:
+            raise InputError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(number):
+            raise InputError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

@@ -58,8 +58,11 @@ class RunLock:
             except OSError as e:
                 raise InputError(f"{self.folder}: cannot create the folder ({e.strerror})") from None
         for _attempt in range(5):
+            if self.path.is_symlink():
+                raise InputError(f"{self.path}: is a symbolic link; mhgpo writes its lock only into a regular file "
+                                 f"(remove the link, or pick another folder)")
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError as e:
                 raise InputError(f"{self.path}: cannot write the lock file ({e.strerror})") from None
             try:
