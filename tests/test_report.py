@@ -79,3 +79,39 @@ def test_token_f1_and_intra_group_similarity() -> None:
     sims = intra_group_similarity(rows)
     assert sims["answerer"] == pytest.approx(1 / 3, abs=1e-12)  # pairs: 1, 0, 0
     assert sims["rewriter"] == pytest.approx(0.5, abs=1e-12)
+
+
+def _staged_run() -> "Run":
+    from mhgpo.run.report import Run
+
+    metrics = [{"step": s, "reward/mean": r, **({"val/f1": v} if v is not None else {})}
+               for s, r, v in [(1, 0.125, None), (2, 0.0, 50.0), (3, 0.25, None), (4, 0.5, 55.0), (5, 0.0, None),
+                               (6, 0.0, 57.3)]]
+    evals = {"eval_before": {"label": "untrained", "f1": 4.3, "acc": 23.0, "em": 0.0},
+             "eval_warm_start": {"label": "warm start", "f1": 51.3, "acc": 51.0, "em": 51.0}}
+    return Run(Path("runs/demo"), "demo", {}, metrics, [], evals)
+
+
+def test_validation_plot_gives_the_warm_start_its_own_point() -> None:
+    """The untrained team is a point of its own, not the start of RL's line; RL's line starts at the warm start."""
+    from mhgpo.run.report import _plot_reward_and_val_f1
+
+    fig = _plot_reward_and_val_f1([_staged_run()])
+    ax = fig.axes[1]
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()), line.get_linestyle())
+             for line in ax.lines}
+    assert lines["demo: RL"][:2] == ([0, 2, 4, 6], [51.3, 50.0, 55.0, 57.3])
+    assert lines["demo: warm start"] == ([0], [51.3], "None")
+    assert lines["demo: untrained"] == ([0], [4.3], "None")
+    reward = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].lines}
+    assert reward["demo"] == pytest.approx([0.125, 0.0625, 0.125, 0.375, 0.25, 0.0])  # trailing means of 2 steps
+
+
+def test_training_summary_uses_the_first_and_last_third_with_their_spread() -> None:
+    from mhgpo.run.report import moving_average, smoothing_window, training_summary
+
+    assert [smoothing_window(n) for n in (1, 2, 3, 4, 6, 10, 12)] == [1, 1, 1, 2, 2, 4, 4]
+    assert moving_average([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
+    steps = [{"step": s, "reward/mean": r} for s, r in enumerate([0.0, 0.2, 0.1, 0.1, 0.3, 0.5, 0.4, 0.4, 0.6, 0.8], 1)]
+    assert training_summary(steps) == "0.100 ± 0.071 (steps 1–4) → 0.550 ± 0.166 (steps 7–10)"
+    assert training_summary(steps[:1]) == "0.000 (step 1)"

@@ -17,6 +17,7 @@ import base64
 import html
 import itertools
 import json
+import math
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -238,22 +239,69 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
     return plots
 
 
+def moving_average(ys: list[float], window: int) -> list[float]:
+    """The mean of each value with the up to `window - 1` values before it (a trailing moving average)."""
+    out = []
+    for i in range(len(ys)):
+        part = ys[max(0, i - window + 1): i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def smoothing_window(n: int) -> int:
+    """Steps per trailing mean in the training curves and per end of the training summary: a third of the run
+    (rounded up), at most half of it, at least 1."""
+    return max(1, min(n // 2, math.ceil(n / 3)))
+
+
+def _stage_f1(run: Run, label: str) -> float | None:
+    found = [m["f1"] for m in run.evals.values() if m.get("label") == label]
+    return found[0] if found else None
+
+
 def _plot_reward_and_val_f1(trained: list[Run]):
-    """Training reward and validation F1 over steps (the untrained team's evaluation as step 0)."""
+    """Training reward over steps (each step's value as a point, a trailing mean as the line) and validation F1:
+    the untrained team and the warm-started team as points of their own at step 0, RL's validations as a line from
+    the team it started from."""
     fig, (ax1, ax2) = _figure(2)
     for r in trained:
-        ax1.plot(*_series(r, "reward/mean"), marker=".", label=_plain(r.label))
+        xs, ys = _series(r, "reward/mean")
+        points = ax1.plot(xs, ys, ".", alpha=0.35)[0]
+        ax1.plot(xs, moving_average(ys, smoothing_window(len(ys))), color=points.get_color(), label=_plain(r.label))
         xs, ys = _series(r, "val/f1")
-        untrained = [m["f1"] for m in r.evals.values() if m.get("label") == "untrained"]
-        if xs and untrained:  # the untrained team's evaluation is step 0
-            xs, ys = [0, *xs], [untrained[0], *ys]
-        if xs:
-            ax2.plot(xs, ys, marker="o", label=_plain(r.label))
-    ax1.set(title="training reward (final-answer F1)", xlabel="step", ylabel="reward")
-    ax2.set(title="validation F1", xlabel="step", ylabel="F1 (%)")
+        untrained, warm = _stage_f1(r, "untrained"), _stage_f1(r, "warm start")
+        if warm is not None:  # RL starts from the warm-started team
+            xs, ys = [0, *xs], [warm, *ys]
+        line = ax2.plot(xs, ys, marker="o", label=_plain(f"{r.label}: RL"))[0] if xs else None
+        color = line.get_color() if line is not None else None
+        if warm is not None:
+            ax2.plot([0], [warm], marker="s", linestyle="none", color=color, markersize=8,
+                     label=_plain(f"{r.label}: warm start"))
+        if untrained is not None:
+            ax2.plot([0], [untrained], marker="x", linestyle="none", color=color, markersize=9,
+                     label=_plain(f"{r.label}: untrained"))
+    ax1.set(title="training reward (points: steps; line: trailing mean)", xlabel="RL step", ylabel="reward")
+    ax2.set(title="validation F1 (step 0: before RL)", xlabel="RL step", ylabel="F1 (%)")
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)
     return fig
+
+
+def training_summary(metrics: list[dict[str, Any]], key: str = "reward/mean") -> str:
+    """`key` over the first and the last `smoothing_window` steps: mean ± std and the steps."""
+    pts = [(m["step"], m[key]) for m in metrics if isinstance(m.get(key), (int, float))]
+    if not pts:
+        return f"no {key}"
+    k = smoothing_window(len(pts))
+
+    def part(rows: list[tuple[int, float]]) -> str:
+        vals = [v for _, v in rows]
+        mean = sum(vals) / len(vals)
+        std = (sum((v - mean) ** 2 for v in vals) / len(vals)) ** 0.5
+        steps = f"step {rows[0][0]}" if len(rows) == 1 else f"steps {rows[0][0]}–{rows[-1][0]}"
+        return f"{mean:.3f} ± {std:.3f} ({steps})" if len(rows) > 1 else f"{mean:.3f} ({steps})"
+
+    return part(pts) if len(pts) == 1 else f"{part(pts[:k])} → {part(pts[-k:])}"
 
 
 def _plot_penalties(trained: list[Run], agents: list[str]):
@@ -389,10 +437,8 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
     md.append(_md_table(header, body) if body else "No evaluation results were found.")
     for r in runs:
         if r.metrics:
-            first, last = r.metrics[0], r.metrics[-1]
-            md += ["", f"Training of {md_text(r.label)}: {len(r.metrics)} steps; "
-                   f"reward {first.get('reward/mean', 0):.3f} "
-                   f"(step {first['step']}) → {last.get('reward/mean', 0):.3f} (step {last['step']})."]
+            md += ["", f"Training of {md_text(r.label)}: {len(r.metrics)} RL steps; mean reward "
+                   f"{training_summary(r.metrics)}."]
     titles = {"reward_and_val_f1": "Training reward and validation F1", "penalties": "Format penalty per agent",
               "behaviour": "Agent behaviour", "intra_group_similarity": "Intra-group similarity",
               "cost": "Time and memory"}
