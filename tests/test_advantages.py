@@ -386,3 +386,46 @@ def test_drop_zero_variance_matches_the_reference(seed):
     out, dropped = drop_zero_variance(rewards, ids)
     ref, ref_dropped = drop_zero_variance_reference(rewards, ids)
     assert out.tolist() == ref.tolist() and dropped == ref_dropped
+
+
+# ---- advantage schemes: the groups advantages are normalised in (MHGPO's, agent-wise, prompt-agent-turn)
+
+
+def test_scheme_groups_by_hand():
+    from mhgpo.rl.advantages import scheme_groups
+
+    #                 sampler ids, agents,                         prompts,          visits
+    group_ids = np.array([0, 0, 1, 1, -1, 2, 2, 1])
+    agents = np.array(["rw", "rw", "rr", "rr", "ans", "ans", "ans", "rr"])
+    prompts = np.array([7, 7, 3, 4, 9, 5, 5, 3])
+    visits = np.array([0, 0, 0, 0, 0, 0, 1, 0])
+    ids, dropped = scheme_groups("mhgpo", group_ids, agents, prompts, visits)
+    assert ids.tolist() == group_ids.tolist() and dropped == 0
+    ids, dropped = scheme_groups("agent", group_ids, agents, prompts, visits)
+    assert ids.tolist() == [0, 0, 1, 1, -1, 2, 2, 1] and dropped == 0  # ans: the untrained sample stays out
+    ids, dropped = scheme_groups("prompt_agent_turn", group_ids, agents, prompts, visits)
+    # (7, rw, 0) × 2 → group 0; (3, rr, 0) × 2 (samples 2 and 7) → group 1; (4, rr), (5, ans, 0), (5, ans, 1): alone
+    assert ids.tolist() == [0, 0, 1, -1, -1, -1, -1, 1] and dropped == 3
+    with pytest.raises(ValueError, match="unknown advantage scheme 'x'"):
+        scheme_groups("x", group_ids, agents, prompts, visits)
+
+
+@pytest.mark.parametrize("scheme", ["mhgpo", "agent", "prompt_agent_turn"])
+@pytest.mark.parametrize("seed", range(25))
+def test_scheme_groups_equal_the_reference(scheme, seed):
+    from mhgpo.rl.advantages import scheme_groups, scheme_groups_reference
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 40))
+    group_ids = rng.integers(-1, 6, n)
+    agents = rng.choice(["rewriter", "reranker", "answerer"], n)
+    prompts = rng.integers(0, 5, n)
+    visits = rng.integers(0, 2, n)
+    fast, dropped = scheme_groups(scheme, group_ids, agents, prompts, visits)
+    slow, dropped_ref = scheme_groups_reference(scheme, group_ids.tolist(), agents.tolist(), prompts.tolist(),
+                                                visits.tolist())
+    assert fast.tolist() == slow and dropped == dropped_ref
+    if scheme != "mhgpo":  # every kept group has at least two samples; ids numbered 0..K-1 by first appearance
+        kept = fast[fast >= 0]
+        assert all(np.sum(kept == g) >= 2 for g in np.unique(kept))
+        assert list(dict.fromkeys(kept.tolist())) == list(range(len(set(kept.tolist()))))

@@ -108,3 +108,14 @@ def test_the_default_sampler_is_filled_by_loading_not_by_the_check(tmp_path):
     assert bare.sampler is None
     dump_config(load_config(TrainConfig), tmp_path / "c.yaml")
     assert "sampler: rr" in (tmp_path / "c.yaml").read_text()  # the dumped config names the sampler
+
+
+def test_advantage_scheme_is_checked():
+    from mhgpo.config import TrainConfig
+
+    assert load_config(TrainConfig, None, []).advantage == "mhgpo"
+    assert load_config(TrainConfig, None, ["advantage=prompt_agent_turn"]).advantage == "prompt_agent_turn"
+    with pytest.raises(InputError, match=r"^advantage: expected mhgpo, agent or prompt_agent_turn, got 'dr'"):
+        load_config(TrainConfig, None, ["advantage=dr"])
+    with pytest.raises(InputError, match=r"^advantage: mappo's advantages come from its critic"):
+        load_config(TrainConfig, None, ["algo=mappo", "advantage=agent"])

@@ -959,3 +959,37 @@ def test_sampler_table_matches_the_config_choices():
     assert samplers.GROUP_SAMPLERS == ("is", "fof", "rr", "fof_os")
     with pytest.raises(ValueError, match="unknown sampler 'x'"):
         samplers.sampler("x")
+
+
+@pytest.mark.parametrize("scheme", ["agent", "prompt_agent_turn"])
+def test_peer_advantage_schemes_on_a_fof_batch(scheme):
+    """`advantage=agent` normalises each agent's trained samples across the batch (mean 0, unbiased std 1);
+    `advantage=prompt_agent_turn` keeps only samples whose prompt, agent and visit another sample shares: under FoF
+    the Rewriter's G samples of each question (one prompt), not the downstream calls with prompts of their own."""
+    batch, _, _ = rollout("fof", n_questions=4)
+    sampler_trained = sum(n.trained for n in batch.llm_nodes())
+    stats = assign_rewards(batch, "mean", True, np.random.default_rng(0), scheme)
+    llm = batch.llm_nodes()
+    by_group = defaultdict(list)
+    for n in llm:
+        if n.trained:
+            by_group[n.group_id].append(n)
+    if scheme == "agent":
+        assert {g: {n.agent for n in ns} for g, ns in by_group.items()} == {0: {REWRITER}, 1: {RERANKER}, 2: {ANSWERER}}
+        assert batch.stats["samples"] == sampler_trained and batch.stats["singletons_dropped"] == 0
+    else:
+        prompts = Counter((tuple(n.prompt_ids), n.agent, n.visit) for n in llm)
+        assert all(prompts[(tuple(n.prompt_ids), n.agent, n.visit)] >= 2 for n in llm if n.trained)
+        assert all(prompts[(tuple(n.prompt_ids), n.agent, n.visit)] == 1 for n in llm if not n.trained)
+        assert {n.agent for ns in by_group.values() for n in ns} >= {REWRITER}
+        assert sum(len(ns) for ns in by_group.values() if ns[0].agent == REWRITER) == 4 * G
+        dropped = sum(not n.trained for n in llm)
+        assert batch.stats["singletons_dropped"] == dropped and batch.stats["samples"] == len(llm) - dropped
+    assert stats["n_groups"] == len(by_group)
+    for ns in by_group.values():
+        rewards = np.array([n.reward for n in ns])
+        adv = np.array([n.advantage for n in ns])
+        if np.ptp(rewards) == 0:
+            assert np.all(adv == 0.0)
+        else:
+            assert adv.mean() == pytest.approx(0.0, abs=1e-12) and adv.std(ddof=1) == pytest.approx(1.0, rel=1e-5)

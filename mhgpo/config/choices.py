@@ -12,6 +12,7 @@ SINGLE_AGENT_ALGOS = ("grpo", "ppo")  # the "LLM + RL" baselines: system=llm onl
 SAMPLERS = TRAIN_SAMPLERS  # `sampler` (mhgpo/config/samplers.py): is, fof, rr, fof_os; chains (MAPPO, PPO)
 ROLLOUT_SAMPLERS = tuple(_SAMPLER_TABLE)  # the rollout engine's: `none` is one greedy chain (evaluation)
 RR_REGROUP = ("fork", "role", "all")
+ADVANTAGE_SCHEMES = ("mhgpo", "agent", "prompt_agent_turn")  # advantage: the groups advantages are normalised in
 AGGREGATORS = ("mean", "max", "min", "rand")  # reward.aggr
 SCHEDULES = ("constant", "cosine")  # optim.schedule
 REFERENCES = ("init", "base")  # the KL term's reference policy

@@ -7,8 +7,8 @@ import dataclasses
 from typing import Any
 
 from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
-from mhgpo.config.choices import (AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, REFERENCES, RR_REGROUP, SAMPLERS,
-                           SCHEDULES, SINGLE_AGENT_ALGOS, one_of)
+from mhgpo.config.choices import (ADVANTAGE_SCHEMES, AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, REFERENCES,
+                                  RR_REGROUP, SAMPLERS, SCHEDULES, SINGLE_AGENT_ALGOS, one_of)
 from mhgpo.config.eval import RetrievalConfig, SystemConfig, check_precision, check_system
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.errors import InputError
@@ -185,6 +185,9 @@ class TrainConfig:
     group_size: int = 4
     rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
     rr_regroup: str = "fork"  # RR's singletons pooled by: fork | role | all (see mhgpo/rl/advantages.py)
+    # The groups advantages are normalised in: mhgpo (the sampler's, heterogeneous), agent (one per agent across the
+    # step, as Dr.MAS), prompt_agent_turn (same prompt, agent and visit, as AT-GRPO; singletons untrained)
+    advantage: str = "mhgpo"
     # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py); the run's config.yaml records the resolved one
     precision: str = "auto"
     # Untrain groups whose rewards are all equal and draw more questions until the step holds as many informative
@@ -249,6 +252,11 @@ class TrainConfig:
         if any(p < 0 for p in self.rr_probs) or abs(sum(self.rr_probs) - 1.0) > 1e-6:
             raise InputError(f"rr_probs: expected non-negative probabilities that sum to 1, got {self.rr_probs} "
                              f"(sum {sum(self.rr_probs):g})")
+        if self.advantage not in ADVANTAGE_SCHEMES:
+            raise InputError(f"advantage: expected {one_of(ADVANTAGE_SCHEMES)}, got {self.advantage!r}")
+        if self.advantage != "mhgpo" and self.algo in CRITIC_ALGOS:
+            raise InputError(f"advantage: {self.algo}'s advantages come from its critic (GAE); advantage="
+                             f"{self.advantage} is for group-relative algorithms (mhgpo, grpo)")
         if self.rr_regroup not in RR_REGROUP:
             raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
         check_precision(self.precision)

@@ -442,3 +442,69 @@ def whiten(x: np.ndarray, mask: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     mean = x[mask].mean()
     std = x[mask].std()
     return np.where(mask, (x - mean) / (std + eps), 0.0)
+
+
+def scheme_groups(
+    scheme: str, group_ids: np.ndarray, agents: np.ndarray, prompt_keys: np.ndarray, visits: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """The groups an advantage scheme normalises over, among the trained samples (``group_ids >= 0``).
+
+    - ``mhgpo``: the sampler's group ids as they are (heterogeneous groups: paper Eq. adv).
+    - ``agent``: one group per agent across the batch (agent-wise normalisation, as Dr.MAS does).
+    - ``prompt_agent_turn``: samples with the same prompt, agent and visit (AT-GRPO-style groups): homogeneous
+      groups only; a sample whose prompt no other sample shares forms a group of one, which is not trained.
+
+    ``agents``, ``prompt_keys`` (any hashable id of the prompt, e.g. its token ids as a tuple's hash index) and
+    ``visits`` are (N,) arrays aligned with ``group_ids``. Returns ``(ids (N,), dropped)``: new group ids (``-1``:
+    not trained, numbered in order of first appearance) and how many trained samples were left in groups of one.
+    """
+    group_ids = np.asarray(group_ids, dtype=np.int64)
+    if scheme == "mhgpo":
+        return group_ids.copy(), 0
+    trained = group_ids >= 0  # (N,)
+    if scheme == "agent":
+        keys = np.stack([np.unique(agents, return_inverse=True)[1].reshape(-1)], axis=1)  # (N, 1)
+    elif scheme == "prompt_agent_turn":
+        keys = np.stack([np.unique(prompt_keys, return_inverse=True)[1].reshape(-1),
+                         np.unique(agents, return_inverse=True)[1].reshape(-1), np.asarray(visits)], axis=1)  # (N, 3)
+    else:
+        raise ValueError(f"unknown advantage scheme {scheme!r}")
+    out = np.full(group_ids.shape[0], -1, dtype=np.int64)  # (N,)
+    idx = np.flatnonzero(trained)  # (M,)
+    if idx.shape[0] == 0:
+        return out, 0
+    _, first, inv, size = np.unique(keys[idx], axis=0, return_index=True, return_inverse=True, return_counts=True)
+    inv = inv.reshape(-1)  # (M,)
+    order = np.argsort(np.argsort(first))  # (K,) group rank by first appearance
+    keep = size[inv] >= 2  # (M,)
+    out[idx[keep]] = order[inv[keep]]
+    # renumber the kept groups 0..K'-1 in order of first appearance
+    kept_ids = out[idx[keep]]
+    if kept_ids.shape[0]:
+        _, renum = np.unique(kept_ids, return_inverse=True)
+        out[idx[keep]] = renum.reshape(-1)
+    return out, int((~keep).sum())
+
+
+def scheme_groups_reference(
+    scheme: str, group_ids: Sequence[int], agents: Sequence[str], prompt_keys: Sequence, visits: Sequence[int]
+) -> tuple[list[int], int]:
+    """Loop version of :func:`scheme_groups`, for the tests."""
+    if scheme == "mhgpo":
+        return list(group_ids), 0
+    key_of = {"agent": lambda i: (agents[i],), "prompt_agent_turn": lambda i: (prompt_keys[i], agents[i], visits[i])}
+    if scheme not in key_of:
+        raise ValueError(f"unknown advantage scheme {scheme!r}")
+    members: dict[tuple, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        if g >= 0:
+            members.setdefault(key_of[scheme](i), []).append(i)
+    out, dropped, next_id = [-1] * len(group_ids), 0, 0
+    for key in sorted(members, key=lambda k: members[k][0]):
+        if len(members[key]) < 2:
+            dropped += len(members[key])
+            continue
+        for i in members[key]:
+            out[i] = next_id
+        next_id += 1
+    return out, dropped

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from mhgpo.model import sharding
-from mhgpo.rl.advantages import drop_zero_variance, group_advantages, propagate_rewards, total_rewards
+from mhgpo.rl.advantages import drop_zero_variance, group_advantages, propagate_rewards, scheme_groups, total_rewards
 from mhgpo.rl.behaviour import agent_behaviour
 from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
 from mhgpo.config.samplers import sampler as sampler_entry
@@ -62,12 +62,25 @@ def assign_shared_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, r
     return rewards
 
 
-def assign_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator) -> dict[str, float]:
-    """Backward propagation (paper Eq. aggr), R = R_shared + R_specific, advantages per group id (Eq. adv)."""
+def assign_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator,
+                   scheme: str = "mhgpo") -> dict[str, float]:
+    """Backward propagation (paper Eq. aggr), R = R_shared + R_specific, advantages per group id (Eq. adv). A
+    `scheme` other than `mhgpo` first replaces the sampler's groups by its own (`advantages.scheme_groups`); the
+    samples it leaves in groups of one are untrained and counted in `singletons_dropped`."""
     rewards = assign_shared_rewards(batch, aggr, use_penalties, rng)  # (N,)
-    group_ids = np.array([n.group_id for n in batch.nodes], dtype=np.int64)  # (N,)
+    nodes = batch.nodes
+    group_ids = np.array([n.group_id for n in nodes], dtype=np.int64)  # (N,)
+    if scheme != "mhgpo":
+        prompts: dict[tuple[int, ...], int] = {}
+        prompt_keys = np.array([prompts.setdefault(tuple(n.prompt_ids), len(prompts)) for n in nodes])  # (N,)
+        group_ids, dropped = scheme_groups(scheme, group_ids, np.array([n.agent for n in nodes]), prompt_keys,
+                                           np.array([n.visit for n in nodes]))  # (N,)
+        for n, g in zip(nodes, group_ids):
+            n.group_id = int(g)
+        batch.stats["singletons_dropped"] = batch.stats.get("singletons_dropped", 0.0) + dropped
+        batch.stats["samples"] = float((group_ids >= 0).sum())
     advantages, stats = group_advantages(rewards, group_ids)  # (N,)
-    for n, a in zip(batch.nodes, advantages):
+    for n, a in zip(nodes, advantages):
         n.advantage = float(a)
     return {k: float(v) for k, v in stats.items()}
 
@@ -296,7 +309,7 @@ class Trainer:
         batch = self._grow(questions, self.rng) if self.ranks.world == 1 else self._gather_trees(questions)
         assign_groups(batch, self._spec(), self.rng)  # (one process: run_rollouts' two halves, in its order)
         if setup.critic is None:
-            adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
+            adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng, cfg.advantage)
         else:
             assign_shared_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
             adv_stats = {"n_groups": 0.0, "n_zero_variance_groups": 0.0}
