@@ -40,7 +40,7 @@ from mhgpo.model.distributed import Single, current
 from mhgpo.rl.evaluation import evaluate_examples, merge_results
 from mhgpo.rl.policy import Policy, Sample, peak_memory_mb
 from mhgpo.data.records import Example
-from mhgpo.errors import InputError, RunError
+from mhgpo.errors import InputError, RunError, ServiceError
 from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, assign_groups, merge_batches, run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
 from mhgpo.model.statecodec import rng_states
@@ -401,7 +401,7 @@ class Trainer:
                     metrics = self._run_step(log, guard, done)
                     bar.update(1)
                     bar.set_postfix(self._postfix(metrics))
-        except (KeyboardInterrupt, TooManyFailures) as stop:
+        except (KeyboardInterrupt, TooManyFailures, ServiceError) as stop:  # the last completed step is saved
             bar.close()
             self._save_on_stop(stop, guard, done)
             raise
@@ -474,7 +474,7 @@ class Trainer:
         path = self.save(rng)
         if not self.ranks.is_main:
             return
-        why = "stopped" if isinstance(stop, TooManyFailures) else "interrupted"
+        why = "interrupted" if isinstance(stop, KeyboardInterrupt) else "stopped"
         print(f"mhgpo: {why}; saved {path} (resume with: mhgpo train --resume {self.run_dir})", flush=True)
 
     def _validates_at(self, step: int) -> bool:
