@@ -176,3 +176,27 @@ class IndexConfig:
     out: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
 
+
+@dataclasses.dataclass
+class ServeConfig:
+    """`mhgpo serve-retriever`: a local retriever (`retrieval:` over the corpus of `data`) behind the retrieval
+    service protocol, on `host:port` (loopback by default), with the limits of one request."""
+
+    data: str = "synthetic"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queries: int = 1024  # queries in one request (more: 413)
+    max_topk: int = 100  # passages per query (more: 422)
+    max_body_bytes: int = 4 << 20  # bytes of a request body (more: 413)
+    default_topk: int = 3  # topk of a request that leaves it out
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+
+    def validate(self) -> None:
+        if is_retriever_url(self.retrieval.retriever):
+            raise InputError(f"retrieval.retriever: serve-retriever serves a local retriever ({one_of(RETRIEVERS)}), "
+                             f"not {self.retrieval.retriever}")
+        if not 0 <= self.port <= 65535:
+            raise InputError(f"port: expected 0..65535, got {self.port}")
+        check_counts(self, ("max_queries", "max_topk", "max_body_bytes", "default_topk"))
+        if self.default_topk > self.max_topk:
+            raise InputError(f"default_topk: {self.default_topk} is above max_topk={self.max_topk}")
