@@ -4,6 +4,7 @@ parsing, batching, the cache, retries and the one-line errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,8 +40,10 @@ class ProtocolServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self) -> None:
+    def __init__(self, search=overlap_search) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
+        self.search = search  # (query, k) -> [(passage, score), ...]
+        self.failing = False  # every answer a 503
         self.script: list[int | bytes] = []
         self.bodies: list[dict] = []
         self.lock = threading.Lock()
@@ -61,6 +64,8 @@ class Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.bodies.append(body)
             scripted = self.server.script.pop(0) if self.server.script else None
+            if self.server.failing:
+                scripted = 503
         if isinstance(scripted, int):
             self._send(scripted, json.dumps({"detail": f"scripted {scripted}"}).encode())
             return
@@ -69,7 +74,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         result = []
         for q in body["queries"]:
-            hits = overlap_search(q, body.get("topk") or 3)
+            hits = self.server.search(q, body.get("topk") or 3)
             docs = [{"id": p.id, "contents": contents_of(p)} for p, _ in hits]
             result.append([{"document": d, "score": s} for d, (_, s) in zip(docs, hits)] if body.get("return_scores")
                           else docs)
@@ -83,14 +88,22 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
-@pytest.fixture
-def server():
-    srv = ProtocolServer()
+@contextlib.contextmanager
+def serving(search=overlap_search):
+    srv = ProtocolServer(search)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture
+def server():
+    with serving() as srv:
+        yield srv
 
 
 def client(url: str, **kw) -> HTTPRetriever:
@@ -239,3 +252,48 @@ def test_build_retriever_probes_the_service(server) -> None:
     server.script = [b"[]"]
     with pytest.raises(ServiceError, match="malformed answer: expected an object"):
         build_retriever("synthetic", retrieval)
+
+
+# ------------------------------------------------------------------------------------------------- training
+
+
+def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_uninterrupted_run(
+    reference_run, tiny_model_dir, world, tmp_path, capsys, monkeypatch
+) -> None:
+    """The service answers 503 from step 2 on: the run stops with one line naming the URL, the step and the last
+    checkpoint (step_1, nothing half-done); resumed once the service is back, it is the reference run exactly
+    (which searched the same corpus in-process)."""
+    from mhgpo.cli.main import main
+    from mhgpo.data.formats import load_corpus_jsonl
+    from mhgpo.model.checkpoint import list_checkpoints
+    from mhgpo.retrieval.bm25 import BM25Retriever, CachedRetriever
+    import mhgpo.rl.trainer as trainer_module
+    from helpers import train_overrides
+    from test_trainer import assert_same_run
+
+    _, reference, _ = reference_run
+    local = BM25Retriever.build(load_corpus_jsonl(world / "corpus.jsonl"))
+    out = tmp_path / "run"
+    real_save = trainer_module.save_checkpoint
+    with serving(lambda q, k: local.search_scored([q], k)[0]) as srv:
+        def save_then_fail(*args, **kwargs):  # once step 1 is saved, the service fails (no cached answers)
+            path = real_save(*args, **kwargs)
+            srv.failing = True
+            monkeypatch.setattr(CachedRetriever, "_cache_get", lambda self, key: None)
+            return path
+
+        monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_fail)
+        overrides = train_overrides(tiny_model_dir, world, out, **{"retrieval.corpus": "null"})
+        capsys.readouterr()
+        rc = main(["train", *overrides, f"retrieval.retriever={srv.url}", "retrieval.retries=0"])
+        err = capsys.readouterr().err
+        assert rc == 2, err
+        lines = [line for line in err.strip().splitlines() if line.startswith("mhgpo: error")]
+        assert lines == [f"mhgpo: error: retrieval service {srv.url}: HTTP 503 (scripted 503) after 1 try; is the "
+                         f"server running? (mhgpo serve-retriever starts one); the run stops at step 1; its last "
+                         f"checkpoint is step_1; continue with: mhgpo train --resume {out}"], err
+        assert [p.name for p in list_checkpoints(out)] == ["step_1"]
+        monkeypatch.undo()
+        srv.failing = False
+        assert main(["train", "--resume", str(out)]) == 0
+    assert_same_run(out, reference)

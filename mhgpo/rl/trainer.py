@@ -404,6 +404,11 @@ class Trainer:
         except (KeyboardInterrupt, TooManyFailures, ServiceError) as stop:  # the last completed step is saved
             bar.close()
             self._save_on_stop(stop, guard, done)
+            if isinstance(stop, ServiceError):
+                kept = list_checkpoints(self.run_dir)
+                last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
+                raise ServiceError(f"{stop}; the run stops at step {self.step}; {last}; continue with: mhgpo train "
+                                   f"--resume {self.run_dir}") from stop
             raise
         finally:
             bar.close()
