@@ -19,6 +19,7 @@ RETRIEVERS = ("bm25", "dense")  # retrieval.retriever (or the URL of a retrieval
 INDEX_TYPES = ("flat", "hnsw")  # retrieval.index_type (dense)
 QUERIES = ("question", "rewriter")  # eval-retrieval's query
 EXPORT_DTYPES = ("float32", "bfloat16")  # mhgpo export --dtype
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to (mhgpo/rl/trackers.py)
 
 
 def is_retriever_url(value: str) -> bool:

@@ -35,7 +35,7 @@ from mhgpo.model import sharding
 from mhgpo.rl.advantages import drop_zero_variance, group_advantages, propagate_rewards, total_rewards
 from mhgpo.rl.behaviour import agent_behaviour
 from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
-from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config
+from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, to_dict
 from mhgpo.model.distributed import Single, current
 from mhgpo.rl.evaluation import evaluate_examples, merge_results
 from mhgpo.rl.policy import Policy, Sample, peak_memory_mb
@@ -43,6 +43,7 @@ from mhgpo.data.records import Example
 from mhgpo.errors import InputError, RunError, ServiceError
 from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, assign_groups, merge_batches, run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
+from mhgpo.rl.trackers import require_trackers
 from mhgpo.model.statecodec import rng_states
 from mhgpo.rl.stopguard import StopGuard
 from mhgpo.team.workflow import Workflow
@@ -154,6 +155,8 @@ class Trainer:
         when not started by a launcher); rank 0 alone writes the run's files and shows progress."""
         self.ranks = ranks if ranks is not None else current()
         check_ranks(cfg, self.ranks)
+        if self.ranks.is_main:
+            require_trackers(cfg.report_to)
         progress = progress and self.ranks.is_main
         self.cfg, self.setup, self.run_dir, self.progress = cfg, setup, Path(run_dir), progress
         for part in (setup.policy, setup.critic):  # their updates cut the step's samples across the ranks
@@ -389,7 +392,8 @@ class Trainer:
         cfg = self.cfg
         if self.ranks.is_main:
             dump_config(cfg, self.run_dir / "config.yaml")
-        log = RunLog(self.run_dir, resume_step=self.step) if self.ranks.is_main else NoLog()
+        log = (RunLog(self.run_dir, resume_step=self.step, report_to=cfg.report_to, config=to_dict(cfg))
+               if self.ranks.is_main else NoLog())
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
                    dynamic_ncols=True)
         done = _Completed(rng_states(self.rng), self.position, self.failures, saved_step=self.step)
@@ -412,7 +416,7 @@ class Trainer:
             raise
         finally:
             bar.close()
-            log.close()
+            log.close(finished=self.step >= cfg.steps)
         return {"steps": self.step, "val": self.val_history}
 
     def _run_step(self, log: RunLog, guard: StopGuard, done: "_Completed") -> dict[str, float]:
@@ -542,6 +546,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
     from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
     from mhgpo.model.trained import initial_weights, run_model_spec
 
+    require_trackers(cfg.report_to)  # before anything slow
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
