@@ -1,6 +1,6 @@
-"""Experiment trackers (`report_to`): each tracker's local run (W&B offline, MLflow's local SQLite store, Trackio's local
-database, TensorBoard events) holds exactly the values of metrics.jsonl at their steps, and the run's config; a
-resumed run continues the same tracker run; a tracker that is not installed is named with its extra."""
+"""Experiment trackers (`report_to`): each tracker's local run (W&B offline, MLflow's local SQLite store, Trackio's
+local database, TensorBoard events) holds exactly the values of metrics.jsonl at their steps, and the run's config;
+a resumed run continues the same tracker run; a tracker that is not installed is named with its extra."""
 
 from __future__ import annotations
 
