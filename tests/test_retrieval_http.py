@@ -297,3 +297,45 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
         srv.failing = False
         assert main(["train", "--resume", str(out)]) == 0
     assert_same_run(out, reference)
+
+
+def test_a_service_failure_mid_eval_keeps_the_finished_questions_and_resume_completes_them(
+    tiny_model_dir, world, tmp_path, capsys, monkeypatch
+) -> None:
+    """The service fails once the first batch of questions is written: the evaluation ends with one line, the
+    finished questions stay in predictions.jsonl, and `--resume` completes what an uninterrupted evaluation writes."""
+    import mhgpo.io
+    from mhgpo.cli.main import main
+    from mhgpo.data.formats import load_corpus_jsonl
+    from mhgpo.retrieval.bm25 import BM25Retriever, CachedRetriever
+
+    local = BM25Retriever.build(load_corpus_jsonl(world / "corpus.jsonl"))
+    small = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
+             "search.answerer.max_new_tokens=4"]
+    with serving(lambda q, k: local.search_scored([q], k)[0]) as srv:
+        def run(out):
+            return main(["eval", "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--model", str(tiny_model_dir),
+                         "--limit", "4", "--batch-size", "2", "--retriever", srv.url, "retrieval.retries=0",
+                         *small, "--output-dir", str(out)])
+
+        assert run(tmp_path / "whole") == 0
+        real = mhgpo.io.append_jsonl
+
+        def append_then_fail(path, rows):
+            real(path, rows)
+            srv.failing = True
+            monkeypatch.setattr(CachedRetriever, "_cache_get", lambda self, key: None)
+
+        monkeypatch.setattr(mhgpo.io, "append_jsonl", append_then_fail)
+        capsys.readouterr()
+        assert run(tmp_path / "cut") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1] == (f"mhgpo: error: retrieval service {srv.url}: HTTP 503 (scripted 503) after 1 try; is the "
+                           f"server running? (mhgpo serve-retriever starts one)")
+        kept = (tmp_path / "cut" / "predictions.jsonl").read_text().splitlines()
+        whole = (tmp_path / "whole" / "predictions.jsonl").read_text().splitlines()
+        assert kept == whole[:2]
+        monkeypatch.undo()
+        srv.failing = False
+        assert main(["eval", "--resume", str(tmp_path / "cut")]) == 0
+        assert (tmp_path / "cut" / "predictions.jsonl").read_text().splitlines() == whole
