@@ -192,6 +192,21 @@ def test_serve_retriever_serves_only_local_retrievers(capsys) -> None:
                                                "retriever (bm25 or dense), not http://127.0.0.1:1/retrieve")
     assert main(["serve-retriever", "max_topk=2", "default_topk=3"]) == 2
     assert capsys.readouterr().err.strip() == "mhgpo: error: default_topk: 3 is above max_topk=2"
+    assert main(["serve-retriever", "--port", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "mhgpo: error: port: expected 1..65535, got 0"
+
+
+def test_a_port_in_use_is_one_line_before_the_index_is_built(served, monkeypatch, capsys) -> None:
+    def no_index(*args, **kwargs):
+        raise AssertionError("the index was built")
+
+    monkeypatch.setattr("mhgpo.team.build.build_retriever", no_index)
+    port = served.split(":")[2].split("/")[0]
+    assert main(["serve-retriever", "--port", port]) == 2
+    assert capsys.readouterr().err.strip() == (f"mhgpo: error: --port: cannot listen on 127.0.0.1:{port} (Address "
+                                               f"already in use)")
+    assert main(["serve-retriever", "--host", "no-such-host.invalid"]) == 2
+    assert capsys.readouterr().err.strip().startswith("mhgpo: error: --host: cannot resolve 'no-such-host.invalid'")
 
 
 def test_without_the_serve_extra_the_command_names_it(monkeypatch, capsys) -> None:

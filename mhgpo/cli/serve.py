@@ -32,6 +32,7 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
 
     cfg = load_config(ServeConfig, args.config, flag_overrides(args, SERVE_FLAGS) + list(args.overrides))
     require_server()  # before the index is built
+    check_address(cfg.host, cfg.port)
     import uvicorn
 
     retriever = build_retriever(cfg.data, cfg.retrieval)
@@ -42,6 +43,26 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
           f"http://{cfg.host}:{cfg.port}/retrieve", file=sys.stderr, flush=True)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False)
     return 0
+
+
+def check_address(host: str, port: int) -> None:
+    """InputError when `host:port` cannot be listened on (in use, or not an address of this machine), before the
+    index is built."""
+    import socket
+
+    from mhgpo.errors import InputError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise InputError(f"--host: cannot resolve {host!r} ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise InputError(f"--port: cannot listen on {host}:{port} ({e.strerror or e})") from None
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

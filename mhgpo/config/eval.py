@@ -195,8 +195,8 @@ class ServeConfig:
         if is_retriever_url(self.retrieval.retriever):
             raise InputError(f"retrieval.retriever: serve-retriever serves a local retriever ({one_of(RETRIEVERS)}), "
                              f"not {self.retrieval.retriever}")
-        if not 0 <= self.port <= 65535:
-            raise InputError(f"port: expected 0..65535, got {self.port}")
+        if not 1 <= self.port <= 65535:
+            raise InputError(f"port: expected 1..65535, got {self.port}")
         check_counts(self, ("max_queries", "max_topk", "max_body_bytes", "default_topk"))
         if self.default_topk > self.max_topk:
             raise InputError(f"default_topk: {self.default_topk} is above max_topk={self.max_topk}")
