@@ -257,16 +257,20 @@ def test_build_retriever_probes_the_service(server) -> None:
 # ------------------------------------------------------------------------------------------------- training
 
 
+@pytest.mark.parametrize("where", ["rollouts", "validation"])
 def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_uninterrupted_run(
-    reference_run, tiny_model_dir, world, tmp_path, capsys, monkeypatch
+    where, reference_run, tiny_model_dir, world, tmp_path, capsys, monkeypatch
 ) -> None:
-    """The service answers 503 from step 2 on: the run stops with one line naming the URL, the step and the last
-    checkpoint (step_1, nothing half-done); resumed once the service is back, it is the reference run exactly
-    (which searched the same corpus in-process)."""
+    """The service answers 503 from step 2's rollouts on (step 1 saved), or from step 2's validation on (after its
+    update; checkpoints every 3 steps, so step 1 is not saved): the run stops with one line naming the URL, the
+    step and the last checkpoint. Weights updated in step 2 and not validated are no step's and are not saved
+    (step 1's weights are gone: no checkpoint). Resumed once the service is back, the run whose step 1 was saved is
+    the reference run exactly (which searched the same corpus in-process)."""
     from mhgpo.cli.main import main
     from mhgpo.data.formats import load_corpus_jsonl
     from mhgpo.model.checkpoint import list_checkpoints
     from mhgpo.retrieval.bm25 import BM25Retriever, CachedRetriever
+    from mhgpo.rl.runlog import read_metrics
     import mhgpo.rl.trainer as trainer_module
     from helpers import train_overrides
     from test_trainer import assert_same_run
@@ -274,25 +278,47 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
     _, reference, _ = reference_run
     local = BM25Retriever.build(load_corpus_jsonl(world / "corpus.jsonl"))
     out = tmp_path / "run"
-    real_save = trainer_module.save_checkpoint
+    from mhgpo.rl.policy import Policy
+
+    real_save, real_update, updates = trainer_module.save_checkpoint, Policy.update, []
     with serving(lambda q, k: local.search_scored([q], k)[0]) as srv:
-        def save_then_fail(*args, **kwargs):  # once step 1 is saved, the service fails (no cached answers)
-            path = real_save(*args, **kwargs)
+        def fail() -> None:  # from now on every request fails (and no answer comes from a cache)
             srv.failing = True
             monkeypatch.setattr(CachedRetriever, "_cache_get", lambda self, key: None)
+
+        def save_then_fail(*args, **kwargs):  # step 1 saved: step 2's rollouts fail
+            path = real_save(*args, **kwargs)
+            fail()
             return path
 
-        monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_fail)
-        overrides = train_overrides(tiny_model_dir, world, out, **{"retrieval.corpus": "null"})
+        def update_then_fail(self, samples):  # step 2's update done: its validation fails
+            out = real_update(self, samples)
+            updates.append(1)
+            if len(updates) == 2:
+                fail()
+            return out
+
+        if where == "rollouts":
+            monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_fail)
+        else:
+            monkeypatch.setattr(Policy, "update", update_then_fail)
+        save_every = 1 if where == "rollouts" else 3
+        overrides = train_overrides(tiny_model_dir, world, out, save_every=save_every, **{"retrieval.corpus": "null"})
         capsys.readouterr()
         rc = main(["train", *overrides, f"retrieval.retriever={srv.url}", "retrieval.retries=0"])
         err = capsys.readouterr().err
         assert rc == 2, err
         lines = [line for line in err.strip().splitlines() if line.startswith("mhgpo: error")]
+        then = (f"its last checkpoint is step_1; continue with: mhgpo train --resume {out}" if where == "rollouts"
+                else f"it has no checkpoint yet: start it again (in another folder, or after removing {out})")
         assert lines == [f"mhgpo: error: retrieval service {srv.url}: HTTP 503 (scripted 503) after 1 try; is the "
-                         f"server running? (mhgpo serve-retriever starts one); the run stops at step 1; its last "
-                         f"checkpoint is step_1; continue with: mhgpo train --resume {out}"], err
+                         f"server running? (mhgpo serve-retriever starts one); the run stops at step 1; {then}"], err
+        assert [r["step"] for r in read_metrics(out)] == [1]
+        if where == "validation":
+            assert list_checkpoints(out) == [] and not (out / "checkpoints").exists()
+            return
         assert [p.name for p in list_checkpoints(out)] == ["step_1"]
+        assert "saved" not in capsys.readouterr().out  # step_1 was saved when it ended; nothing since
         monkeypatch.undo()
         srv.failing = False
         assert main(["train", "--resume", str(out)]) == 0

@@ -171,6 +171,7 @@ class Trainer:
                 print(f"mhgpo: FSDP: the actor's decoder layers sharded over {self.ranks.world} ranks", file=sys.stderr,
                       flush=True)
         self._guard: StopGuard | None = None
+        self._updating = False  # inside a step's critical section: the weights belong to no saved step
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
@@ -407,12 +408,14 @@ class Trainer:
                     bar.set_postfix(self._postfix(metrics))
         except (KeyboardInterrupt, TooManyFailures, ServiceError) as stop:  # the last completed step is saved
             bar.close()
-            self._save_on_stop(stop, guard, done)
+            if not (isinstance(stop, ServiceError) and self._updating):  # (a failed validation after an update:
+                self._save_on_stop(stop, guard, done)                    # those weights are no step's, not saved)
             if isinstance(stop, ServiceError):
                 kept = list_checkpoints(self.run_dir)
-                last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
-                raise ServiceError(f"{stop}; the run stops at step {self.step}; {last}; continue with: mhgpo train "
-                                   f"--resume {self.run_dir}") from stop
+                then = (f"its last checkpoint is {kept[-1].name}; continue with: mhgpo train --resume {self.run_dir}"
+                        if kept else f"it has no checkpoint yet: start it again (in another folder, or after "
+                                     f"removing {self.run_dir})")
+                raise ServiceError(f"{stop}; the run stops at step {self.step}; {then}") from stop
             raise
         finally:
             bar.close()
@@ -427,6 +430,7 @@ class Trainer:
         if batch is not None:  # (the supervised warm start has no rollouts)
             self._failed(log, self.step + 1, "train", batch.failures)
         with guard.critical():
+            self._updating = True
             metrics = self.learn(samples, metrics)
             step = self.step + 1
             if self._validates_at(step):
@@ -440,6 +444,7 @@ class Trainer:
             if self._saves_at(step):
                 self._save_or_stop()
                 done.saved_step = step
+            self._updating = False
         if guard.deferred and self.ranks.any(guard.pending):  # several ranks: a signal on any stops them all here
             raise KeyboardInterrupt
         return metrics
