@@ -152,7 +152,7 @@ def test_one_request_per_round_split_above_request_queries_and_cached(server) ->
     again = r.search_batch(["vell", "alpha", "river"], 3)  # only the new query is sent
     assert [b["queries"] for b in server.bodies[3:]] == [["river"]]
     assert again == [first[5], first[0], [p for p, _ in overlap_search("river", 3)]]
-    assert r.requests == 4 and r.cache_info().hits == 3
+    assert r.answered == 4 and r.cache_info().hits == 3
 
 
 def test_5xx_answers_are_retried_then_succeed(server) -> None:

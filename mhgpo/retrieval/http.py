@@ -104,7 +104,7 @@ class HTTPRetriever(CachedRetriever):
         self.request_queries = max(1, int(request_queries))
         self.timeout, self.retries, self.backoff = float(timeout), max(0, int(retries)), float(backoff)
         self._session = session or requests.Session()
-        self.requests = 0  # requests answered (for tests and benchmarks)
+        self.answered = 0  # requests answered (for tests and benchmarks)
 
     def probe(self) -> None:
         """One small request: ServiceError (naming the URL) when the service is unreachable or answers in
@@ -166,7 +166,7 @@ class HTTPRetriever(CachedRetriever):
                 parsed = _parse_result(data, len(queries))
             except ValueError as e:
                 raise ServiceError(f"retrieval service {self.url}: malformed answer: {e}") from None
-            self.requests += 1
+            self.answered += 1
             return parsed
         tries = f"{self.retries + 1} tries" if self.retries else "1 try"
         raise ServiceError(f"retrieval service {self.url}: {problem} after {tries}; is the server running? "
