@@ -9,7 +9,8 @@ TensorBoard drops the events after the checkpoint's step (`purge_step`), as befo
 
 Where each writes: TensorBoard `RUN/tensorboard/`; W&B `RUN/wandb/` (online, or offline with `WANDB_MODE=offline`;
 project `$WANDB_PROJECT`, default `mhgpo`); MLflow the store of `$MLFLOW_TRACKING_URI`, else a local SQLite store
-`RUN/mlflow.db` (experiment `$MLFLOW_EXPERIMENT_NAME`, default `mhgpo`); Trackio its local database (`$TRACKIO_DIR`,
+`RUN/mlflow.db` with its artifacts in `RUN/mlflow-artifacts/` (experiment `$MLFLOW_EXPERIMENT_NAME`, default
+`mhgpo`); Trackio its local database (`$TRACKIO_DIR`,
 project `mhgpo`). The packages are optional extras: a chosen tracker that is not installed is named, with the extra
 to install, before the run starts (`require_trackers`).
 """
@@ -131,8 +132,8 @@ class MlflowTracker:
 
         for name in ("mlflow.store.db.utils", "alembic"):  # the local store's "creating tables" lines
             logging.getLogger(name).setLevel(logging.WARNING)
-        uri = (known.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
-               or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+        local = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+        uri = known.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local
         self.client = MlflowClient(tracking_uri=uri)
         self.run_id = known.get("run_id")
         if self.run_id:
@@ -140,7 +141,9 @@ class MlflowTracker:
             return
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT)
         experiment = self.client.get_experiment_by_name(name)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        # the local store keeps its artifacts (config.json) in the run directory too, not under the working directory
+        where = (run_dir / "mlflow-artifacts").resolve().as_uri() if uri == local else None
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name, where)
         self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
         ids.put("mlflow", {"run_id": self.run_id, "tracking_uri": uri})
         from mlflow.entities import Param
