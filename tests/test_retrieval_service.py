@@ -22,9 +22,6 @@ from mhgpo.data.synth import write_world
 from mhgpo.retrieval.bm25 import BM25Retriever
 from mhgpo.retrieval.http import HTTPRetriever
 
-pytest.importorskip("fastapi", reason="the `serve` extra (fastapi, uvicorn) is not installed")
-pytest.importorskip("uvicorn", reason="the `serve` extra (fastapi, uvicorn) is not installed")
-
 REPO = Path(__file__).resolve().parents[1]
 SMALL_SEARCH = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
                 "search.answerer.max_new_tokens=4"]
@@ -47,7 +44,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(world: Path, tmp_path_factory: pytest.TempPathFactory):
-    """`python -m mhgpo serve-retriever` over the world's corpus on a free loopback port; yields its URL."""
+    """`python -m mhgpo serve-retriever` over the world's corpus on a free loopback port; yields its URL (the tests
+    that use it need the `serve` extra)."""
+    pytest.importorskip("fastapi", reason="the `serve` extra (fastapi, uvicorn) is not installed")
+    pytest.importorskip("uvicorn", reason="the `serve` extra (fastapi, uvicorn) is not installed")
     port = free_port()
     env = {**os.environ, "MHGPO_CACHE": str(tmp_path_factory.mktemp("serve-cache")), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -212,7 +212,8 @@ def test_a_port_in_use_is_one_line_before_the_index_is_built(served, monkeypatch
 def test_without_the_serve_extra_the_command_names_it(monkeypatch, capsys) -> None:
     import mhgpo.retrieval.service as service
 
-    monkeypatch.setattr(service, "_IMPORT_ERROR", ModuleNotFoundError("No module named 'fastapi'", name="fastapi"))
+    if service._IMPORT_ERROR is None:  # installed: as if it were not
+        monkeypatch.setattr(service, "_IMPORT_ERROR", ModuleNotFoundError("No module named 'fastapi'", name="fastapi"))
     assert main(["serve-retriever"]) == 2
     assert capsys.readouterr().err.strip() == ("mhgpo: error: serving a retriever needs FastAPI and uvicorn (fastapi "
                                                "is not installed): pip install 'mhgpo[serve]'")
