@@ -8,3 +8,8 @@ class InputError(ValueError):
 class RunError(RuntimeError):
     """A run that cannot go on (a full disk, ...). The message says what is kept and how to continue; the CLI
     prints it without a traceback."""
+
+
+class ServiceError(RunError):
+    """A service the run depends on (a retrieval server) is unreachable or answers wrongly. The message names the
+    URL and what went wrong; the run stops cleanly (a training run keeps its completed steps and can be resumed)."""

@@ -11,7 +11,8 @@ from mhgpo.config.choices import RETRIEVERS
 DATA_HELP = ("synthetic (default), synthetic:train, hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH, "
              "or hotpotqa / 2wiki / musique (from the Hugging Face hub)")
 CORPUS_HELP = "'context' (the data's own paragraphs), a JSONL corpus (id, title, text) or a DPR .tsv file"
-RETRIEVER_HELP = "bm25 (default) or dense (sentence-transformers + FAISS; encoder: retrieval.model=M)"
+RETRIEVER_HELP = ("bm25 (default), dense (sentence-transformers + FAISS; encoder: retrieval.model=M), or the URL of "
+                  "a retrieval service: http://HOST:PORT/retrieve (mhgpo serve-retriever, Search-R1's server)")
 INDEX_HELP = "a built index folder to reuse (mhgpo index build)"
 MODEL_HELP = ("smollm2-135m (default), a Hugging Face id, a local folder, a .gguf file, or a trained run: a run "
               "directory (its latest checkpoint) or RUN/checkpoints/step_N")
@@ -35,7 +36,7 @@ def add_common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML config file")
     p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--corpus", help=CORPUS_HELP)
-    p.add_argument("--retriever", choices=RETRIEVERS, help=RETRIEVER_HELP)
+    p.add_argument("--retriever", metavar="|".join(RETRIEVERS) + "|URL", help=RETRIEVER_HELP)
     p.add_argument("--index", help=INDEX_HELP)
     p.add_argument("--system", metavar="SYSTEM", help=SYSTEM_HELP)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")

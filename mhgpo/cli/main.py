@@ -1,4 +1,5 @@
-"""The `mhgpo` command line: data, ask, eval, train, demo, export, report, index build, eval-retrieval.
+"""The `mhgpo` command line: data, ask, eval, train, demo, export, report, index build, eval-retrieval,
+serve-retriever.
 
 Flags are shortcuts for config keys; any config key can also be set with a trailing `key=value`.
 Bad input ends with one line naming the file, line or key, and exit status 2.
@@ -11,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from mhgpo.cli import retrieval as retrieval_cli, train as train_cli
+from mhgpo.cli import retrieval as retrieval_cli, serve as serve_cli, train as train_cli
 from mhgpo.model.allocator import keep_freed_memory
 from mhgpo.config.choices import EXPORT_DTYPES
 from mhgpo.cli.common import DATA_HELP, add_common_flags, flag_overrides
@@ -274,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train_cli.add_commands(sub)
     retrieval_cli.add_commands(sub)
+    serve_cli.add_commands(sub)
     return parser
 
 

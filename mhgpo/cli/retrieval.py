@@ -42,6 +42,15 @@ def _overrides(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
     return out + list(args.overrides)
 
 
+def _local_only(retriever: str, command: str) -> None:
+    from mhgpo.config.choices import is_retriever_url
+    from mhgpo.errors import InputError
+
+    if is_retriever_url(retriever):
+        raise InputError(f"retrieval.retriever: mhgpo {command} works on a local retriever (bm25 or dense), not "
+                         f"the service at {retriever}")
+
+
 def cmd_index_build(args: argparse.Namespace) -> int:
     """Build a BM25 or dense index of a corpus and save it in a folder that `--index` can reuse."""
     from mhgpo.config import IndexConfig, load_config
@@ -56,6 +65,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     out = check_output_dir(Path(cfg.out), "index folder")
     check_index_target(out)  # before the corpus is read and the index built
     retrieval = cfg.retrieval
+    _local_only(retrieval.retriever, "index build")
     retrieval.index = None
     passages, _ = load_corpus(cfg.data, retrieval)
     started = time.perf_counter()
@@ -84,6 +94,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     from mhgpo.team.retrieval_eval import evaluate_retrieval, recall_table, rewriter_queries
 
     cfg = load_config(RetrievalEvalConfig, args.config, _overrides(args, EVAL_FLAGS))
+    _local_only(cfg.retrieval.retriever, "eval-retrieval")  # recall needs the corpus (a service's is unknown)
     if cfg.output_dir:
         check_output_dir(Path(cfg.output_dir))
     console = Console(highlight=False)

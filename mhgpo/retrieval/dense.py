@@ -274,9 +274,9 @@ class DenseRetriever(CachedRetriever):
                              f"the index holds {meta.get('dim')}")
         return retriever
 
-    def _search_uncached(self, queries: list[str], k: int) -> list[tuple[Passage, ...]]:
-        """All non-blank queries encoded in batches and searched in one FAISS call."""
-        found: list[tuple[Passage, ...]] = [() for _ in queries]
+    def _search_scored(self, queries: list[str], k: int) -> list[tuple[tuple[Passage, float], ...]]:
+        """All non-blank queries encoded in batches and searched in one FAISS call (scores: inner products)."""
+        found: list[tuple[tuple[Passage, float], ...]] = [() for _ in queries]
         live = [i for i, q in enumerate(queries) if q.strip()]
         if not live or k == 0 or self._index is None:
             return found
@@ -284,11 +284,11 @@ class DenseRetriever(CachedRetriever):
         vectors = encode(self.encoder, [queries[i] for i in live], query=True, batch_size=self.batch_size)
         if self.index_type == "hnsw":
             params = _faiss().SearchParametersHNSW(efSearch=max(HNSW_EF_SEARCH, k_eff))
-            _, ids = self._index.search(vectors, k_eff, params=params)
+            scores, ids = self._index.search(vectors, k_eff, params=params)
         else:
-            _, ids = self._index.search(vectors, k_eff)
+            scores, ids = self._index.search(vectors, k_eff)
         for row, i in enumerate(live):
-            found[i] = tuple(self.passages[int(d)] for d in ids[row] if d >= 0)
+            found[i] = tuple((self.passages[int(d)], float(s)) for d, s in zip(ids[row], scores[row]) if d >= 0)
         return found
 
 

@@ -24,6 +24,7 @@ A question whose rollout fails in a workflow method (an exception, a name `next_
 within `max_rounds`) either stops the batch with a `WorkflowError` naming file, class, method and question
 (`on_error="raise"`), or is left out of the batch whole and reported in `RolloutBatch.failures`
 (`on_error="skip"`): the other questions' trees, group ids and rewards are those of a batch without it.
+A `ServiceError` of a tool (its retrieval service is down) is no question's failure: it stops the batch.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from mhgpo.rl.advantages import regroup_singletons, rr_pool_keys
 from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.model.generation import Generator, SamplingParams
 from mhgpo.data.records import Example
+from mhgpo.errors import ServiceError
 from mhgpo.team.loader import RolloutFailure, WorkflowError, failure
 from mhgpo.team.workflow import State, StepResult, Workflow
 
@@ -363,6 +365,8 @@ def _run_tool(tool: str, branches: list[Branch], nodes: list[Node], guard: _Guar
         results = list(workflow.call_tools(tool, [b.state for b in branches]))
         if len(results) != len(branches):
             raise ValueError(f"returned {len(results)} results for {len(branches)} states")
+    except ServiceError:  # a service the tool needs is down: not one question's failure
+        raise
     except Exception:
         results = []
         for b in branches:

@@ -1,6 +1,6 @@
-"""The run directory's logs: `metrics.jsonl` (one line per step), TensorBoard events with the same scalars,
-`rollouts/step_NNNNNN.jsonl` (one line per rollout node) and `errors.jsonl` (one line per question whose rollout
-failed in a workflow method, with the traceback)."""
+"""The run directory's logs: `metrics.jsonl` (one line per step), the same scalars in the trackers of `report_to`
+(TensorBoard events by default; `mhgpo.rl.trackers`), `rollouts/step_NNNNNN.jsonl` (one line per rollout node) and
+`errors.jsonl` (one line per question whose rollout failed in a workflow method, with the traceback)."""
 
 from __future__ import annotations
 
@@ -14,36 +14,40 @@ from mhgpo.rl.rollout import RolloutBatch
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, resume_step: int = 0, tensorboard: bool = True):
+    """metrics.jsonl and the experiment trackers (`report_to`: see `mhgpo.rl.trackers`) of rank 0."""
+
+    def __init__(self, run_dir: Path, resume_step: int = 0, tensorboard: bool = True,
+                 report_to: list[str] | None = None, config: dict[str, Any] | None = None):
+        from mhgpo.rl.trackers import open_trackers
+
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.errors_path = self.run_dir / "errors.jsonl"
         self._truncate_after(resume_step)
-        self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_step + 1)
+        names = list(report_to) if report_to is not None else (["tensorboard"] if tensorboard else [])
+        self.trackers = open_trackers(names, self.run_dir, resume_step, config or {})
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        from mhgpo.rl.trackers import numeric
+
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         with self.metrics_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
-        if self.writer is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and v is not None:
-                    self.writer.add_scalar(k, v, step)
-            self.writer.flush()
+        values = numeric(row)
+        for tracker in self.trackers:
+            tracker.log(step, values)
 
     def error(self, step: int, record: dict[str, Any]) -> None:
         with self.errors_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+    def close(self, finished: bool = True) -> None:
+        """Close the trackers (`finished`: the run reached its last step, else it was stopped)."""
+        for tracker in self.trackers:
+            tracker.close(finished)
+        self.trackers = []
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop the lines (metrics, errors) and rollout records of steps after the checkpoint (they will
@@ -108,7 +112,7 @@ class NoLog:
     def error(self, step: int, record: dict[str, Any]) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
         pass
 
 

@@ -36,14 +36,15 @@ from mhgpo.rl.advantages import drop_zero_variance, group_advantages, propagate_
 from mhgpo.rl.behaviour import agent_behaviour
 from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
 from mhgpo.config.samplers import sampler as sampler_entry
-from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config
+from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, to_dict
 from mhgpo.model.distributed import Single, current
 from mhgpo.rl.evaluation import evaluate_examples, merge_results
 from mhgpo.rl.policy import Policy, Sample, peak_memory_mb
 from mhgpo.data.records import Example
-from mhgpo.errors import InputError, RunError
+from mhgpo.errors import InputError, RunError, ServiceError
 from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, assign_groups, merge_batches, run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
+from mhgpo.rl.trackers import require_trackers
 from mhgpo.model.statecodec import rng_states
 from mhgpo.rl.stopguard import StopGuard
 from mhgpo.team.workflow import Workflow
@@ -168,6 +169,8 @@ class Trainer:
         when not started by a launcher); rank 0 alone writes the run's files and shows progress."""
         self.ranks = ranks if ranks is not None else current()
         check_ranks(cfg, self.ranks)
+        if self.ranks.is_main:
+            require_trackers(cfg.report_to)
         progress = progress and self.ranks.is_main
         self.cfg, self.setup, self.run_dir, self.progress = cfg, setup, Path(run_dir), progress
         for part in (setup.policy, setup.critic):  # their updates cut the step's samples across the ranks
@@ -182,6 +185,7 @@ class Trainer:
                 print(f"mhgpo: FSDP: the actor's decoder layers sharded over {self.ranks.world} ranks", file=sys.stderr,
                       flush=True)
         self._guard: StopGuard | None = None
+        self._updating = False  # inside a step's critical section: the weights belong to no saved step
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
@@ -403,7 +407,8 @@ class Trainer:
         cfg = self.cfg
         if self.ranks.is_main:
             dump_config(cfg, self.run_dir / "config.yaml")
-        log = RunLog(self.run_dir, resume_step=self.step) if self.ranks.is_main else NoLog()
+        log = (RunLog(self.run_dir, resume_step=self.step, report_to=cfg.report_to, config=to_dict(cfg))
+               if self.ranks.is_main else NoLog())
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
                    dynamic_ncols=True)
         done = _Completed(rng_states(self.rng), self.position, self.failures, saved_step=self.step)
@@ -415,13 +420,20 @@ class Trainer:
                     metrics = self._run_step(log, guard, done)
                     bar.update(1)
                     bar.set_postfix(self._postfix(metrics))
-        except (KeyboardInterrupt, TooManyFailures) as stop:
+        except (KeyboardInterrupt, TooManyFailures, ServiceError) as stop:  # the last completed step is saved
             bar.close()
-            self._save_on_stop(stop, guard, done)
+            if not (isinstance(stop, ServiceError) and self._updating):  # (a failed validation after an update:
+                self._save_on_stop(stop, guard, done)                    # those weights are no step's, not saved)
+            if isinstance(stop, ServiceError):
+                kept = list_checkpoints(self.run_dir)
+                then = (f"its last checkpoint is {kept[-1].name}; continue with: mhgpo train --resume {self.run_dir}"
+                        if kept else f"it has no checkpoint yet: start it again (in another folder, or after "
+                                     f"removing {self.run_dir})")
+                raise ServiceError(f"{stop}; the run stops at step {self.step}; {then}") from stop
             raise
         finally:
             bar.close()
-            log.close()
+            log.close(finished=self.step >= cfg.steps)
         return {"steps": self.step, "val": self.val_history}
 
     def _run_step(self, log: RunLog, guard: StopGuard, done: "_Completed") -> dict[str, float]:
@@ -432,6 +444,7 @@ class Trainer:
         if batch is not None:  # (the supervised warm start has no rollouts)
             self._failed(log, self.step + 1, "train", batch.failures)
         with guard.critical():
+            self._updating = True
             metrics = self.learn(samples, metrics)
             step = self.step + 1
             if self._validates_at(step):
@@ -445,6 +458,7 @@ class Trainer:
             if self._saves_at(step):
                 self._save_or_stop()
                 done.saved_step = step
+            self._updating = False
         if guard.deferred and self.ranks.any(guard.pending):  # several ranks: a signal on any stops them all here
             raise KeyboardInterrupt
         return metrics
@@ -488,7 +502,7 @@ class Trainer:
         path = self.save(rng)
         if not self.ranks.is_main:
             return
-        why = "stopped" if isinstance(stop, TooManyFailures) else "interrupted"
+        why = "interrupted" if isinstance(stop, KeyboardInterrupt) else "stopped"
         print(f"mhgpo: {why}; saved {path} (resume with: mhgpo train --resume {self.run_dir})", flush=True)
 
     def _validates_at(self, step: int) -> bool:
@@ -550,6 +564,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
     from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
     from mhgpo.model.trained import initial_weights, run_model_spec
 
+    require_trackers(cfg.report_to)  # before anything slow
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -51,7 +51,7 @@ def warm_start_config(cfg: TrainConfig, out: Path) -> SFTConfig:
                      limit=ws.limit, seed=cfg.seed, output_dir=str(out), val_limit=0, format_limit=ws.format_limit,
                      eval_batch_size=cfg.eval_batch_size, gen_batch_size=cfg.gen_batch_size,
                      max_rounds=cfg.max_rounds, max_failures=cfg.max_failures, precision=cfg.precision,
-                     retrieval=cfg.retrieval, search=cfg.search, team=dict(cfg.team), optim=optim,
+                     report_to=list(cfg.report_to), retrieval=cfg.retrieval, search=cfg.search, team=dict(cfg.team), optim=optim,
                      lora=dataclasses.replace(cfg.lora, per_role=False))
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mhgpo.config.choices import RETRIEVERS
+from mhgpo.config.choices import RETRIEVERS, is_retriever_url
 from mhgpo.config import BUILT_IN, RetrievalConfig, SystemConfig, is_custom
 from mhgpo.data.formats import context_corpus, load_corpus_jsonl
 from mhgpo.data.spec import load_data
@@ -93,9 +93,12 @@ def _open_built_index(data_spec: str, retrieval: RetrievalConfig):
 
 def build_retriever(data_spec: str, retrieval: RetrievalConfig):
     """The retriever `retrieval` asks for over the corpus of `data_spec`: a built index in `retrieval.index` is
-    loaded as it is; otherwise the corpus's saved index is reused when it matches, or built and saved."""
+    loaded as it is; otherwise the corpus's saved index is reused when it matches, or built and saved. A URL
+    (`http://HOST:PORT/retrieve`) is a retrieval service (`mhgpo.retrieval.http`)."""
     from mhgpo.retrieval.bm25 import load_or_build_bm25, read_meta
 
+    if is_retriever_url(retrieval.retriever):
+        return open_service(retrieval)
     if retrieval.retriever not in RETRIEVERS:
         raise InputError(f"retrieval.retriever: unknown retriever {retrieval.retriever!r} "
                          f"(available: {', '.join(RETRIEVERS)})")
@@ -129,6 +132,17 @@ def resolve_team(cfg: Any, workflow: Any = None) -> Team:
         return workflow
     source = prepare_system(cfg, workflow)
     return Team(source, cfg.system, dict(cfg.team))
+
+
+def open_service(retrieval: RetrievalConfig):
+    """The retrieval service at the URL `retrieval.retriever`, probed with one small request (so that an
+    unreachable or foreign server is named before any model loads)."""
+    from mhgpo.retrieval.http import HTTPRetriever
+
+    retriever = HTTPRetriever(retrieval.retriever, request_queries=retrieval.request_queries,
+                              timeout=retrieval.timeout, retries=retrieval.retries)
+    retriever.probe()
+    return retriever
 
 
 def prepare_system(cfg: Any, workflow: Any = None) -> Any:

