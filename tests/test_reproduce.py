@@ -177,3 +177,28 @@ def test_results_under_other_settings_are_refused(tmp_path):
     ca.result_path(out, "warm", 0).write_text(json.dumps(_result("warm", 0, 33.0)))
     with pytest.raises(SystemExit, match="use another --out"):
         ca.run_rows(["warm"], [0], out, {**SETTINGS, "minutes": 10.0}, 1, runner=_fake_runner(out, []))
+
+
+def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_model_dir, world, tmp_path):
+    from helpers import train_overrides
+
+    fixed = ("sampler=", "output_dir=", "steps=", "eval_every=", "save_every=", "val_limit=")
+    common = [kv for kv in train_overrides(tiny_model_dir, world, tmp_path / "unused") if not kv.startswith(fixed)]
+    common += ["warm_start.steps=1", "warm_start.batch_size=2", "warm_start.limit=4", "precision=fp32",
+               "search.snippet_words=8", "search.max_candidates=4"]
+    out = tmp_path / "out"
+    partial = ca.warm_start_dir(out, 0, "llm")  # an interrupted warm start: no done.json; trained again
+    partial.mkdir(parents=True)
+    (partial / "leftover").write_text("x")
+    warm = ca.run_warm_start(out, 0, common, "llm")
+    assert not (partial / "leftover").exists() and (partial / "checkpoints").is_dir()
+    assert json.loads((partial / "done.json").read_text()) == warm and warm["system"] == "llm"
+    assert ca.run_warm_start(out, 0, common, "llm") == warm  # finished: not trained again
+    result = ca.one("warm+grpo", 0, 0.0, "cpu", 2, out, common)  # a zero budget still takes one step
+    saved = ca.load_result(ca.result_path(out, "warm+grpo", 0), ca.settings_of(0.0, "cpu", 2, common))
+    assert saved == {**result, "steps_metrics": saved["steps_metrics"]}
+    assert (saved["system"], saved["steps"], saved["val_n"], saved["questions_per_step"]) == ("llm", 1, 2, 2)
+    (step,) = saved["steps_metrics"]
+    # one agent, FoF: group_size (2) answers of each of the step's 2 questions, every one trained
+    assert (step["llm_calls"], step["samples"]) == (4.0, 4.0) and step["memory/peak_mb"] > 0
+    assert rp.per_question(saved, "llm_calls") == 2.0 and saved["machine"]["cores"] >= 1
