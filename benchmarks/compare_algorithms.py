@@ -13,8 +13,8 @@ only if the mean step so far still fits; then the team answers `--val-limit` val
 
 Each (row, seed) is written atomically to OUT/ROW-seedS.json with the settings it ran under (budget, clock,
 validation size, overrides); a rerun into the same OUT skips the finished ones and reruns a missing or unreadable
-(half-written) one, and refuses a finished one that ran under other settings. `benchmarks/reproduce.py` runs the
-paper's tables with these functions.
+(half-written) one; an OUT keeps the settings of its first run (OUT/settings.json) and refuses others.
+`benchmarks/reproduce.py` runs the paper's tables with these functions.
 
     python benchmarks/compare_algorithms.py --rows untrained,warm,warm+rr,warm+mappo --seeds 0,1,2 --minutes 10 \\
         [--val-limit 100] [--parallel 2] [--clock cpu|wall] [--out DIR] [key=value ...]
@@ -285,7 +285,12 @@ def run_rows(rows: list[str], seeds: list[int], out: Path, settings: dict, paral
     log = out / "log.txt"
     common = ["--out", str(out), "--minutes", str(settings["minutes"]), "--clock", settings["clock"],
               "--val-limit", str(settings["val_limit"])]
-    warm, todo = plan(rows, seeds, out, settings)
+    pinned = out / "settings.json"  # one OUT, one budget: every result in it comparable with the others
+    if pinned.is_file() and json.loads(pinned.read_text(encoding="utf-8")) != settings:
+        raise SystemExit(f"{out} holds results run with {pinned.read_text(encoding='utf-8').strip()}, not "
+                         f"{json.dumps(settings)}; use another --out")
+    warm, todo = plan(rows, seeds, out, settings)  # (refuses results that ran under other settings)
+    atomic_write_json(pinned, settings)
     if len(todo) < len(rows) * len(seeds):
         print(f"{len(rows) * len(seeds) - len(todo)} finished results in {out} reused", flush=True)
     if warm:

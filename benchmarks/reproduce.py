@@ -9,7 +9,7 @@ time from that seed's warm start (shared by every row and table that starts from
 reruns what was cut short. A row shared by several tables runs once.
 
     python benchmarks/reproduce.py --table algorithms,aggregators --seeds 0,1,2 --minutes 10 [--parallel 2] \\
-        [--data synthetic | --data hotpotqa:TRAIN hotpotqa:VAL] [--val-limit 100] [--out DIR] [--doc FILE] \\
+        [--data synthetic | --data hotpotqa:TRAIN --val-data hotpotqa:VAL] [--val-limit 100] [--out DIR] [--doc FILE] \\
         [key=value ...]
     python benchmarks/reproduce.py --doc-only [--out DIR]      # rewrite the document from the results in OUT
 
@@ -231,13 +231,14 @@ def table_rows(names: list[str]) -> list[str]:
     return rows
 
 
-def data_overrides(specs: list[str]) -> list[str]:
-    """`--data synthetic` (the demo's synthetic:train / synthetic:dev) or `--data TRAIN VAL`."""
-    if specs == ["synthetic"]:
+def data_overrides(data: str, val_data: str | None) -> list[str]:
+    """`--data synthetic` (the demo's synthetic:train and synthetic:dev) or `--data TRAIN --val-data VAL`."""
+    if data == "synthetic" and val_data is None:
         return []
-    if len(specs) != 2:
-        raise ValueError(f"--data: `synthetic` or two SPECs (training, validation), got {' '.join(specs)}")
-    return [f"data={specs[0]}", f"val_data={specs[1]}"]
+    if val_data is None:
+        raise ValueError(f"--data {data}: give the validation questions too (--val-data SPEC; `mhgpo data split` "
+                         "cuts disjoint parts of one file)")
+    return [f"data={data}", f"val_data={val_data}"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -248,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", type=float, default=DEFAULTS["minutes"])
     parser.add_argument("--clock", choices=["cpu", "wall"], default=DEFAULTS["clock"])
     parser.add_argument("--val-limit", type=int, default=DEFAULTS["val_limit"])
-    parser.add_argument("--data", nargs="+", default=["synthetic"], metavar="SPEC")
+    parser.add_argument("--data", default="synthetic", metavar="SPEC", help="training questions (a data SPEC)")
+    parser.add_argument("--val-data", metavar="SPEC", help="validation questions (with --data other than synthetic)")
     parser.add_argument("--parallel", type=int, default=DEFAULTS["parallel"])
     parser.add_argument("--out", default="runs/reproduce")
     parser.add_argument("--doc", default=str(DOC), help="the document written (default docs/reproduction.md)")
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         if unknown or not names:
             parser.error(f"--table: unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(TABLES)}")
         try:
-            overrides = data_overrides(args.data) + args.overrides
+            overrides = data_overrides(args.data, args.val_data) + args.overrides
             seeds = [int(s) for s in args.seeds.split(",")]
         except ValueError as e:
             parser.error(str(e))

@@ -59,6 +59,9 @@ def test_table_rows_shared_once_and_unknown_table_refused(capsys):
     with pytest.raises(SystemExit):
         rp.main(["--table", "algorithms,nope", "--out", "unused"])
     assert "unknown nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rp.main(["--table", "aggregators", "--rows", "warm+rr,warm+mappo", "--out", "unused"])
+    assert "--rows: warm+mappo not in the tables' rows" in capsys.readouterr().err
 
 
 def _result(row: str, seed: int, f1: float, acc: float = 50.0, steps: list[dict] | None = None,
@@ -177,6 +180,20 @@ def test_results_under_other_settings_are_refused(tmp_path):
     ca.result_path(out, "warm", 0).write_text(json.dumps(_result("warm", 0, 33.0)))
     with pytest.raises(SystemExit, match="use another --out"):
         ca.run_rows(["warm"], [0], out, {**SETTINGS, "minutes": 10.0}, 1, runner=_fake_runner(out, []))
+    calls: list = []
+    ca.run_rows(["untrained"], [0], out, SETTINGS, 1, runner=_fake_runner(out, calls))  # OUT pinned to SETTINGS
+    assert json.loads((out / "settings.json").read_text()) == SETTINGS and len(calls) == 1
+    with pytest.raises(SystemExit, match="use another --out"):  # a row not run yet, under another budget
+        ca.run_rows(["warm+mappo"], [0], out, {**SETTINGS, "val_limit": 8}, 1, runner=_fake_runner(out, calls))
+    assert len(calls) == 1
+
+
+def test_data_options():
+    assert rp.data_overrides("synthetic", None) == []
+    assert rp.data_overrides("hotpotqa:a.jsonl", "hotpotqa:b.jsonl") == ["data=hotpotqa:a.jsonl",
+                                                                        "val_data=hotpotqa:b.jsonl"]
+    with pytest.raises(ValueError, match="--val-data SPEC"):
+        rp.data_overrides("hotpotqa:a.jsonl", None)
 
 
 def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_model_dir, world, tmp_path):
