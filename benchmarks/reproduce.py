@@ -110,6 +110,7 @@ def seconds_per_step(result: dict) -> float | None:
 
 
 def metric(result: dict, key: str) -> float | None:
+    """A result's value of a claim's metric: a stored key, or `llm_calls` per training question."""
     return per_question(result, "llm_calls") if key == "llm_calls" else result.get(key)
 
 
@@ -134,6 +135,7 @@ def verdict(direction: str, diffs: list[float]) -> str:
 # ---- the document -----------------------------------------------------------------------------------------------
 
 def command(table: str, settings: dict | None, seeds: list[int] | None, out: str) -> str:
+    """The command that (re)runs `table` under `settings` (the defaults for a table not run)."""
     s = settings or {"minutes": DEFAULTS["minutes"], "clock": DEFAULTS["clock"], "val_limit": DEFAULTS["val_limit"],
                      "overrides": []}
     seeds_text = ",".join(map(str, seeds)) if seeds else DEFAULTS["seeds"]
