@@ -1,14 +1,20 @@
 """Validation Acc / EM / F1 of training recipes at equal training time, over seeds (mean ± std).
 
 A row is `untrained`, `warm` (the warm start alone), or an algorithm (`rr`, `fof`, `is`, `fof_os`: MHGPO with that
-sampler; `mappo`) with options joined by `+`: `warm+rr` starts from the warm start, `rr+per_role` trains one adapter
-per agent (`lora.per_role`), `rr+filter` drops zero-variance groups and draws more questions
-(`filter_zero_variance`). Every row takes the demo's settings (`mhgpo/config/demo.yaml`, its `warm_start` section for the
-warm start) and `key=value` overrides; for each seed the warm start is trained once (its own time is reported, not
-counted in the rows' budget) and shared by the rows that start from it. An RL row trains for `--minutes` of its
-process's CPU time (`--clock cpu`, the default: fair when runs share the machine; one thread each) or wall time, a
-step being started only if the mean step so far still fits; then the team answers `--val-limit` validation
-questions greedily. `--parallel N` runs N processes at a time, one thread each.
+sampler; `mappo`; `grpo`: the single-agent baseline, `system=llm`, whose warm start is the single agent's own) with
+options joined by `+`: `warm+rr` starts from the warm start, `rr+per_role` trains one adapter per agent
+(`lora.per_role`), `rr+filter` drops zero-variance groups and draws more questions (`filter_zero_variance`). Every
+row takes the demo's settings (`mhgpo/config/demo.yaml`, its `warm_start` section for the warm start) and
+`key=value` overrides; for each seed the warm start is trained once (its own time is reported, not counted in the
+rows' budget) and shared by the rows that start from it. An RL row trains for `--minutes` of its process's CPU time
+(`--clock cpu`, the default: fair when runs share the machine; one thread each) or wall time, a step being started
+only if the mean step so far still fits; then the team answers `--val-limit` validation questions greedily.
+`--parallel N` runs N processes at a time, one thread each.
+
+Each (row, seed) is written atomically to OUT/ROW-seedS.json with the settings it ran under (budget, clock,
+validation size, overrides); a rerun into the same OUT skips the finished ones and reruns a missing or unreadable
+(half-written) one; an OUT keeps the settings of its first run (OUT/settings.json) and refuses others.
+`benchmarks/reproduce.py` runs the paper's tables with these functions.
 
     python benchmarks/compare_algorithms.py --rows untrained,warm,warm+rr,warm+mappo --seeds 0,1,2 --minutes 10 \\
         [--val-limit 100] [--parallel 2] [--clock cpu|wall] [--out DIR] [key=value ...]
@@ -19,18 +25,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from mhgpo.io import atomic_write_json
+
 ALGOS = {"rr": ["algo=mhgpo", "sampler=rr"], "fof": ["algo=mhgpo", "sampler=fof"], "is": ["algo=mhgpo", "sampler=is"],
-         "fof_os": ["algo=mhgpo", "sampler=fof_os"], "mappo": ["algo=mappo", "sampler=chains"]}
+         "fof_os": ["algo=mhgpo", "sampler=fof_os"], "mappo": ["algo=mappo", "sampler=chains"],
+         "grpo": ["algo=grpo", "system=llm", "sampler=fof"]}
 OPTIONS = {"per_role": ["lora.per_role=true"], "filter": ["filter_zero_variance=true"]}
-LABELS = {"rr": "MHGPO-RR", "fof": "MHGPO-FoF", "is": "MHGPO-IS", "fof_os": "MHGPO-FoF(os)", "mappo": "MAPPO"}
+LABELS = {"rr": "MHGPO-RR", "fof": "MHGPO-FoF", "is": "MHGPO-IS", "fof_os": "MHGPO-FoF(os)", "mappo": "MAPPO",
+          "grpo": "single-agent GRPO"}
+# What a finished result must hold; a file without them (or not JSON) was cut short and is run again.
+RESULT_KEYS = ("row", "seed", "steps", "val_f1", "val_acc", "settings")
 
 
 def row_overrides(row: str) -> list[str]:
@@ -66,43 +80,96 @@ def demo_tree(overrides: list[str]) -> dict:
     return to_dict(load_config(TrainConfig, demo_config_path(), overrides))
 
 
-def warm_start_dir(out: Path, seed: int) -> Path:
-    return out / f"warm_start-seed{seed}"
+def row_system(row: str) -> str:
+    """The team a row trains: the last `system=` of its algorithm's and its own settings (default mas)."""
+    _, algo, _ = parse_row(row)
+    systems = [kv.partition("=")[2] for kv in ALGOS.get(algo, []) + row_overrides(row) if kv.startswith("system=")]
+    return systems[-1] if systems else "mas"
 
 
-def run_warm_start(out: Path, seed: int, overrides: list[str]) -> dict:
-    """Train (once) the warm start of `seed` into OUT/warm_start-seedS; its minutes."""
+def warm_start_dir(out: Path, seed: int, system: str = "mas") -> Path:
+    """OUT/warm_start-seedS (the team's) or OUT/warm_start-SYSTEM-seedS (another system's own warm start)."""
+    tag = "" if system == "mas" else "".join(c if c.isalnum() else "_" for c in system) + "-"
+    return out / f"warm_start-{tag}seed{seed}"
+
+
+def result_path(out: Path, row: str, seed: int) -> Path:
+    name = row.replace("/", "_").replace("@", "__").replace(",", "_")
+    return out / f"{name}-seed{seed}.json"
+
+
+def load_result(path: Path, settings: dict) -> dict | None:
+    """The finished result in `path`, or None when it is missing or unreadable (cut short: to be run again). One
+    that ran under other settings stops the run (its numbers would be mixed with these)."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(result, dict) or any(k not in result for k in RESULT_KEYS):
+        return None
+    if result["settings"] != settings:
+        raise SystemExit(f"{path}: ran with {json.dumps(result['settings'])}, not {json.dumps(settings)}; "
+                         f"use another --out (or remove it)")
+    return result
+
+
+def run_warm_start(out: Path, seed: int, overrides: list[str], system: str = "mas") -> dict:
+    """Train (once) the warm start of `seed` and `system` into its `warm_start_dir`; its minutes. A folder without
+    its `done.json` was interrupted: it is removed and trained again."""
     from mhgpo.config import TrainConfig, load_config
     from mhgpo.run.pipeline import warm_start_config
     from mhgpo.run.warm_start import run_sft
     from mhgpo.config import demo_config_path
 
-    folder = warm_start_dir(out, seed)
-    done = folder / "done.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    cfg = load_config(TrainConfig, demo_config_path(), overrides + [f"seed={seed}", f"output_dir={out / 'x'}"])
+    folder = warm_start_dir(out, seed, system)
+    done = load_result(folder / "done.json", {"overrides": overrides}) if folder.is_dir() else None
+    if done is not None:
+        return done
+    if folder.exists():
+        shutil.rmtree(folder)
+    cfg = load_config(TrainConfig, demo_config_path(), overrides + [f"system={system}", f"seed={seed}",
+                                                                   f"output_dir={out / 'x'}"])
     t0, c0 = time.perf_counter(), time.process_time()
     run_sft(warm_start_config(cfg, folder), progress=False)
-    result = {"seed": seed, "minutes": (time.perf_counter() - t0) / 60, "cpu_minutes": (time.process_time() - c0) / 60}
-    done.write_text(json.dumps(result))
+    result = {"row": "warm_start", "seed": seed, "system": system, "steps": cfg.warm_start.steps,
+              "minutes": (time.perf_counter() - t0) / 60, "cpu_minutes": (time.process_time() - c0) / 60,
+              "val_f1": None, "val_acc": None, "settings": {"overrides": overrides}}
+    atomic_write_json(folder / "done.json", result)
     return result
 
 
+def row_settings(row: str, seed: int, val_limit: int, out: Path, overrides: list[str], run_dir: str) -> list[str]:
+    """The `key=value` list that makes the demo config into `row`'s run for `seed` (in this order: algorithm,
+    options, common overrides, the row's own, its warm start as the model, the comparison's fixed keys)."""
+    warm, algo, options = parse_row(row)
+    model = [f"model={warm_start_dir(out, seed, row_system(row)).resolve()}"] if warm else []
+    return (ALGOS.get(algo, []) + [x for o in options for x in OPTIONS[o]] + overrides + row_overrides(row) + model
+            + [f"seed={seed}", "steps=100000", "eval_every=0", "save_every=0", f"val_limit={val_limit}",
+               "warm_start.enabled=false", f"output_dir={run_dir}"])
+
+
+def machine() -> dict:
+    """The CPU model and core count (and the GPU, if any) a result was measured on."""
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").is_file() else "unknown"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": model, "cores": os.cpu_count(), "gpu": gpu}
+
+
 def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Path, overrides: list[str]) -> dict:
-    """Train one row for the budget and validate it; the result (also written to OUT/ROW-seedS.json)."""
+    """Train one row for the budget and validate it; the result (also written to OUT/ROW-seedS.json, with each
+    step's metrics and its process's peak memory so far)."""
     from mhgpo.config import TrainConfig, load_config
     from mhgpo.run.pipeline import evaluate_model
     from mhgpo.config import demo_config_path
+    from mhgpo.rl.policy import peak_memory_mb
     from mhgpo.rl.trainer import Trainer, build_team
 
-    warm, algo, options = parse_row(row)
-    model = [f"model={warm_start_dir(out, seed).resolve()}"] if warm else []
+    _, algo, _ = parse_row(row)
     with tempfile.TemporaryDirectory() as run_dir:
-        extra = (ALGOS.get(algo, []) + [x for o in options for x in OPTIONS[o]] + overrides + row_overrides(row) + model
-                 + [f"seed={seed}", "steps=100000", "eval_every=0", "save_every=0", f"val_limit={val_limit}",
-                    "warm_start.enabled=false", f"output_dir={run_dir}"])
-        cfg = load_config(TrainConfig, demo_config_path(), extra)
+        cfg = load_config(TrainConfig, demo_config_path(), row_settings(row, seed, val_limit, out, overrides, run_dir))
         rows: list[dict] = []
         start_wall, start_cpu = time.perf_counter(), time.process_time()
         train_wall = train_cpu = 0.0
@@ -117,20 +184,26 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
                 elapsed = now() - start
                 if rows and elapsed + elapsed / len(rows) > minutes * 60:
                     break
-                rows.append(trainer.train_step())
+                rows.append({**trainer.train_step(), "memory/peak_mb": peak_memory_mb()})
                 print(f"{row} seed {seed} step {len(rows)}: reward {rows[-1].get('reward/mean', 0):.3f} "
                       f"({(time.perf_counter() - start_wall) / 60:.1f} min wall, "
                       f"{(time.process_time() - start_cpu) / 60:.1f} min CPU)", file=sys.stderr, flush=True)
             train_wall, train_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
             res = trainer.validate()
-    result = {"row": row, "seed": seed, "steps": len(rows),
+    result = {"row": row, "seed": seed, "system": cfg.system, "steps": len(rows),
+              "questions_per_step": cfg.questions_per_step,
               "train_minutes": train_wall / 60, "train_cpu_minutes": train_cpu / 60,
               "val_f1": res.metrics["f1"], "val_em": res.metrics["em"], "val_acc": res.metrics["acc"],
-              "val_n": res.metrics["n"],
+              "val_n": res.metrics["n"], "peak_mb": peak_memory_mb(), "machine": machine(),
+              "settings": settings_of(minutes, clock, val_limit, overrides),
               **{k: v for k, v in res.metrics.items() if "/" in k}}
-    name = row.replace("/", "_").replace("@", "__").replace(",", "_")
-    (out / f"{name}-seed{seed}.json").write_text(json.dumps({**result, "steps_metrics": rows}, indent=1))
+    atomic_write_json(result_path(out, row, seed), {**result, "steps_metrics": rows})
     return result
+
+
+def settings_of(minutes: float, clock: str, val_limit: int, overrides: list[str]) -> dict:
+    """What a result depends on beyond its row and seed (a rerun may reuse it only under the same)."""
+    return {"minutes": minutes, "clock": clock, "val_limit": val_limit, "overrides": list(overrides)}
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
@@ -161,6 +234,20 @@ def run_all(jobs: list[list[str]], parallel: int, log: Path) -> list[dict]:
     return results  # type: ignore[return-value]
 
 
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (ddof 1; None for one value)."""
+    v = np.asarray(values, dtype=float)
+    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)
+
+
+def fmt(values: list[float], digits: int = 1) -> str:
+    """`mean ± std` (sample std) of `values`; the mean alone for one value; — for none."""
+    if not values:
+        return "—"
+    m, s = mean_std(values)
+    return f"{m:.{digits}f}" if s is None else f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
 def summary(results: list[dict], minutes: float, clock: str) -> str:
     by_row: dict[str, list[dict]] = {}
     for r in results:
@@ -171,12 +258,58 @@ def summary(results: list[dict], minutes: float, clock: str) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for row, rs in by_row.items():
         def ms(key: str, scale: float = 1.0) -> str:
-            v = np.array([r.get(key, float("nan")) for r in rs]) * scale
-            return f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if len(v) > 1 else f"{v.mean():.1f}"
+            return fmt([r.get(key, float("nan")) * scale for r in rs])
         lines.append(f"| {label(row)} | {len(rs)} | {np.mean([r['steps'] for r in rs]):.1f} | {ms('val_f1')} | "
                      f"{ms('val_em')} | {ms('val_acc')} | {ms('answerer/starts_with_document', 100)}% | "
                      f"{ms('rewriter/penalty_rate', 100)}% |")
     return "\n".join(lines)
+
+
+def plan(rows: list[str], seeds: list[int], out: Path, settings: dict) -> tuple[list[tuple[int, str]],
+                                                                                 list[tuple[str, int]]]:
+    """What is still to run: the warm starts (seed, system) that unfinished rows start from, and the (row, seed)
+    results without a finished file."""
+    todo = [(r, s) for r in rows for s in seeds if load_result(result_path(out, r, s), settings) is None]
+    needed = sorted({(s, row_system(r)) for r, s in todo if parse_row(r)[0]})
+    warm = [(s, system) for s, system in needed
+            if load_result(warm_start_dir(out, s, system) / "done.json", {"overrides": settings["overrides"]}) is None]
+    return warm, todo
+
+
+def run_rows(rows: list[str], seeds: list[int], out: Path, settings: dict, parallel: int,
+             runner: Callable[[list[list[str]], int, Path], list[dict]] | None = None) -> list[dict]:
+    """Every (row, seed) result under `settings` (see `settings_of`), row by row: the finished ones read from OUT,
+    the others run (their warm starts first), `parallel` processes at a time, by `runner` (default `run_all`)."""
+    runner = runner or run_all
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "log.txt"
+    common = ["--out", str(out), "--minutes", str(settings["minutes"]), "--clock", settings["clock"],
+              "--val-limit", str(settings["val_limit"])]
+    pinned = out / "settings.json"  # one OUT, one budget: every result in it comparable with the others
+    if pinned.is_file() and json.loads(pinned.read_text(encoding="utf-8")) != settings:
+        raise SystemExit(f"{out} holds results run with {pinned.read_text(encoding='utf-8').strip()}, not "
+                         f"{json.dumps(settings)}; use another --out")
+    warm, todo = plan(rows, seeds, out, settings)  # (refuses results that ran under other settings)
+    atomic_write_json(pinned, settings)
+    if len(todo) < len(rows) * len(seeds):
+        print(f"{len(rows) * len(seeds) - len(todo)} finished results in {out} reused", flush=True)
+    if warm:
+        done = runner([["--warm", "--seed", str(s), "--system", system, *common, *settings["overrides"]]
+                       for s, system in warm], parallel, log)
+        print("warm start: " + ", ".join(f"seed {w['seed']} ({w['system']}) {w['minutes']:.1f} min" for w in done),
+              flush=True)
+    if todo:
+        runner([["--one", r, "--seed", str(s), *common, *settings["overrides"]] for r, s in todo], parallel, log)
+    results = [load_result(result_path(out, r, s), settings) for r in rows for s in seeds]
+    missing = [f"{r} seed {s}" for (r, s), res in zip([(r, s) for r in rows for s in seeds], results) if res is None]
+    if missing:
+        raise SystemExit(f"no result written for {', '.join(missing)}; see {log}")
+    return results  # type: ignore[return-value]
+
+
+def split_rows(items: list[str]) -> list[str]:
+    """Rows given comma- or space-separated (a row with its own settings after @ is one item)."""
+    return [r for item in items for r in ([item] if "@" in item else item.split(","))]
 
 
 def main() -> None:
@@ -192,6 +325,7 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--system", default="mas", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     out = Path(args.out)
@@ -200,25 +334,19 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        result = run_warm_start(out, args.seed, args.overrides) if args.warm else \
+        result = run_warm_start(out, args.seed, args.overrides, args.system) if args.warm else \
             one(args.one, args.seed, args.minutes, args.clock, args.val_limit, out, args.overrides)
         print(json.dumps(result))
         return
-    rows = [r for item in args.rows for r in ([item] if "@" in item else item.split(","))]
+    rows = split_rows(args.rows)
     for row in rows:
         try:
             parse_row(row)
         except ValueError as e:
             parser.error(str(e))
     seeds = [int(s) for s in args.seeds.split(",")]
-    log = out / "log.txt"
-    common = ["--out", str(out), "--minutes", str(args.minutes), "--clock", args.clock, "--val-limit",
-              str(args.val_limit)]
-    if any(parse_row(r)[0] for r in rows):
-        warm = run_all([["--warm", "--seed", str(s), *common, *args.overrides] for s in seeds], args.parallel, log)
-        print("warm start: " + ", ".join(f"seed {w['seed']} {w['minutes']:.1f} min" for w in warm), flush=True)
-    jobs = [["--one", row, "--seed", str(s), *common, *args.overrides] for row in rows for s in seeds]
-    results = run_all(jobs, args.parallel, log)
+    results = run_rows(rows, seeds, out, settings_of(args.minutes, args.clock, args.val_limit, args.overrides),
+                       args.parallel)
     table = summary(results, args.minutes, args.clock)
     (out / "summary.md").write_text(table + "\n")
     print("\n" + table)

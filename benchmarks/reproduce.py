@@ -1,0 +1,286 @@
+"""The paper's comparisons as named tables, run at equal CPU time over seeds, written to docs/reproduction.md.
+
+Each table is one claim of the paper: its rows (`benchmarks/compare_algorithms.py` rows: `untrained`, `warm`,
+`[warm+]ALGO[+OPTION][@key=value,...]`), the reference row the others are compared with, and the paper's direction
+for each comparison (`>`, `≥`, `≈`, `<`, `≤` on validation F1, or on LLM calls per question for a cost claim).
+The rows run through `compare_algorithms.run_rows`: every (row, seed) trains for `--minutes` of its process's CPU
+time from that seed's warm start (shared by every row and table that starts from it), is validated greedily on
+`--val-limit` questions, and is written atomically to OUT/ROW-seedS.json; a rerun skips what is finished and
+reruns what was cut short. A row shared by several tables runs once.
+
+    python benchmarks/reproduce.py --table algorithms,aggregators --seeds 0,1,2 --minutes 10 [--parallel 2] \\
+        [--data synthetic | --data hotpotqa:TRAIN --val-data hotpotqa:VAL] [--val-limit 100] [--out DIR] [--doc FILE] \\
+        [key=value ...]
+    python benchmarks/reproduce.py --doc-only [--out DIR]      # rewrite the document from the results in OUT
+
+The document (default docs/reproduction.md) holds every table: run ones with their numbers, the others as "not
+run" with the command that runs them. Agreement rule (`verdict`): per seed, d = row − compared row; with n ≥ 2
+seeds, the difference is *within noise* when |mean d| ≤ std d (sample std), otherwise its sign is our direction;
+`>` / `<` agree with that sign, `≥` / `≤` also with within noise, `≈` only with within noise; one seed gives no
+noise estimate (`n/a`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_algorithms as ca  # noqa: E402  (benchmarks/ is not a package)
+
+from mhgpo.io import atomic_write_text  # noqa: E402
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "reproduction.md"
+DEFAULTS = {"seeds": "0,1,2", "minutes": 10.0, "clock": "cpu", "val_limit": 100, "parallel": 2}
+ROLES = ("rewriter", "reranker", "answerer")
+# The observed directions each of the paper's directions agrees with (≈: within noise).
+AGREES = {">": {">"}, "<": {"<"}, "≥": {">", "≈"}, "≤": {"<", "≈"}, "≈": {"≈"}}
+METRICS = {"val_f1": "val F1", "llm_calls": "LLM calls / question"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """The paper's direction of `row` against `than` on `metric` (`val_f1`, or `llm_calls` per question)."""
+    row: str
+    direction: str  # > ≥ ≈ < ≤
+    than: str
+    paper: str  # the claim in words
+    metric: str = "val_f1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    name: str
+    title: str
+    reference: str  # the row every other row's paired differences are taken against
+    rows: tuple[str, ...]
+    claims: tuple[Claim, ...]
+
+
+def _rl_beats(rows: list[str], than: str, paper: str) -> tuple[Claim, ...]:
+    return tuple(Claim(r, ">", than, paper) for r in rows)
+
+
+TABLES = {t.name: t for t in (
+    Table("algorithms", "MHGPO (each sampler) against MAPPO and single-agent GRPO", "warm+mappo",
+          ("untrained", "warm", "warm+rr", "warm+fof", "warm+is", "warm+fof_os", "warm+mappo", "warm+grpo"),
+          (Claim("warm+rr", ">", "warm", "RL improves on its starting point"),
+           *_rl_beats(["warm+rr", "warm+fof", "warm+is", "warm+fof_os"], "warm+mappo", "MHGPO > MAPPO"),
+           Claim("warm+rr", ">", "warm+grpo", "the trained team > single-agent GRPO"),
+           Claim("warm+fof", "≈", "warm+is", "FoF ≈ IS in quality ..."),
+           Claim("warm+fof", "<", "warm+is", "... at lower cost", "llm_calls"))),
+    Table("aggregators", "Aggr of backward reward propagation (MHGPO-RR): mean against max, min, rand", "warm+rr",
+          ("warm+rr", "warm+rr@reward.aggr=max", "warm+rr@reward.aggr=min", "warm+rr@reward.aggr=rand"),
+          tuple(Claim("warm+rr", "≥", f"warm+rr@reward.aggr={a}", f"mean aggr ≥ {a}")
+                for a in ("max", "min", "rand"))),
+    Table("reward", "Composite reward (final + agent-specific penalties) against the final reward alone", "warm+rr",
+          ("warm+rr", "warm+rr@reward.penalties=false", "warm+mappo", "warm+mappo@reward.penalties=false"),
+          (Claim("warm+rr", ">", "warm+rr@reward.penalties=false", "composite > final-only (MHGPO-RR)"),
+           Claim("warm+mappo", ">", "warm+mappo@reward.penalties=false", "composite > final-only (MAPPO)"))),
+    Table("roles", "Role-wise training (MHGPO-FoF): every role against one role alone or one role frozen", "warm+fof",
+          ("warm+fof", *(f"warm+fof@train_roles=[{r}]" for r in ROLES),
+           *(f"warm+fof@frozen_roles=[{r}]" for r in ROLES)),
+          (*(Claim("warm+fof", "≥", f"warm+fof@train_roles=[{r}]", f"all roles ≥ {r} alone") for r in ROLES),
+           *(Claim("warm+fof", "≥", f"warm+fof@frozen_roles=[{r}]", f"all roles ≥ {r} frozen") for r in ROLES))),
+)}
+
+
+# ---- numbers from results ---------------------------------------------------------------------------------------
+
+def per_question(result: dict, key: str) -> float | None:
+    """A training metric summed over the row's steps per question drawn (None for a row without steps)."""
+    steps = result.get("steps_metrics") or []
+    if not steps:
+        return None
+    questions = sum(m.get("filter/questions", result["questions_per_step"]) for m in steps)
+    return sum(m.get(key, 0.0) for m in steps) / questions
+
+
+def seconds_per_step(result: dict) -> float | None:
+    """Mean rollout + update seconds of the row's steps (model loading and validation left out)."""
+    steps = result.get("steps_metrics") or []
+    if not steps:
+        return None
+    return float(np.mean([m.get("seconds/rollout", 0.0) + m.get("seconds/train", 0.0) for m in steps]))
+
+
+def metric(result: dict, key: str) -> float | None:
+    """A result's value of a claim's metric: a stored key, or `llm_calls` per training question."""
+    return per_question(result, "llm_calls") if key == "llm_calls" else result.get(key)
+
+
+def paired(by_row: dict[str, dict[int, dict]], row: str, than: str, key: str = "val_f1") -> list[float]:
+    """row − than on `key`, per seed that both have (same seed: same warm start and data order)."""
+    a, b = by_row.get(row, {}), by_row.get(than, {})
+    diffs = [(metric(a[s], key), metric(b[s], key)) for s in sorted(set(a) & set(b))]
+    return [x - y for x, y in diffs if x is not None and y is not None]
+
+
+def verdict(direction: str, diffs: list[float]) -> str:
+    """agrees / disagrees / within noise (|mean| ≤ std of the paired differences) / n/a (fewer than 2 seeds)."""
+    if len(diffs) < 2:
+        return "n/a (1 seed)" if diffs else "not run"
+    m, s = ca.mean_std(diffs)
+    ours = "≈" if abs(m) <= s else (">" if m > 0 else "<")
+    if ours in AGREES[direction]:
+        return "agrees"
+    return "within noise" if ours == "≈" else "disagrees"
+
+
+# ---- the document -----------------------------------------------------------------------------------------------
+
+def command(table: str, settings: dict | None, seeds: list[int] | None, out: str) -> str:
+    """The command that (re)runs `table` under `settings` (the defaults for a table not run)."""
+    s = settings or {"minutes": DEFAULTS["minutes"], "clock": DEFAULTS["clock"], "val_limit": DEFAULTS["val_limit"],
+                     "overrides": []}
+    seeds_text = ",".join(map(str, seeds)) if seeds else DEFAULTS["seeds"]
+    extra = "".join(f" {kv}" for kv in s["overrides"])
+    return (f"python benchmarks/reproduce.py --table {table} --seeds {seeds_text} --minutes {s['minutes']:g} "
+            f"--clock {s['clock']} --val-limit {s['val_limit']} --parallel {DEFAULTS['parallel']} --out {out}{extra}")
+
+
+def table_markdown(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> str:
+    """One table's section: its rows (mean ± std over seeds, paired differences against the reference), the
+    paper's directions beside ours, and the command, machine, seeds and budget; or "not run" and the command."""
+    found = [res for r in table.rows for res in by_row.get(r, {}).values()]
+    lines = [f"## {table.name}: {table.title}", ""]
+    if not found:
+        lines += ["**Not run.** Command:", "", f"    {command(table.name, None, None, out)}", ""]
+        lines += ["Paper's directions: " + "; ".join(f"{c.paper} (`{c.row}` {c.direction} `{c.than}`)"
+                                                    for c in table.claims) + ".", ""]
+        return "\n".join(lines)
+    settings = found[0]["settings"]
+    seeds = sorted({res["seed"] for res in found})
+    missing = [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
+    mach = found[0].get("machine") or {}
+    lines += [f"Command: `{command(table.name, settings, seeds, out)}`", "",
+              f"Machine: {mach.get('cpu', 'unknown')}, {mach.get('cores', '?')} cores"
+              + (f", {mach['gpu']}" if mach.get("gpu") else "") + f". Seeds: {', '.join(map(str, seeds))}. "
+              f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row, "
+              f"{settings['val_limit']} validation questions."
+              + (f" **Partial**: missing {', '.join(missing)}." if missing else ""), "",
+              f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
+              "peak MB | LLM calls / question | trained samples / question |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in table.rows:
+        rs = list(by_row.get(row, {}).values())
+        delta = "—" if row == table.reference else ca.fmt(paired(by_row, row, table.reference))
+
+        def values(f) -> list[float]:
+            return [v for v in map(f, rs) if v is not None]
+        lines.append(f"| `{row}` | {len(rs)} | {ca.fmt([r['steps'] for r in rs])} | "
+                     f"{ca.fmt([r['val_f1'] for r in rs])} | "
+                     f"{ca.fmt([r['val_acc'] for r in rs])} | {delta} | {ca.fmt(values(seconds_per_step))} | "
+                     f"{ca.fmt(values(lambda r: r.get('peak_mb')), 0)} | "
+                     f"{ca.fmt(values(lambda r: per_question(r, 'llm_calls')), 2)} | "
+                     f"{ca.fmt(values(lambda r: per_question(r, 'samples')), 2)} |")
+    lines += ["", "| paper | comparison | ours (paired, mean ± std) | verdict |", "|---|---|---|---|"]
+    for c in table.claims:
+        diffs = paired(by_row, c.row, c.than, c.metric)
+        lines.append(f"| {c.paper} | `{c.row}` {c.direction} `{c.than}` ({METRICS[c.metric]}) | "
+                     f"{ca.fmt(diffs, 2)} | {verdict(c.direction, diffs)} |")
+    return "\n".join(lines + [""])
+
+
+INTRO = """# Reproduction of the paper's comparisons
+
+`benchmarks/reproduce.py` runs each of the paper's comparisons as a table of rows trained for the same CPU time
+from the same per-seed warm start (the demo's settings: `mhgpo/config/demo.yaml`), validated greedily, over seeds;
+this page is written by it from the results it finds (`--doc-only` rewrites it without running anything). Numbers:
+mean ± sample std over seeds. Δ: per-seed (paired) differences against the table's reference row, mean ± std.
+s / step: rollout + update seconds per RL step; peak MB: the row process's peak resident memory (on a GPU, its
+peak allocated GPU memory); LLM calls and trained samples per training question, from the steps' metrics.
+
+Verdict rule: with n ≥ 2 seeds, a paired difference is *within noise* when |mean| ≤ std; otherwise its sign is our
+direction. The paper's `>` / `<` agree with that sign; `≥` / `≤` agree with it or with within noise; `≈` agrees
+only with within noise. Fewer than 2 seeds: n/a. A table without results is listed as "not run" with the
+command that runs it; a partly run one names what is missing. Each run table gives its command, the machine it
+ran on, its seeds and budget. (A smoke test writes its page elsewhere: `--doc FILE`.)
+"""
+
+
+def write_doc(out: Path, doc: Path, out_text: str | None = None) -> str:
+    """Write `doc` from every finished result in `out`; its text."""
+    by_row = collect(out)
+    text = INTRO + "\n" + "\n".join(table_markdown(t, by_row, out_text or str(out)) for t in TABLES.values())
+    atomic_write_text(doc, text)
+    return text
+
+
+def collect(out: Path) -> dict[str, dict[int, dict]]:
+    """{row: {seed: result}} of the finished results in `out` (unreadable or cut-short files left out)."""
+    by_row: dict[str, dict[int, dict]] = {}
+    for path in sorted(out.glob("*-seed*.json")) if out.is_dir() else []:
+        try:
+            res = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(res, dict) and all(k in res for k in ca.RESULT_KEYS) and res["row"] != "warm_start":
+            by_row.setdefault(res["row"], {})[res["seed"]] = res
+    return by_row
+
+
+def table_rows(names: list[str]) -> list[str]:
+    """The rows of the named tables, each once, in table order."""
+    rows: list[str] = []
+    for name in names:
+        rows += [r for r in TABLES[name].rows if r not in rows]
+    return rows
+
+
+def data_overrides(data: str, val_data: str | None) -> list[str]:
+    """`--data synthetic` (the demo's synthetic:train and synthetic:dev) or `--data TRAIN --val-data VAL`."""
+    if data == "synthetic" and val_data is None:
+        return []
+    if val_data is None:
+        raise ValueError(f"--data {data}: give the validation questions too (--val-data SPEC; `mhgpo data split` "
+                         "cuts disjoint parts of one file)")
+    return [f"data={data}", f"val_data={val_data}"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", default=",".join(TABLES), help=f"comma-separated: {', '.join(TABLES)}")
+    parser.add_argument("--rows", help="run only these of the tables' rows (comma-separated; e.g. a smoke test)")
+    parser.add_argument("--seeds", default=DEFAULTS["seeds"])
+    parser.add_argument("--minutes", type=float, default=DEFAULTS["minutes"])
+    parser.add_argument("--clock", choices=["cpu", "wall"], default=DEFAULTS["clock"])
+    parser.add_argument("--val-limit", type=int, default=DEFAULTS["val_limit"])
+    parser.add_argument("--data", default="synthetic", metavar="SPEC", help="training questions (a data SPEC)")
+    parser.add_argument("--val-data", metavar="SPEC", help="validation questions (with --data other than synthetic)")
+    parser.add_argument("--parallel", type=int, default=DEFAULTS["parallel"])
+    parser.add_argument("--out", default="runs/reproduce")
+    parser.add_argument("--doc", default=str(DOC), help="the document written (default docs/reproduction.md)")
+    parser.add_argument("--doc-only", action="store_true", help="only rewrite the document from OUT's results")
+    parser.add_argument("overrides", nargs="*", help="key=value settings of every row")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if not args.doc_only:
+        names = [n for n in args.table.split(",") if n]
+        unknown = [n for n in names if n not in TABLES]
+        if unknown or not names:
+            parser.error(f"--table: unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(TABLES)}")
+        try:
+            overrides = data_overrides(args.data, args.val_data) + args.overrides
+            seeds = [int(s) for s in args.seeds.split(",")]
+        except ValueError as e:
+            parser.error(str(e))
+        settings = ca.settings_of(args.minutes, args.clock, args.val_limit, overrides)
+        rows = table_rows(names)
+        if args.rows:
+            only = args.rows.split(",")
+            if any(r not in rows for r in only):
+                parser.error(f"--rows: {', '.join(r for r in only if r not in rows)} not in the tables' rows")
+            rows = [r for r in rows if r in only]
+        ca.run_rows(rows, seeds, out, settings, args.parallel)
+    text = write_doc(out, Path(args.doc), args.out)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""benchmarks/reproduce.py: its tables load as real configs, its document's numbers, and resumption (no model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mhgpo.config import TrainConfig, demo_config_path, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+rp = _load("reproduce")
+ca = rp.ca
+SETTINGS = {"minutes": 0.5, "clock": "cpu", "val_limit": 4, "overrides": []}
+
+
+@pytest.mark.parametrize("name", list(rp.TABLES))
+def test_table_rows_load_as_train_configs(tmp_path, name):
+    table = rp.TABLES[name]
+    assert table.reference in table.rows
+    for claim in table.claims:
+        assert claim.row in table.rows and claim.than in table.rows and claim.direction in rp.AGREES
+    for row in table.rows:
+        cfg = load_config(TrainConfig, demo_config_path(),
+                          ca.row_settings(row, 1, 4, tmp_path, ["questions_per_step=2"], str(tmp_path / "run")))
+        warm, algo, _ = ca.parse_row(row)
+        assert (cfg.seed, cfg.val_limit, cfg.questions_per_step, cfg.warm_start.enabled) == (1, 4, 2, False)
+        expected_model = str(ca.warm_start_dir(tmp_path, 1, ca.row_system(row)).resolve()) if warm else "smollm2-135m"
+        assert cfg.model == expected_model
+        if algo == "grpo":
+            assert (cfg.system, cfg.algo, cfg.sampler) == ("llm", "grpo", "fof")
+            assert ca.warm_start_dir(tmp_path, 1, "llm").name == "warm_start-llm-seed1"
+        elif algo is not None:
+            assert cfg.system == "mas" and cfg.algo == ("mappo" if algo == "mappo" else "mhgpo")
+            assert cfg.sampler == ("chains" if algo == "mappo" else algo)
+        own = dict(kv.split("=", 1) for kv in ca.row_overrides(row))
+        assert cfg.reward.aggr == own.get("reward.aggr", "mean")
+        assert cfg.reward.penalties == (own.get("reward.penalties") != "false")
+        assert cfg.train_roles == ([own["train_roles"][1:-1]] if "train_roles" in own else None)
+        assert cfg.frozen_roles == ([own["frozen_roles"][1:-1]] if "frozen_roles" in own else [])
+
+
+def test_table_rows_shared_once_and_unknown_table_refused(capsys):
+    rows = rp.table_rows(["algorithms", "aggregators", "reward"])
+    assert len(rows) == len(set(rows)) and rows.count("warm+rr") == 1 and "warm+mappo@reward.penalties=false" in rows
+    with pytest.raises(SystemExit):
+        rp.main(["--table", "algorithms,nope", "--out", "unused"])
+    assert "unknown nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rp.main(["--table", "aggregators", "--rows", "warm+rr,warm+mappo", "--out", "unused"])
+    assert "--rows: warm+mappo not in the tables' rows" in capsys.readouterr().err
+
+
+def _result(row: str, seed: int, f1: float, acc: float = 50.0, steps: list[dict] | None = None,
+            peak: float = 1000.0) -> dict:
+    return {"row": row, "seed": seed, "steps": len(steps or []), "val_f1": f1, "val_acc": acc, "val_n": 4,
+            "questions_per_step": 4, "peak_mb": peak, "settings": SETTINGS, "steps_metrics": steps or [],
+            "machine": {"cpu": "Test CPU 9000", "cores": 2, "gpu": None}}
+
+
+STEPS = [{"llm_calls": 40.0, "samples": 30.0, "seconds/rollout": 2.0, "seconds/train": 1.0},
+         {"llm_calls": 24.0, "samples": 18.0, "seconds/rollout": 4.0, "seconds/train": 1.0}]
+FILTERED = [{"llm_calls": 60.0, "samples": 20.0, "filter/questions": 12.0, "seconds/rollout": 5.0,
+             "seconds/train": 1.0}]
+
+
+def _write_fixture(out: Path) -> None:
+    f1 = {"warm+rr": [40, 50, 45], "warm+rr@reward.aggr=max": [30, 52, 41],
+          "warm+rr@reward.aggr=min": [20, 30, 25], "warm+rr@reward.aggr=rand": [50, 60, 56]}
+    for row, values in f1.items():
+        for seed, v in enumerate(values):
+            steps = FILTERED if row.endswith("min") else STEPS
+            (ca.result_path(out, row, seed)).write_text(json.dumps(_result(row, seed, v, 40.0 + seed, steps,
+                                                                            1000.0 + 100 * seed)))
+    ca.result_path(out, "warm+fof", 0).write_text('{"row": "warm+fof", "seed": 0, "val_f')  # cut short
+
+
+def test_document_numbers_from_fixture_results(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_fixture(out)
+    text = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce")
+    assert (tmp_path / "doc.md").read_text() == text
+    section = text.split("## aggregators")[1].split("\n## ")[0]
+    assert ("Command: `python benchmarks/reproduce.py --table aggregators --seeds 0,1,2 --minutes 0.5 --clock cpu "
+            "--val-limit 4 --parallel 2 --out runs/reproduce`") in section
+    assert "Machine: Test CPU 9000, 2 cores. Seeds: 0, 1, 2. Budget: 0.5 cpu minutes" in section
+    # F1 40/50/45: 45 ± 5; Acc 40/41/42: 41 ± 1; steps 2; s/step (3 + 5)/2 = 4; peak 1000/1100/1200;
+    # LLM calls (40 + 24) / (2 steps × 4 questions) = 8, samples 48 / 8 = 6
+    assert ("| `warm+rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | "
+            "6.00 ± 0.00 |") in section
+    # max − mean per seed: −10, 2, −4 → −4 ± 6; min: one filtered step of 12 questions: 60/12 = 5 calls, 20/12 samples
+    assert "| `warm+rr@reward.aggr=max` | 3 | 2.0 ± 0.0 | 41.0 ± 11.0 | 41.0 ± 1.0 | -4.0 ± 6.0 |" in section
+    assert ("| `warm+rr@reward.aggr=min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 | 6.0 ± 0.0 | "
+            "1100 ± 100 | 5.00 ± 0.00 | 1.67 ± 0.00 |") in section
+    # mean − max: 10, −2, 4 → 4 ± 6, |4| ≤ 6: within noise, which ≥ accepts; mean − min 20 ± 0: >, agrees;
+    # mean − rand: −10, −10, −11 → −10.33 ± 0.58: <, disagrees
+    assert "| mean aggr ≥ max | `warm+rr` ≥ `warm+rr@reward.aggr=max` (val F1) | 4.00 ± 6.00 | agrees |" in section
+    assert "| mean aggr ≥ min | `warm+rr` ≥ `warm+rr@reward.aggr=min` (val F1) | 20.00 ± 0.00 | agrees |" in section
+    assert "| mean aggr ≥ rand | `warm+rr` ≥ `warm+rr@reward.aggr=rand` (val F1) | -10.33 ± 0.58 | disagrees |" in section
+    roles = text.split("## roles:")[1]  # no results (the cut-short warm+fof file is not one): not run
+    assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
+    assert "±" not in roles
+    for name in ("algorithms", "reward"):  # they share warm+rr only: partial, the missing rows named
+        other = text.split(f"## {name}:")[1].split("\n## ")[0]
+        assert "**Partial**: missing " in other and "warm+mappo seed 0, warm+mappo seed 1, warm+mappo seed 2" in other
+        assert "| `warm+rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 |" in other and "warm+rr seed" not in other
+
+
+def test_verdict_rule():
+    assert rp.verdict(">", [3.0, 5.0]) == "agrees"  # 4 ± 1.41
+    assert rp.verdict(">", [1.0, -1.5]) == "within noise"  # -0.25 ± 1.77
+    assert rp.verdict(">", [-3.0, -5.0]) == "disagrees"
+    assert rp.verdict("≈", [1.0, -1.5]) == "agrees" and rp.verdict("≈", [3.0, 5.0]) == "disagrees"
+    assert rp.verdict("<", [-3.0, -5.0]) == "agrees" and rp.verdict("≤", [1.0, -1.5]) == "agrees"
+    assert rp.verdict("≥", [-3.0, -5.0]) == "disagrees"
+    assert rp.verdict(">", [1.0, 1.0]) == "agrees"  # std 0, mean 1
+    assert rp.verdict(">", [4.0]) == "n/a (1 seed)" and rp.verdict(">", []) == "not run"
+
+
+def _fake_runner(out: Path, calls: list[list[list[str]]]):
+    def runner(jobs: list[list[str]], parallel: int, log: Path) -> list[dict]:
+        calls.append(jobs)
+        done = []
+        for job in jobs:
+            seed = int(job[job.index("--seed") + 1])
+            if job[0] == "--warm":
+                system = job[job.index("--system") + 1]
+                folder = ca.warm_start_dir(out, seed, system)
+                folder.mkdir(exist_ok=True)
+                res = {"row": "warm_start", "seed": seed, "system": system, "steps": 1, "minutes": 0.1,
+                       "val_f1": None, "val_acc": None, "settings": {"overrides": []}}
+                ca.atomic_write_json(folder / "done.json", res)
+            else:
+                res = _result(job[1], seed, 11.0)
+                ca.atomic_write_json(ca.result_path(out, job[1], seed), res)
+            done.append(res)
+        return done
+    return runner
+
+
+def test_resumption_skips_finished_and_reruns_cut_short(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    ca.result_path(out, "warm", 0).write_text(json.dumps(_result("warm", 0, 33.0)))  # finished
+    ca.result_path(out, "warm+rr", 0).write_text('{"row": "warm+rr", "seed": 0, "steps": 3, "val')  # cut short
+    ca.warm_start_dir(out, 0).mkdir()  # an interrupted warm start: no done.json
+    calls: list = []
+    results = ca.run_rows(["untrained", "warm", "warm+rr"], [0], out, SETTINGS, 1, runner=_fake_runner(out, calls))
+    warm_jobs, row_jobs = calls
+    assert [j[:5] for j in warm_jobs] == [["--warm", "--seed", "0", "--system", "mas"]]
+    assert [j[:4] for j in row_jobs] == [["--one", "untrained", "--seed", "0"], ["--one", "warm+rr", "--seed", "0"]]
+    assert [(r["row"], r["val_f1"]) for r in results] == [("untrained", 11.0), ("warm", 33.0), ("warm+rr", 11.0)]
+    calls.clear()  # everything finished now: nothing runs again
+    again = ca.run_rows(["untrained", "warm", "warm+rr"], [0], out, SETTINGS, 1, runner=_fake_runner(out, calls))
+    assert calls == [] and again == results
+    calls.clear()  # a new row from the finished warm start: no warm start job
+    ca.run_rows(["warm+grpo", "warm+mappo"], [0], out, SETTINGS, 1, runner=_fake_runner(out, calls))
+    assert [[j[:5] for j in jobs] for jobs in calls] == [
+        [["--warm", "--seed", "0", "--system", "llm"]],
+        [["--one", "warm+grpo", "--seed", "0", "--out"], ["--one", "warm+mappo", "--seed", "0", "--out"]]]
+
+
+def test_results_under_other_settings_are_refused(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    ca.result_path(out, "warm", 0).write_text(json.dumps(_result("warm", 0, 33.0)))
+    with pytest.raises(SystemExit, match="use another --out"):
+        ca.run_rows(["warm"], [0], out, {**SETTINGS, "minutes": 10.0}, 1, runner=_fake_runner(out, []))
+    calls: list = []
+    ca.run_rows(["untrained"], [0], out, SETTINGS, 1, runner=_fake_runner(out, calls))  # OUT pinned to SETTINGS
+    assert json.loads((out / "settings.json").read_text()) == SETTINGS and len(calls) == 1
+    with pytest.raises(SystemExit, match="use another --out"):  # a row not run yet, under another budget
+        ca.run_rows(["warm+mappo"], [0], out, {**SETTINGS, "val_limit": 8}, 1, runner=_fake_runner(out, calls))
+    assert len(calls) == 1
+
+
+def test_data_options():
+    assert rp.data_overrides("synthetic", None) == []
+    assert rp.data_overrides("hotpotqa:a.jsonl", "hotpotqa:b.jsonl") == ["data=hotpotqa:a.jsonl",
+                                                                        "val_data=hotpotqa:b.jsonl"]
+    with pytest.raises(ValueError, match="--val-data SPEC"):
+        rp.data_overrides("hotpotqa:a.jsonl", None)
+
+
+def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_model_dir, world, tmp_path):
+    from helpers import train_overrides
+
+    fixed = ("sampler=", "output_dir=", "steps=", "eval_every=", "save_every=", "val_limit=")
+    common = [kv for kv in train_overrides(tiny_model_dir, world, tmp_path / "unused") if not kv.startswith(fixed)]
+    common += ["warm_start.steps=1", "warm_start.batch_size=2", "warm_start.limit=4", "precision=fp32",
+               "search.snippet_words=8", "search.max_candidates=4"]
+    out = tmp_path / "out"
+    partial = ca.warm_start_dir(out, 0, "llm")  # an interrupted warm start: no done.json; trained again
+    partial.mkdir(parents=True)
+    (partial / "leftover").write_text("x")
+    warm = ca.run_warm_start(out, 0, common, "llm")
+    assert not (partial / "leftover").exists() and (partial / "checkpoints").is_dir()
+    assert json.loads((partial / "done.json").read_text()) == warm and warm["system"] == "llm"
+    assert ca.run_warm_start(out, 0, common, "llm") == warm  # finished: not trained again
+    result = ca.one("warm+grpo", 0, 0.0, "cpu", 2, out, common)  # a zero budget still takes one step
+    saved = ca.load_result(ca.result_path(out, "warm+grpo", 0), ca.settings_of(0.0, "cpu", 2, common))
+    assert saved == {**result, "steps_metrics": saved["steps_metrics"]}
+    assert (saved["system"], saved["steps"], saved["val_n"], saved["questions_per_step"]) == ("llm", 1, 2, 2)
+    (step,) = saved["steps_metrics"]
+    # one agent, FoF: group_size (2) answers of each of the step's 2 questions, every one trained
+    assert (step["llm_calls"], step["samples"]) == (4.0, 4.0) and step["memory/peak_mb"] > 0
+    assert rp.per_question(saved, "llm_calls") == 2.0 and saved["machine"]["cores"] >= 1
