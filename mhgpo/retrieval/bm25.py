@@ -413,9 +413,10 @@ def _install(tmp: Path, target: Path, ours: set[str] | None) -> None:
             (target / name).unlink()
 
 
-def check_index_target(index_dir: Path, kind: str = "retrieval", overwrite: bool = False) -> set[str] | None:
+def check_index_target(index_dir: Path, kind: str = "retrieval", overwrite: bool | None = None) -> set[str] | None:
     """Raise InputError unless `index_dir` is absent, empty, an index mhgpo wrote (which saving replaces) or
-    `overwrite` is set (then only mhgpo's index files in it are replaced); return the files mhgpo wrote there."""
+    `overwrite` is set (then only mhgpo's index files in it are replaced); return the files mhgpo wrote there.
+    `overwrite=None`: the caller offers no way to overwrite (the message does not suggest one)."""
     index_dir = Path(index_dir)
     if index_dir.is_symlink():
         raise InputError(f"{index_dir}: is a link; pass the folder it points to as the {kind} index folder")
@@ -425,13 +426,15 @@ def check_index_target(index_dir: Path, kind: str = "retrieval", overwrite: bool
         raise InputError(f"{index_dir}: exists and is not a folder (the {kind} index folder)")
     ours = index_files(index_dir)
     if ours is None and not overwrite and any(index_dir.iterdir()):
+        offer = "" if overwrite is None else (", or pass --overwrite to write the index files into it, leaving its "
+                                              "other files alone")
         raise InputError(f"{index_dir}: holds files and is not an index mhgpo wrote (no {MARKER_FILE}); refusing to "
-                         f"write the {kind} index there (pick a new or empty folder, or pass --overwrite to write the "
-                         f"index files into it, leaving its other files alone)")
+                         f"write the {kind} index there (pick a new or empty folder{offer})")
     return ours
 
 
-def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "", overwrite: bool = False) -> None:
+def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "",
+               overwrite: bool | None = None) -> None:
     """Save `retriever` into `index_dir` through a temporary folder beside it: a new or empty folder, or one that
     holds an index mhgpo wrote and nothing else, is replaced atomically; with `overwrite`, or when other files are
     there beside mhgpo's index, only the index files are replaced. A folder that holds anything else and is not an
