@@ -288,3 +288,62 @@ def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(two_steps,
     rows = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
     assert [(r["step"], r["changed"]) for r in rows] == [(2, {"steps": [2, 3], "eval_every": [2, 0]})]
 
+
+
+# ------------------------------------------------------------------------------------ what ranks send each other
+
+
+def test_ranks_exchange_records_as_json_and_decoding_runs_nothing(tmp_path) -> None:
+    CASES.append("gather: a pickle payload from a peer")
+    CASES.append("gather: a record type outside the list (a class that runs code)")
+    CASES.append("gather: an unsendable value in a workflow's info")
+    import math
+    import os
+    import pickle
+
+    import numpy as np
+
+    from mhgpo.data.records import Example
+    from mhgpo.model.wire import WireError, dumps, loads
+    from mhgpo.rl.evaluation import EvalResult
+    from mhgpo.rl.rollout import Node, RolloutBatch
+    from mhgpo.team.loader import RolloutFailure
+
+    example = Example("q1", "Who?", ("Ada", "A. L."), "bridge", ("T",), (("T", "text"),))
+    node = Node(3, 0, -1, "rewriter", "llm", 0, [1, 2], [3], [-0.5], "out", -0.5, {"queries": ("a", "b"), "n": 2},
+                ("q1", "rewriter", 0), trace={"steps": [["rewriter", "out"]]})
+    batch = RolloutBatch([example], [node], [[None, "reranker"]], {"seconds": 1.5},
+                         [RolloutFailure("q2", "MyTeam", "apply", "x.py:3", "KeyError: 'k'", "answerer")])
+    got_batch, stop, values, result = loads(dumps([batch, True, (np.arange(3.0), [7]),
+                                                   EvalResult({"f1": 50.0}, [{"id": "q1"}])]))
+    assert got_batch.examples == [example] and got_batch.failures == batch.failures
+    got = got_batch.nodes[0]
+    assert math.isnan(got.terminal) and got.group_key == ("q1", "rewriter", 0) and got.info == node.info
+    assert dataclasses_equal(got, node) and got_batch.fork_agents == [[None, "reranker"]] and stop is True
+    assert values[0].tolist() == [0.0, 1.0, 2.0] and values[0].dtype == np.float64 and values[1] == [7]
+    assert result == EvalResult({"f1": 50.0}, [{"id": "q1"}])
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'RAN'}",))
+
+    for hostile in (pickle.dumps(Payload()),
+                    b'{"$dataclass": "Payload", "fields": {}}',
+                    b'{"$dataclass": "Popen", "fields": {"args": ["touch", "x"]}}',
+                    b'{"$dataclass": "Node", "fields": {"node_id": 1}}'):
+        with pytest.raises(WireError):
+            loads(hostile)
+    assert not (tmp_path / "RAN").exists()
+    with pytest.raises(WireError, match="cannot store a Payload between ranks"):
+        dumps({"info": Payload()})
+
+
+def dataclasses_equal(a, b) -> bool:
+    import dataclasses
+    import math
+
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if not (x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))):
+            return False
+    return True
