@@ -290,6 +290,41 @@ def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(two_steps,
 
 
 
+@pytest.mark.parametrize("planted", ["metrics.jsonl", "rollouts", "checkpoints/step_1", "tensorboard"])
+def test_resume_refuses_a_run_folder_with_a_planted_link(two_steps, tmp_path, capsys, planted) -> None:  # noqa: F811
+    CASES.append(f"train --resume: RUN/{planted} planted as a link")
+    target = outside(tmp_path)
+    run = copy_run(two_steps, tmp_path / "run")
+    path = run / planted
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    path.symlink_to(target if planted.endswith(".jsonl") else target.parent, target_is_directory=path.suffix == "")
+    before, outside_before = snapshot(run), snapshot(target.parent)
+    rc, _, err = cli(capsys, "train", "--resume", run, "steps=3")
+    assert_one_line_error(rc, err, rf"{path}: is a link; a folder that mhgpo continues holds no links")
+    assert snapshot(run) == before and snapshot(target.parent) == outside_before
+
+
+def test_eval_refuses_links_planted_where_it_writes(tmp_path, capsys) -> None:
+    CASES.append("eval --output-dir: predictions.jsonl planted as a dangling link")
+    CASES.append("eval --resume: a link anywhere in the folder")
+    target = outside(tmp_path)
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "predictions.jsonl").symlink_to(tmp_path / "elsewhere" / "new.jsonl")  # dangling: not "existing"
+    rc, _, err = cli(capsys, "eval", "--output-dir", folder, "--data", "synthetic", "--model", "no-such-model")
+    assert_one_line_error(rc, err, rf"{folder / 'predictions.jsonl'}: is a link")
+    (folder / "predictions.jsonl").unlink()
+    dump_config(load_config(EvalConfig, None, [f"output_dir={folder}"]), folder / "eval_config.yaml")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "x").symlink_to(target)
+    rc, _, err = cli(capsys, "eval", "--resume", folder)
+    assert_one_line_error(rc, err, rf"{folder / 'sub' / 'x'}: is a link")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["precious.txt"] and target.read_text() == "precious\n"
+
+
 # ------------------------------------------------------------------------------------ what ranks send each other
 
 

@@ -21,7 +21,7 @@ from mhgpo.model.precision import resolve_config_precision
 from mhgpo.model.trained import model_record
 from mhgpo.rl.evaluation import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
                                  summarise, write_eval)
-from mhgpo.run.rundir import RunLock
+from mhgpo.run.rundir import RunLock, refuse_links
 from mhgpo.team.build import build_workflow, load_examples, resolve_team
 from mhgpo.team.loader import refuse_untrusted_code
 
@@ -87,6 +87,8 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
     lock = RunLock(out, "eval").acquire() if out is not None else None  # before anything slow
     try:
         done: list[dict] = []
+        if out is not None:  # what it appends to or replaces is the folder's own
+            refuse_links(out, None if resume else (CONFIG, PREDICTIONS, METRICS))
         if resume:
             done = finished_predictions(out, examples)
         elif out is not None and any((out / name).exists() for name in (CONFIG, PREDICTIONS, METRICS)):

@@ -26,7 +26,7 @@ from mhgpo.model.checkpoint import checkpoint_step, list_checkpoints
 from mhgpo.config import OptimConfig, SFTConfig, TrainConfig, dump_config
 from mhgpo.rl.evaluation import EvalResult
 from mhgpo.team.build import Team, resolve_team
-from mhgpo.run.rundir import RunLock, require_empty_run_dir
+from mhgpo.run.rundir import RunLock, refuse_links, require_empty_run_dir
 from mhgpo.run.warm_start import resume_sft, run_sft
 from mhgpo.team.loader import require_demonstrations
 from mhgpo.model.trained import portable_model_spec, run_model_spec
@@ -123,6 +123,7 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from
     if cfg.warm_start.enabled and not list_checkpoints(run_dir) and from_step is None:
         team = _settle_team(cfg, workflow)
         with RunLock(run_dir, "train --resume"):
+            refuse_links(run_dir)
             if not _is_warm_start(cfg, run_dir):
                 cfg.model = warm_start(cfg, run_dir, progress, team)
             trainer = Trainer(cfg, build_team(cfg, workflow=team), run_dir, progress)

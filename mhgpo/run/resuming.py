@@ -15,7 +15,7 @@ from mhgpo.config.load import differences, lookup, names_key
 from mhgpo.io import atomic_write_jsonl, read_jsonl
 from mhgpo.model.distributed import Single
 from mhgpo.errors import InputError
-from mhgpo.run.rundir import RunLock
+from mhgpo.run.rundir import RunLock, refuse_links
 from mhgpo.team.loader import refuse_untrusted_code
 
 if TYPE_CHECKING:
@@ -125,6 +125,7 @@ def continue_run(run_dir: Path, make: Callable[[], Trainer], from_step: int | No
     ranks = ranks or Single()
     with main_lock(ranks, run_dir, f"{command} --resume"):
         if ranks.is_main:
+            refuse_links(run_dir)
             clean_leftovers(run_dir)  # of a save that was cut short
         ranks.barrier()
         chosen = choose_checkpoint(run_dir, from_step)
