@@ -253,14 +253,22 @@ def test_eval_resume_never_imports_the_code_an_evaluation_folder_names(tmp_path,
     evil = evil_file(tmp_path)
     folder = tmp_path / "eval"
     folder.mkdir()
-    for system, what in ((f"{evil}:Evil", f"the Python file {evil}"), ("evil_module:Evil", "the Python module "
-                                                                       "evil_module")):
-        dump_config(load_config(EvalConfig, None, [f"system={system}", f"output_dir={folder}"]),
+    data = write_questions(tmp_path / "questions.jsonl")
+    for system, what in ((f"evil_module:Evil", "the Python module evil_module"),
+                         (f"{evil}:Evil", f"the Python file {evil}")):
+        dump_config(load_config(EvalConfig, None, [f"system={system}", f"output_dir={folder}",
+                                                   f"data=hotpotqa:{data}", "model=no-such-model"]),
                     folder / "eval_config.yaml")
         rc, _, err = cli(capsys, "eval", "--resume", folder)
         assert_one_line_error(rc, err, rf"{folder / 'eval_config.yaml'}: system: {system}: continuing would import "
                                        rf"and run {what}; if you trust it, add --trust-code")
         assert not (tmp_path / "IMPORTED").exists()
+    for opt_in in (["--trust-code"], ["--system", f"{evil}:Evil"]):  # allowed: imported, then the model is missing
+        rc, _, err = cli(capsys, "eval", "--resume", folder, *opt_in)
+        assert_one_line_error(rc, err, r"no-such-model")
+        assert (tmp_path / "IMPORTED").exists()
+        (tmp_path / "IMPORTED").unlink()
+        loader._MODULES.clear()
 
 
 # ----------------------------------------------------------------------------------------- resume = the same run
