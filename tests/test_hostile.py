@@ -274,7 +274,8 @@ def test_eval_resume_never_imports_the_code_an_evaluation_folder_names(tmp_path,
 # ----------------------------------------------------------------------------------------- resume = the same run
 
 
-def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(two_steps, tmp_path, capsys) -> None:  # noqa: F811
+def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(two_steps, tmp_path,  # noqa: F811
+                                                                      capsys) -> None:
     CASES.append("train --resume: optim.lr changed")
     CASES.append("train --resume: --output-dir elsewhere")
     run = copy_run(two_steps, tmp_path / "run")

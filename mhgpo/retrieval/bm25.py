@@ -13,8 +13,8 @@ finds nothing), best score first.
 Saved indexes are folders with `meta.json` (kind, corpus fingerprint, settings), `passages.jsonl`, the index files
 and, written last, `mhgpo-index.json`, the marker that lists the files mhgpo wrote: only a folder with that marker
 (or an index of an earlier version that holds nothing else) is replaced by a later save; other folders are refused
-unless `overwrite`, and even then only the index files are written into them. `load_or_build_bm25` reuses a folder whose meta matches and rebuilds it otherwise (written to
-a temporary folder, then renamed). `mhgpo/team/build.py` opens any saved index as it is (`open_index`) and
+unless `overwrite`, and even then only the index files are written into them. `load_or_build_bm25` reuses a folder
+whose meta matches and rebuilds it otherwise (written to a temporary folder, then moved into place). `mhgpo/team/build.py` opens any saved index as it is (`open_index`) and
 `mhgpo/paths.py` says where the index of a corpus file lives (`index_dir_for`).
 """
 
@@ -369,7 +369,8 @@ def index_files(directory: Path) -> set[str] | None:
         tree = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(tree, dict) or tree.get("mhgpo_index") != MARKER_FORMAT or not isinstance(tree.get("files"), list):
+    if not isinstance(tree, dict) or tree.get("mhgpo_index") != MARKER_FORMAT or not isinstance(tree.get("files"),
+                                                                                                 list):
         return None
     return {name for name in tree["files"] if name in INDEX_FILES} | {MARKER_FILE}
 
