@@ -22,7 +22,6 @@ from mhgpo.team import loader
 from mhgpo.team.build import open_index
 from test_faults import assert_one_line_error, cli, copy_run, snapshot, two_steps  # noqa: F401
 
-CASES: list[str] = []  # the hostile cases tried, by test (each test adds its own)
 
 EVIL = '''
 from pathlib import Path
@@ -50,7 +49,6 @@ def outside(tmp_path: Path) -> Path:
 
 
 def test_index_build_refuses_a_users_folder_that_holds_a_meta_json(tmp_path, capsys) -> None:
-    CASES.append("index build --out: a user's folder with meta.json")
     out = tmp_path / "mine"
     out.mkdir()
     (out / "meta.json").write_text('{"format": 1, "count": 0, "sha256": "x"}\n')
@@ -64,7 +62,6 @@ def test_index_build_refuses_a_users_folder_that_holds_a_meta_json(tmp_path, cap
 
 
 def test_index_build_overwrite_writes_only_the_index_files(tmp_path, capsys) -> None:
-    CASES.append("index build --overwrite: a user's folder keeps its other files")
     out = tmp_path / "mine"
     out.mkdir()
     (out / "thesis.tex").write_text("years of work\n")
@@ -83,7 +80,6 @@ def test_index_build_overwrite_writes_only_the_index_files(tmp_path, capsys) -> 
 
 
 def test_rebuilding_an_index_replaces_planted_links_and_never_follows_them(tmp_path, capsys) -> None:
-    CASES.append("index rebuild: links planted in place of index files")
     target = outside(tmp_path)
     out = tmp_path / "index"
     rc, _, err = cli(capsys, "index", "build", "--corpus", corpus(tmp_path), "--out", out)
@@ -99,7 +95,6 @@ def test_rebuilding_an_index_replaces_planted_links_and_never_follows_them(tmp_p
 
 
 def test_a_forged_marker_cannot_name_files_outside_the_folder(tmp_path, capsys) -> None:
-    CASES.append("index rebuild: a forged marker that lists ../ paths, an absolute path and a user's file")
     target = outside(tmp_path)
     out = tmp_path / "index"
     out.mkdir()
@@ -113,7 +108,6 @@ def test_a_forged_marker_cannot_name_files_outside_the_folder(tmp_path, capsys) 
 
 
 def test_index_out_as_a_link_is_refused(tmp_path, capsys) -> None:
-    CASES.append("index build --out: a link to another folder")
     elsewhere = outside(tmp_path).parent
     link = tmp_path / "link"
     link.symlink_to(elsewhere, target_is_directory=True)
@@ -124,7 +118,6 @@ def test_index_out_as_a_link_is_refused(tmp_path, capsys) -> None:
 
 
 def test_an_index_saved_before_markers_is_still_loaded_and_replaced(tmp_path, capsys) -> None:
-    CASES.append("index rebuild: an index of an earlier version (no marker)")
     from mhgpo.data.formats import load_corpus_jsonl
 
     out = tmp_path / "old"
@@ -140,7 +133,6 @@ def test_an_index_saved_before_markers_is_still_loaded_and_replaced(tmp_path, ca
 
 
 def test_atomic_writes_replace_a_planted_link_instead_of_writing_through_it(tmp_path) -> None:
-    CASES.append("atomic_write_*: a link planted at the path")
     target = outside(tmp_path)
     for i, write in enumerate((lambda p: atomic_write_text(p, "x"), lambda p: atomic_write_bytes(p, b"x"),
                                lambda p: atomic_write_json(p, {"x": 1}), lambda p: dump_config(TrainConfig(), p))):
@@ -152,8 +144,6 @@ def test_atomic_writes_replace_a_planted_link_instead_of_writing_through_it(tmp_
 
 
 def test_report_replaces_links_planted_in_the_report_folder(two_steps, tmp_path, capsys) -> None:  # noqa: F811
-    CASES.append("report: links planted in RUN/report/ (plots, report.md)")
-    CASES.append("report: RUN/report itself a link")
     target = outside(tmp_path)
     run = copy_run(two_steps, tmp_path / "run")
     report = run / "report"
@@ -182,8 +172,6 @@ def write_questions(path: Path, n: int = 6) -> Path:
 
 
 def test_data_split_never_overwrites_its_source_nor_existing_parts(tmp_path, capsys) -> None:
-    CASES.append("data split: a part named like the source file")
-    CASES.append("data split: existing part files")
     source = write_questions(tmp_path / "train.jsonl")
     before = snapshot(tmp_path)
     for extra in ([], ["--overwrite"]):
@@ -205,7 +193,6 @@ def test_data_split_never_overwrites_its_source_nor_existing_parts(tmp_path, cap
 
 
 def test_data_synth_refuses_existing_files_unless_overwrite(tmp_path, capsys) -> None:
-    CASES.append("data synth: an existing corpus.jsonl in --out")
     (tmp_path / "corpus.jsonl").write_text("mine\n")
     args = ["data", "synth", "--out", tmp_path, "--train", 5, "--dev", 2]
     rc, _, err = cli(capsys, *args)
@@ -229,7 +216,6 @@ def evil_file(folder: Path) -> Path:
                                                  ("sft", SFTConfig, "config.yaml")])
 def test_resume_never_imports_the_code_a_run_folder_names_without_opt_in(tmp_path, capsys, command, cls,
                                                                          name) -> None:
-    CASES.append(f"{command} --resume: config.yaml names system: evil.py:Evil")
     evil = evil_file(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
@@ -248,8 +234,6 @@ def test_resume_never_imports_the_code_a_run_folder_names_without_opt_in(tmp_pat
 
 
 def test_eval_resume_never_imports_the_code_an_evaluation_folder_names(tmp_path, capsys) -> None:
-    CASES.append("eval --resume: eval_config.yaml names system: evil.py:Evil")
-    CASES.append("eval --resume: eval_config.yaml names system: a module")
     evil = evil_file(tmp_path)
     folder = tmp_path / "eval"
     folder.mkdir()
@@ -276,8 +260,6 @@ def test_eval_resume_never_imports_the_code_an_evaluation_folder_names(tmp_path,
 
 def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(two_steps, tmp_path,  # noqa: F811
                                                                       capsys) -> None:
-    CASES.append("train --resume: optim.lr changed")
-    CASES.append("train --resume: --output-dir elsewhere")
     run = copy_run(two_steps, tmp_path / "run")
     before = snapshot(run)
     rc, _, err = cli(capsys, "train", "--resume", run, "optim.lr=0.5")
@@ -301,7 +283,6 @@ def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(two_steps,
 
 @pytest.mark.parametrize("planted", ["metrics.jsonl", "rollouts", "checkpoints/step_1", "tensorboard"])
 def test_resume_refuses_a_run_folder_with_a_planted_link(two_steps, tmp_path, capsys, planted) -> None:  # noqa: F811
-    CASES.append(f"train --resume: RUN/{planted} planted as a link")
     target = outside(tmp_path)
     run = copy_run(two_steps, tmp_path / "run")
     path = run / planted
@@ -317,8 +298,6 @@ def test_resume_refuses_a_run_folder_with_a_planted_link(two_steps, tmp_path, ca
 
 
 def test_eval_refuses_links_planted_where_it_writes(tmp_path, capsys) -> None:
-    CASES.append("eval --output-dir: predictions.jsonl planted as a dangling link")
-    CASES.append("eval --resume: a link anywhere in the folder")
     target = outside(tmp_path)
     folder = tmp_path / "eval"
     folder.mkdir()
@@ -338,9 +317,6 @@ def test_eval_refuses_links_planted_where_it_writes(tmp_path, capsys) -> None:
 
 
 def test_ranks_exchange_records_as_json_and_decoding_runs_nothing(tmp_path) -> None:
-    CASES.append("gather: a pickle payload from a peer")
-    CASES.append("gather: a record type outside the list (a class that runs code)")
-    CASES.append("gather: an unsendable value in a workflow's info")
     import math
     import os
     import pickle
