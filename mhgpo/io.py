@@ -173,3 +173,23 @@ def check_output_dir(path: Path, what: str = "output folder") -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise InputError(f"{path}: the {what} cannot be written ({existing} is not writable)")
     return path
+
+
+def check_outputs(paths: Iterable[Path], sources: Iterable[Path], overwrite: bool = False) -> None:
+    """Before a command writes `paths`: none may be one of its `sources` (the files it reads), `overwrite` or not,
+    and none may exist unless `overwrite` (then each is replaced atomically: a link there is replaced, not
+    followed). InputError names the first offending file."""
+    sources = [Path(s) for s in sources]
+    for path in paths:
+        path = Path(path)
+        if any(_same_file(path, s) for s in sources):
+            raise InputError(f"{path}: is the source file being read; pick another --out or --names")
+        if (path.exists() or path.is_symlink()) and not overwrite:
+            raise InputError(f"{path}: already exists; pass --overwrite to replace it, or pick another --out")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False

@@ -83,7 +83,8 @@ def test_the_shared_cache_counts_hits_and_searches_repeats_once(monkeypatch: pyt
 
 def test_save_and_load_give_identical_results(tmp_path: Path, retriever: DenseRetriever) -> None:
     retriever.save(tmp_path / "idx")
-    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["index.faiss", "meta.json", "passages.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["index.faiss", "meta.json", "mhgpo-index.json",
+                                                                    "passages.jsonl"]
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta == {"format": 1, "kind": "dense", **corpus_fingerprint(CORPUS), "model": DEFAULT_ENCODER,
                     "index_type": "flat", "dim": 384, "normalized": True, "doc_template": "{title}: {text}"}

@@ -351,7 +351,11 @@ def test_a_damaged_checkpoint_names_the_file_and_the_previous_one(two_steps, tmp
 
 def test_resume_with_another_lora_rank_names_the_mismatch_without_a_fallback(two_steps, tmp_path, capsys) -> None:
     run = copy_run(two_steps, tmp_path / "rank")
-    rc, _, err = cli(capsys, "train", "--resume", run, "lora.r=2")
+    rc, _, err = cli(capsys, "train", "--resume", run, "lora.r=2")  # on the command line: refused before loading
+    assert_one_line_error(rc, err, rf"lora\.r: 2 here, but the run in {run} used 4; --resume continues the same run")
+    config = run / "config.yaml"  # edited by hand: the checkpoint does not fit the model
+    config.write_text(config.read_text().replace("\n  r: 4\n", "\n  r: 2\n"))
+    rc, _, err = cli(capsys, "train", "--resume", run)
     assert_one_line_error(rc, err, r"step_2/model\.safetensors: \S+ has shape \[4, \d+\], the model's is \[2, \d+\] "
                                    r"\(another model or LoRA setting\?\)$")
 

@@ -226,7 +226,8 @@ def test_load_or_build_refuses_to_overwrite_other_folders(tmp_path: Path) -> Non
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "notes.txt").write_text("keep me", encoding="utf-8")
-    with pytest.raises(InputError, match="is not a BM25 index"):
+    with pytest.raises(InputError, match=r"is not an index mhgpo wrote \(no mhgpo-index\.json\); refusing to write the "
+                                         r"BM25 index there \(pick a new or empty folder\)$"):
         load_or_build_bm25(CORPUS, folder)
     assert (folder / "notes.txt").read_text(encoding="utf-8") == "keep me"
 

@@ -19,6 +19,9 @@ MODEL_HELP = ("smollm2-135m (default), a Hugging Face id, a local folder, a .ggu
 SYSTEM_HELP = ("mas (the default team), llm (the model alone), or a Workflow class of your own: PATH.py:Class or "
                "module.path:Class (its config section: team.KEY=value)")
 
+TRUST_HELP = ("with --resume: import the workflow class (system: PATH.py:Class or module:Class) that the folder's "
+              "saved config names; without it (or the same --system again) such a folder is refused")
+
 
 def flag_overrides(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
     """`--flag value` → `key=value` for every flag given on the command line."""

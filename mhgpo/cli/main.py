@@ -15,7 +15,7 @@ from pathlib import Path
 from mhgpo.cli import retrieval as retrieval_cli, serve as serve_cli, train as train_cli
 from mhgpo.model.allocator import keep_freed_memory
 from mhgpo.config.choices import EXPORT_DTYPES
-from mhgpo.cli.common import DATA_HELP, add_common_flags, flag_overrides
+from mhgpo.cli.common import DATA_HELP, TRUST_HELP, add_common_flags, flag_overrides
 from mhgpo.model.loading import load_generator
 from mhgpo.model.precision import resolve_config_precision
 
@@ -53,7 +53,8 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     for flag, value in (("--train", args.train), ("--dev", args.dev)):
         if value < 1:
             raise InputError(f"{flag}: must be at least 1, got {value}")
-    paths = write_world(prepare_output_dir(Path(args.out)), seed=args.seed, n_train=args.train, n_dev=args.dev)
+    paths = write_world(prepare_output_dir(Path(args.out)), seed=args.seed, n_train=args.train, n_dev=args.dev,
+                        overwrite=args.overwrite)
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
@@ -64,7 +65,8 @@ def cmd_data_split(args: argparse.Namespace) -> int:
 
     sizes = _int_list(args.sizes, "--sizes")
     names = [n.strip() for n in args.names.split(",")] if args.names else None
-    for name, (spec, count) in split_data(args.data, Path(args.out), sizes, args.seed, names).items():
+    for name, (spec, count) in split_data(args.data, Path(args.out), sizes, args.seed, names,
+                                          overwrite=args.overwrite).items():
         print(f"{name}: {count} records, --data {spec}")
     return 0
 
@@ -166,7 +168,7 @@ def _eval_config(args: argparse.Namespace):
     folder = Path(args.resume)
     if args.output_dir and Path(args.output_dir).resolve() != folder.resolve():
         raise InputError(f"--output-dir: {args.output_dir} is not the folder being continued ({folder})")
-    return resumed_config(folder, args.config, overrides)
+    return resumed_config(folder, args.config, overrides, trust_code=args.trust_code)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -206,6 +208,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not run.is_dir():
             raise InputError(f"{run}: not a run or evaluation directory")
     out = Path(args.out) if args.out else (runs[0] / "report" if len(runs) == 1 else Path("report"))
+    if not args.out and out.is_symlink():  # a run folder from elsewhere must not choose where the report goes
+        raise InputError(f"{out}: is a link; pass --out to say where the report goes")
     out = prepare_output_dir(out, "report folder")
     path = build_report(runs, out)
     print(f"wrote {path}, {out / 'report.html'} and the plots in {out}")
@@ -231,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--train", type=int, default=2000, help="number of training questions")
     synth.add_argument("--dev", type=int, default=200, help="number of dev questions")
+    synth.add_argument("--overwrite", action="store_true", help="replace the files of an earlier world in --out")
     synth.set_defaults(func=cmd_data_synth)
     split = data_sub.add_parser("split", help="disjoint seeded parts of a question file, as its original records")
     split.add_argument("--data", required=True, help="hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH or "
@@ -239,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--sizes", required=True, help="records per part, e.g. 200,100")
     split.add_argument("--names", help="file names of the parts (default train,val,test)")
     split.add_argument("--seed", type=int, default=0)
+    split.add_argument("--overwrite", action="store_true",
+                       help="replace existing part files in --out (never the source file)")
     split.set_defaults(func=cmd_data_split)
 
     ask = sub.add_parser("ask", help="run the team on one question and show what each agent did")
@@ -256,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "finish)")
     ev.add_argument("--resume", metavar="DIR", help="continue the interrupted evaluation in DIR (same config; "
                     "finished questions are skipped)")
+    ev.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     add_common_flags(ev)
     ev.set_defaults(func=cmd_eval)
 

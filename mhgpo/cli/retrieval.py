@@ -63,7 +63,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     if not cfg.out:
         raise InputError("out: where to write the index is not set (pass --out DIR)")
     out = check_output_dir(Path(cfg.out), "index folder")
-    check_index_target(out)  # before the corpus is read and the index built
+    check_index_target(out, overwrite=args.overwrite)  # before the corpus is read and the index built
     retrieval = cfg.retrieval
     _local_only(retrieval.retriever, "index build")
     retrieval.index = None
@@ -79,7 +79,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
         retriever = BM25Retriever.build(passages)
         what = "BM25 index"
     seconds = time.perf_counter() - started
-    save_index(retriever, out)
+    save_index(retriever, out, overwrite=args.overwrite)
     print(f"built a {what} of {len(passages)} passages in {seconds:.1f} s: {out}")
     return 0
 
@@ -139,6 +139,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--index-type", choices=INDEX_TYPES, help="dense: flat (exact, default) or hnsw")
     build.add_argument("--batch-size", type=int, help="dense: texts per encoder batch")
     build.add_argument("--out", required=True, help="the index folder to write")
+    build.add_argument("--overwrite", action="store_true",
+                       help="write into a folder that holds other files and is not an index mhgpo wrote (only the "
+                            "index files are replaced; the others are left alone)")
     build.add_argument("--config", help="a YAML config file")
     build.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     build.set_defaults(func=cmd_index_build)

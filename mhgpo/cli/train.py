@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from mhgpo.config.choices import ALGOS, SAMPLERS
-from mhgpo.cli.common import add_common_flags, flag_overrides
+from mhgpo.cli.common import TRUST_HELP, add_common_flags, flag_overrides
 from mhgpo.config import demo_config_path
 from mhgpo.config.experiments import SCALES, scaled_tree
 
@@ -40,7 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.from_step is not None and not args.resume:
         raise InputError("--from-step: only with --resume RUN_DIR")
     if args.resume:
-        trainer = resume(Path(args.resume), _overrides(args), from_step=args.from_step)
+        trainer = resume(Path(args.resume), _overrides(args), from_step=args.from_step, trust_code=args.trust_code)
     elif getattr(args, "scale", None):  # the row's switches at a smaller scale (mhgpo/config/experiments.py)
         cfg = load_config(TrainConfig, None, _overrides(args), base=scaled_tree(args.config, args.scale))
         trainer = train(cfg)
@@ -73,7 +73,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if args.from_step is not None and not args.resume:
         raise InputError("--from-step: only with --resume RUN_DIR")
     if args.resume:
-        trainer = resume_sft(Path(args.resume), overrides, from_step=args.from_step)
+        trainer = resume_sft(Path(args.resume), overrides, from_step=args.from_step, trust_code=args.trust_code)
     else:
         trainer = run_sft(load_config(SFTConfig, args.config, overrides))
     print(f"finished {trainer.step} steps; run directory: {trainer.run_dir} (start from it with --model "
@@ -178,6 +178,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     sft.add_argument("--output-dir", help="the run directory")
     sft.add_argument("--resume", metavar="RUN_DIR", help="continue the warm start in RUN_DIR from its last checkpoint")
     sft.add_argument("--from-step", type=int, metavar="N", help="with --resume: continue from step N's checkpoint")
+    sft.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     add_common_flags(sft)
     sft.set_defaults(func=cmd_sft)
     for name, func, help_text in (
@@ -198,6 +199,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
             p.add_argument("--from-step", type=int, metavar="N",
                            help="with --resume: continue from the checkpoint of step N (later ones are set aside)")
+            p.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
             p.add_argument("--algo", choices=ALGOS,
                            help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm")
             p.add_argument("--scale", choices=SCALES,

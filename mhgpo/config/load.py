@@ -208,3 +208,41 @@ def dump_config(obj: Any, path: str | Path) -> None:
 
     atomic_write_text(Path(path), yaml.safe_dump(to_dict(obj), sort_keys=False))
 
+
+
+def differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested config trees, in the order of `a` (then `b`)."""
+    found: list[str] = []
+    for k in list(a) + [k for k in b if k not in a]:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            found += differences(x, y, f"{prefix}{k}.")
+        elif x != y:
+            found.append(prefix + k)
+    return found
+
+
+def first_difference(a: dict, b: dict) -> str | None:
+    """The first dotted key whose value differs between two nested config trees, or None."""
+    found = differences(a, b)
+    return found[0] if found else None
+
+
+def lookup(tree: dict, key: str) -> Any:
+    """The value at dotted `key` of a nested tree (None where a part is missing)."""
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def names_key(path: str | Path | None, overrides: list[str] | tuple[str, ...], key: str) -> bool:
+    """Whether the config file `path` (its top level) or one of `overrides` sets `key` explicitly."""
+    if any(parse_override(o)[0] == key.split(".") for o in overrides):
+        return True
+    if path is None:
+        return False
+    try:
+        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False
+    return lookup(tree, key) is not None if isinstance(tree, dict) else False

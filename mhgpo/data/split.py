@@ -13,15 +13,16 @@ from pathlib import Path
 import numpy as np
 
 from mhgpo.data.spec import question_records
-from mhgpo.io import atomic_write_json, atomic_write_jsonl
+from mhgpo.io import atomic_write_json, atomic_write_jsonl, check_outputs
 from mhgpo.errors import InputError
 
 DEFAULT_NAMES = ("train", "val", "test")
 
 
-def split_data(spec: str, out: Path, sizes: list[int], seed: int = 0,
-               names: list[str] | None = None) -> dict[str, tuple[str, int]]:
-    """Write the parts; return {name: (data spec of the part, number of records)}."""
+def split_data(spec: str, out: Path, sizes: list[int], seed: int = 0, names: list[str] | None = None,
+               overwrite: bool = False) -> dict[str, tuple[str, int]]:
+    """Write the parts; return {name: (data spec of the part, number of records)}. Existing part files (and
+    split.json) are refused unless `overwrite`; the source file is never written, `overwrite` or not."""
     if not sizes or any(n < 1 for n in sizes):
         raise InputError(f"--sizes: expected positive numbers of records, got {sizes}")
     if names is None:
@@ -33,8 +34,9 @@ def split_data(spec: str, out: Path, sizes: list[int], seed: int = 0,
     layout, path, records = question_records(spec)
     if sum(sizes) > len(records):
         raise InputError(f"--sizes: {sum(sizes)} records asked for, but {path} holds {len(records)} questions")
-    order = np.random.default_rng(seed).permutation(len(records))
     out = Path(out)
+    check_outputs([out / f"{name}.jsonl" for name in names] + [out / "split.json"], [Path(path)], overwrite)
+    order = np.random.default_rng(seed).permutation(len(records))
     parts: dict[str, tuple[str, int]] = {}
     start = 0
     for name, size in zip(names, sizes):

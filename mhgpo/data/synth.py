@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from mhgpo.io import atomic_write_bytes
+from mhgpo.io import atomic_write_bytes, check_outputs
 from mhgpo.paths import world_dir
 from mhgpo.errors import InputError
 from mhgpo.data.synth_vocab import (ADJECTIVES, BAND_NOUNS, BRIDGE_HOPS, BRIDGE_TEMPLATES, CHOICE_TEMPLATES, CITY_ENDS,
@@ -465,12 +465,15 @@ def _jsonl(rows: Sequence[dict]) -> bytes:
 
 
 def write_world(out_dir: str | os.PathLike[str], seed: int = 0, n_train: int = DEFAULT_N_TRAIN,
-                n_dev: int = DEFAULT_N_DEV, n_entities: int | None = None) -> dict[str, Path]:
+                n_dev: int = DEFAULT_N_DEV, n_entities: int | None = None, overwrite: bool = False) -> dict[str, Path]:
     """Generate a world and write `corpus.jsonl`, `train.jsonl`, `dev.jsonl` and, last, `world.json` (the
-    seed and the counts) into `out_dir`. Returns the paths by name: corpus, train, dev, world."""
+    seed and the counts) into `out_dir`; files already there are refused unless `overwrite`. Returns the paths by
+    name: corpus, train, dev, world."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a folder")
+    check_outputs([out / f"{name}.jsonl" for name in ("corpus", "train", "dev")] + [out / "world.json"], [],
+                  overwrite)
     world = generate_world(seed=seed, n_train=n_train, n_dev=n_dev, n_entities=n_entities)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: atomic_write_bytes(out / f"{name}.jsonl", _jsonl(rows))

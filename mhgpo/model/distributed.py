@@ -85,9 +85,35 @@ class Ranks(Single):
             self.comm_seconds += time.perf_counter() - t
 
     def gather(self, obj: T) -> list[T]:
-        """Every rank's `obj`, in rank order, on every rank."""
-        out: list[Any] = [None] * self.world
-        self._timed(torch.distributed.all_gather_object, out, obj)
+        """Every rank's `obj`, in rank order, on every rank. It travels as JSON (:mod:`mhgpo.model.wire`): the
+        byte lengths are gathered first, then the bytes, padded to the longest; decoding runs no code. A rank whose
+        `obj` cannot be sent sends its error instead, so that every rank stops with it rather than wait."""
+        from mhgpo.errors import RunError
+        from mhgpo.model.wire import WireError, dumps, loads
+
+        try:
+            data = dumps(["ok", obj])
+        except WireError as e:
+            data = dumps(["error", f"rank {self.rank}: {e}"])
+        device = self._collective_device()
+        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world)]
+        self._timed(torch.distributed.all_gather, sizes, size)
+        lengths = [int(s.item()) for s in sizes]
+        mine = torch.zeros(max(lengths), dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(device)
+        parts = [torch.empty_like(mine) for _ in range(self.world)]
+        self._timed(torch.distributed.all_gather, parts, mine)
+        out: list[Any] = []
+        for part, n in zip(parts, lengths):
+            try:
+                status, value = loads(part[:n].cpu().numpy().tobytes())
+            except (WireError, ValueError, TypeError) as e:
+                raise RunError(f"rank {self.rank} of {self.world}: {e}") from None
+            if status != "ok":
+                raise RunError(f"{value}; the run stops")
+            out.append(value)
         return out
 
     def sum(self, values: Sequence[float]) -> list[float]:

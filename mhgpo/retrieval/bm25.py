@@ -10,9 +10,11 @@ words removed; tokens are stemmed with PyStemmer's English stemmer when that pac
 optional). Only passages that share at least one token with the query are returned (a query of stop words alone
 finds nothing), best score first.
 
-Saved indexes are folders with `meta.json` (written last: kind, corpus fingerprint, settings), `passages.jsonl`
-and the index files. `load_or_build_bm25` reuses a folder whose meta matches and rebuilds it otherwise (written to
-a temporary folder, then renamed). `mhgpo/team/build.py` opens any saved index as it is (`open_index`) and
+Saved indexes are folders with `meta.json` (kind, corpus fingerprint, settings), `passages.jsonl`, the index files
+and, written last, `mhgpo-index.json`, the marker that lists the files mhgpo wrote: only a folder with that marker
+(or an index of an earlier version that holds nothing else) is replaced by a later save; other folders are refused
+unless `overwrite`, and even then only the index files are written into them. `load_or_build_bm25` reuses a folder
+whose meta matches and rebuilds it otherwise (written to a temporary folder, then moved into place). `mhgpo/team/build.py` opens any saved index as it is (`open_index`) and
 `mhgpo/paths.py` says where the index of a corpus file lives (`index_dir_for`).
 """
 
@@ -51,9 +53,15 @@ log = logging.getLogger(__name__)
 PathLike = Union[str, "os.PathLike[str]"]
 
 META_FILE = "meta.json"
+MARKER_FILE = "mhgpo-index.json"  # written by mhgpo alone, last: the folder is an index mhgpo made (index_files)
+MARKER_FORMAT = 1
 PASSAGES_FILE = "passages.jsonl"
 INDEX_FORMAT = 1
 STOPWORDS = "en"
+# The files mhgpo's indexes are made of (bm25s's files, the passages, meta.json, a dense index's FAISS file): the only
+# names a save replaces or removes on the word of a marker, and all that an index saved before markers existed holds.
+INDEX_FILES = frozenset({"meta.json", "passages.jsonl", "index.faiss", "params.index.json", "vocab.index.json",
+                          "data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy"})
 DEFAULT_CACHE_SIZE = 65536
 
 
@@ -259,13 +267,13 @@ class BM25Retriever(CachedRetriever):
         return {"format": INDEX_FORMAT, **self.fingerprint, **_tokenizer_config(self._stemmer, self.k1, self.b)}
 
     def save(self, directory: PathLike) -> None:
-        """Write the bm25s index, passages.jsonl and meta.json (last) into `directory`."""
+        """Write the bm25s index, passages.jsonl, meta.json and (last) mhgpo's marker into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self._index is not None:
             self._index.save(str(directory), show_progress=False)
         write_passages(self.passages, directory / PASSAGES_FILE)
-        (directory / META_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n", encoding="utf-8")
+        write_meta(directory, self.meta(), self.kind)
 
     @classmethod
     def load(cls, directory: PathLike, *, cache_size: int = DEFAULT_CACHE_SIZE) -> BM25Retriever:
@@ -351,39 +359,106 @@ def _expected_meta(passages: Sequence[Passage], k1: float, b: float) -> dict[str
     return {"format": INDEX_FORMAT, **corpus_fingerprint(passages), **_tokenizer_config(_stemmer(), k1, b)}
 
 
-def _is_ours_or_empty(directory: Path) -> bool:
-    return not directory.exists() or (directory / META_FILE).exists() or not any(directory.iterdir())
+def write_meta(directory: Path, meta: dict[str, Any], kind: str) -> None:
+    """Finish saving an index into `directory`: meta.json, then the marker that says mhgpo wrote the folder and
+    lists its files (the only files a later save may replace or remove there)."""
+    (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    files = sorted(p.name for p in directory.iterdir() if p.name != MARKER_FILE)
+    marker = {"mhgpo_index": MARKER_FORMAT, "kind": kind, "files": files}
+    (directory / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Move `tmp` to `target`, replacing an older index there."""
-    old = None
-    if target.exists():
+def index_files(directory: Path) -> set[str] | None:
+    """The names of the files mhgpo wrote in the index folder `directory`, or None when it is not an index mhgpo
+    wrote. Its marker (a plain file, not a link) lists them (only names of `INDEX_FILES` count, so a forged marker
+    cannot claim a user's files); a folder saved before markers existed counts when its
+    meta.json has mhgpo's fields and it holds nothing but the files mhgpo writes. A `meta.json` alone proves
+    nothing: any folder may hold one."""
+    marker = directory / MARKER_FILE
+    if marker.is_symlink() or not marker.is_file():
+        return _legacy_index_files(directory)
+    try:
+        tree = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(tree, dict) or tree.get("mhgpo_index") != MARKER_FORMAT or not isinstance(tree.get("files"),
+                                                                                                 list):
+        return None
+    return {name for name in tree["files"] if name in INDEX_FILES} | {MARKER_FILE}
+
+
+def _legacy_index_files(directory: Path) -> set[str] | None:
+    meta = read_meta(directory) if not (directory / META_FILE).is_symlink() else None
+    if meta is None or not isinstance(meta.get("format"), int) or not {"count", "sha256"} <= set(meta):
+        return None
+    entries = list(directory.iterdir())
+    if any(p.name not in INDEX_FILES or p.is_symlink() or not p.is_file() for p in entries):
+        return None
+    return {p.name for p in entries}
+
+
+def _install(tmp: Path, target: Path, ours: set[str] | None) -> None:
+    """Move the freshly saved index `tmp` to `target`. A folder that holds only mhgpo's files (or nothing) is
+    replaced whole (renamed aside, then deleted); otherwise only the index files are replaced one by one, the
+    stale ones that mhgpo's marker lists are removed, and every other file in the folder is left alone."""
+    if not target.exists():
+        os.replace(tmp, target)
+        return
+    entries = {p.name for p in target.iterdir()}
+    if not entries or (ours is not None and entries <= ours):
         old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
         os.replace(target, old / "index")
-    try:
-        os.replace(tmp, target)
-    finally:
-        if old is not None:
+        try:
+            os.replace(tmp, target)
+        finally:
             shutil.rmtree(old, ignore_errors=True)
+        return
+    new = {p.name for p in tmp.iterdir()}
+    for name in (MARKER_FILE, META_FILE):  # an index cut short here is no longer loadable, nor taken for ours
+        if name in entries and not (target / name).is_dir():
+            (target / name).unlink()
+    for name in sorted(new - {MARKER_FILE, META_FILE}) + [META_FILE, MARKER_FILE]:
+        if (target / name).is_dir() and not (target / name).is_symlink():
+            raise InputError(f"{target / name}: a folder is in the way of the index file {name}")
+        os.replace(tmp / name, target / name)  # a link there is replaced, never followed
+    for name in sorted((ours or set()) - new):
+        if (target / name).is_symlink() or (target / name).is_file():
+            (target / name).unlink()
 
 
-def check_index_target(index_dir: Path, kind: str = "retrieval") -> None:
-    """Raise InputError unless `index_dir` is absent, empty, or an index (which saving would replace)."""
-    if not _is_ours_or_empty(Path(index_dir)):
-        raise InputError(f"{index_dir}: exists and is not a {kind} index; refusing to overwrite it")
-
-
-def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "") -> None:
-    """Save `retriever` into `index_dir` atomically (a temporary folder beside it, then a rename), replacing an
-    older index there; a folder that holds anything else is left alone (InputError)."""
+def check_index_target(index_dir: Path, kind: str = "retrieval", overwrite: bool | None = None) -> set[str] | None:
+    """Raise InputError unless `index_dir` is absent, empty, an index mhgpo wrote (which saving replaces) or
+    `overwrite` is set (then only mhgpo's index files in it are replaced); return the files mhgpo wrote there.
+    `overwrite=None`: the caller offers no way to overwrite (the message does not suggest one)."""
     index_dir = Path(index_dir)
-    check_index_target(index_dir, label or retriever.kind)
+    if index_dir.is_symlink():
+        raise InputError(f"{index_dir}: is a link; pass the folder it points to as the {kind} index folder")
+    if not index_dir.exists():
+        return None
+    if not index_dir.is_dir():
+        raise InputError(f"{index_dir}: exists and is not a folder (the {kind} index folder)")
+    ours = index_files(index_dir)
+    if ours is None and not overwrite and any(index_dir.iterdir()):
+        offer = "" if overwrite is None else (", or pass --overwrite to write the index files into it, leaving its "
+                                              "other files alone")
+        raise InputError(f"{index_dir}: holds files and is not an index mhgpo wrote (no {MARKER_FILE}); refusing to "
+                         f"write the {kind} index there (pick a new or empty folder{offer})")
+    return ours
+
+
+def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "",
+               overwrite: bool | None = None) -> None:
+    """Save `retriever` into `index_dir` through a temporary folder beside it: a new or empty folder, or one that
+    holds an index mhgpo wrote and nothing else, is replaced atomically; with `overwrite`, or when other files are
+    there beside mhgpo's index, only the index files are replaced. A folder that holds anything else and is not an
+    index mhgpo wrote is left alone (InputError) unless `overwrite`."""
+    index_dir = Path(index_dir)
+    ours = check_index_target(index_dir, label or retriever.kind, overwrite)
     index_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.", suffix=".tmp", dir=index_dir.parent))
     try:
         retriever.save(tmp)
-        _replace_dir(tmp, index_dir)
+        _install(tmp, index_dir, ours)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

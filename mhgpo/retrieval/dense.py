@@ -38,6 +38,7 @@ from mhgpo.retrieval.bm25 import (
     read_index_passages,
     read_meta,
     save_or_warn,
+    write_meta,
     write_passages,
 )
 
@@ -235,13 +236,13 @@ class DenseRetriever(CachedRetriever):
         }
 
     def save(self, directory: PathLike) -> None:
-        """Write index.faiss, passages.jsonl and meta.json (last) into `directory`."""
+        """Write index.faiss, passages.jsonl, meta.json and (last) mhgpo's marker into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self._index is not None:
             _faiss().write_index(self._index, str(directory / FAISS_FILE))
         write_passages(self.passages, directory / PASSAGES_FILE)
-        (directory / META_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n", encoding="utf-8")
+        write_meta(directory, self.meta(), self.kind)
 
     @classmethod
     def load(cls, directory: PathLike, *, batch_size: int = 64, cache_size: int = DEFAULT_CACHE_SIZE) -> DenseRetriever:

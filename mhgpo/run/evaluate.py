@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mhgpo.config import EvalConfig, dump_config, load_config, to_dict
+from mhgpo.config.load import first_difference, lookup, names_key
 from mhgpo.errors import InputError
 from mhgpo.io import append_jsonl, read_json, read_jsonl
 from mhgpo.model.loading import load_generator
@@ -20,8 +21,9 @@ from mhgpo.model.precision import resolve_config_precision
 from mhgpo.model.trained import model_record
 from mhgpo.rl.evaluation import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
                                  summarise, write_eval)
-from mhgpo.run.rundir import RunLock
+from mhgpo.run.rundir import RunLock, refuse_links
 from mhgpo.team.build import build_workflow, load_examples, resolve_team
+from mhgpo.team.loader import refuse_untrusted_code
 
 
 class EvalInterrupted(KeyboardInterrupt):
@@ -32,34 +34,18 @@ class EvalInterrupted(KeyboardInterrupt):
         self.message = message
 
 
-def first_difference(a: dict, b: dict, prefix: str = "") -> str | None:
-    """The first dotted key whose value differs between two nested config trees, or None."""
-    for k in list(a) + [k for k in b if k not in a]:
-        x, y = a.get(k), b.get(k)
-        if isinstance(x, dict) and isinstance(y, dict):
-            found = first_difference(x, y, f"{prefix}{k}.")
-            if found:
-                return found
-        elif x != y:
-            return prefix + k
-    return None
-
-
-def lookup(tree: dict, key: str) -> Any:
-    """The value at dotted `key` of a nested tree (None where a part is missing)."""
-    for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-
 def resumed_config(folder: Path, path: str | Path | None = None, overrides: list[str] = (),
-                   base: dict[str, Any] | None = None) -> EvalConfig:
+                   base: dict[str, Any] | None = None, trust_code: bool = True) -> EvalConfig:
     """The config of the evaluation saved in `folder`, which `path`, `base` and `overrides` may repeat but not
-    change (the first differing key is named)."""
+    change (the first differing key is named). A saved workflow class (`system: PATH.py:Class`) is refused unless
+    `trust_code` or `path`/`overrides`/`base` name the system again (the command line passes `--trust-code`; the
+    Python API's explicit `resume=True` is the caller's own opt-in)."""
     folder = Path(folder)
     if not (folder / CONFIG).is_file():
         raise InputError(f"{folder}: no evaluation to continue ({CONFIG} is missing)")
     saved = load_config(EvalConfig, folder / CONFIG)
+    refuse_untrusted_code(saved.system, folder / CONFIG,
+                          trust_code or names_key(path, overrides, "system") or "system" in (base or {}), "mhgpo eval")
     saved.output_dir = str(folder)
     tree = to_dict(saved)
     merged = {**tree, **(base or {})}
@@ -101,6 +87,8 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
     lock = RunLock(out, "eval").acquire() if out is not None else None  # before anything slow
     try:
         done: list[dict] = []
+        if out is not None:  # what it appends to or replaces is the folder's own
+            refuse_links(out, None if resume else (CONFIG, PREDICTIONS, METRICS))
         if resume:
             done = finished_predictions(out, examples)
         elif out is not None and any((out / name).exists() for name in (CONFIG, PREDICTIONS, METRICS)):

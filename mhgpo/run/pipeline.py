@@ -26,12 +26,12 @@ from mhgpo.model.checkpoint import checkpoint_step, list_checkpoints
 from mhgpo.config import OptimConfig, SFTConfig, TrainConfig, dump_config
 from mhgpo.rl.evaluation import EvalResult
 from mhgpo.team.build import Team, resolve_team
-from mhgpo.run.rundir import RunLock, require_empty_run_dir
+from mhgpo.run.rundir import RunLock, refuse_links, require_empty_run_dir
 from mhgpo.run.warm_start import resume_sft, run_sft
 from mhgpo.team.loader import require_demonstrations
 from mhgpo.model.trained import portable_model_spec, run_model_spec
 from mhgpo.model.distributed import current
-from mhgpo.run.resuming import continue_run, main_lock, run_config
+from mhgpo.run.resuming import continue_run, main_lock, record_changes, run_config
 from mhgpo.rl.trainer import Trainer, build_team, check_ranks, load_team_data
 
 WARM_START_DIR = "warm_start"
@@ -110,24 +110,29 @@ def train(cfg: TrainConfig, progress: bool = True, workflow: Any = None) -> Trai
 
 
 def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from_step: int | None = None,
-           workflow: Any = None) -> Trainer:
+           workflow: Any = None, trust_code: bool = True) -> Trainer:
     """Continue the run in `run_dir`: from RL's last checkpoint (or step `from_step`), or, when RL saved none yet,
-    the warm start and then RL from its start. `workflow`: as for :func:`train` (None: the run's `system`)."""
+    the warm start and then RL from its start. `workflow`: as for :func:`train` (None: the run's `system`).
+    `overrides` may change only the keys of `RESUMABLE` (others are refused, naming the key). `trust_code=False`
+    (the command line without `--trust-code`) refuses a run whose `system` is a workflow class the caller did not
+    name: calling this function from Python is itself the opt-in."""
     run_dir = Path(run_dir)
-    cfg = run_config(run_dir, TrainConfig, overrides)
+    cfg, changed = run_config(run_dir, TrainConfig, overrides, trust_code or workflow is not None, "mhgpo train")
     ranks = current()
     check_ranks(cfg, ranks)
     if cfg.warm_start.enabled and not list_checkpoints(run_dir) and from_step is None:
         team = _settle_team(cfg, workflow)
         with RunLock(run_dir, "train --resume"):
+            refuse_links(run_dir)
             if not _is_warm_start(cfg, run_dir):
                 cfg.model = warm_start(cfg, run_dir, progress, team)
             trainer = Trainer(cfg, build_team(cfg, workflow=team), run_dir, progress)
+            record_changes(run_dir, 0, changed)
             trainer.run()
         return trainer
     team = resolve_team(cfg, workflow)
     return continue_run(run_dir, lambda: Trainer(cfg, build_team(cfg, workflow=team), run_dir, progress, ranks),
-                        from_step, "train", ranks)
+                        from_step, "train", ranks, changed)
 
 
 def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval") -> EvalResult:

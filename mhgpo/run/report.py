@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mhgpo.io import atomic_write_text, read_json, read_jsonl
+from mhgpo.io import atomic_write_bytes, atomic_write_text, read_json, read_jsonl
 from mhgpo.errors import InputError
 from mhgpo.rl.runlog import read_metrics
 
@@ -210,12 +210,16 @@ def _grid(nrows: int, ncols: int):
 
 
 def _save(fig, path: Path) -> Path:
+    """The figure as a PNG at `path`, written atomically: a link planted there is replaced, never followed."""
+    import io
+
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    return path
+    return atomic_write_bytes(path, png.getvalue())
 
 
 def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:

@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from mhgpo.model.checkpoint import (CheckpointError, CheckpointMismatch, check_checkpoint, checkpoint_step, clean_leftovers,
                               list_checkpoints, previous_complete)
-from mhgpo.config import load_config
+from mhgpo.config import load_config, parse_override, to_dict
+from mhgpo.config.load import differences, lookup, names_key
+from mhgpo.io import atomic_write_jsonl, read_jsonl
 from mhgpo.model.distributed import Single
 from mhgpo.errors import InputError
-from mhgpo.run.rundir import RunLock
+from mhgpo.run.rundir import RunLock, refuse_links
+from mhgpo.team.loader import refuse_untrusted_code
 
 if TYPE_CHECKING:
     from mhgpo.rl.trainer import Trainer
@@ -66,23 +69,63 @@ def _set_aside_later(run_dir: Path, step: int) -> None:
           f"{aside}", flush=True)
 
 
-def run_config(run_dir: Path, cls: type, overrides: list[str] = ()) -> Any:
-    """The saved config of the run in `run_dir` (with `overrides`), its output_dir set to `run_dir`."""
-    if not (run_dir / "config.yaml").is_file():
+# The keys `--resume` may change: how long the run goes on and how it saves, validates and tolerates failures, none
+# of which changes what a step computes. Every other key must repeat the saved value (a different learning rate, say,
+# would be a different run, and the optimiser's restored state would undo part of it).
+RESUMABLE = ("steps", "eval_every", "save_every", "keep_checkpoints", "max_failures")
+CHANGES_FILE = "resumes.jsonl"
+
+
+def run_config(run_dir: Path, cls: type, overrides: list[str] = (), trust_code: bool = True,
+               command: str = "mhgpo train") -> tuple[Any, dict[str, list[Any]]]:
+    """The saved config of the run in `run_dir` with `overrides`, its output_dir set to `run_dir`, and the keys
+    the overrides change ({key: [saved, new]}, only keys of `RESUMABLE`). An override that changes any other key
+    is refused naming it; a saved workflow class (`system: PATH.py:Class`) is refused unless `trust_code` or the
+    overrides name the system again (the command line's `--trust-code` / `--system`)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
         raise InputError(f"{run_dir}: not a run directory (no config.yaml)")
-    cfg = load_config(cls, run_dir / "config.yaml", list(overrides))
+    saved = load_config(cls, path)
+    refuse_untrusted_code(saved.system, path, trust_code or names_key(None, overrides, "system"), command)
+    given = [o for o in overrides if parse_override(o)[0] != ["output_dir"]]
+    for o in overrides:
+        if parse_override(o)[0] == ["output_dir"] and Path(str(parse_override(o)[1])).resolve() != run_dir.resolve():
+            raise InputError(f"output_dir: {parse_override(o)[1]} is not the run being continued ({run_dir})")
+    cfg = load_config(cls, path, given)
+    old, new = to_dict(saved), to_dict(cfg)
+    changed = {}
+    for key in differences(old, new):
+        if key not in RESUMABLE:
+            raise InputError(f"{key}: {lookup(new, key)!r} here, but the run in {run_dir} used {lookup(old, key)!r}; "
+                             f"--resume continues the same run (it may change only {', '.join(RESUMABLE)}): leave "
+                             f"{key} out, or start a new run")
+        changed[key] = [lookup(old, key), lookup(new, key)]
     cfg.output_dir = str(run_dir)
-    return cfg
+    return cfg, changed
+
+
+def record_changes(run_dir: Path, step: int, changed: dict[str, list[Any]]) -> None:
+    """Note the keys a resume changed in `RUN/resumes.jsonl` (one line per resume that changed any: the step it
+    continued from and {key: [before, after]}); config.yaml then holds the new values."""
+    if not changed:
+        return
+    rows, _ = read_jsonl(run_dir / CHANGES_FILE)
+    row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step, "changed": changed}
+    atomic_write_jsonl(run_dir / CHANGES_FILE, [*rows, row])
+    print(f"mhgpo: resuming with {', '.join(f'{k} {a!r} → {b!r}' for k, (a, b) in changed.items())} (noted in "
+          f"{run_dir / CHANGES_FILE})", flush=True)
 
 
 def continue_run(run_dir: Path, make: Callable[[], Trainer], from_step: int | None, command: str,
-                 ranks: Single | None = None) -> Trainer:
+                 ranks: Single | None = None, changed: dict[str, list[Any]] | None = None) -> Trainer:
     """Lock `run_dir`, check its checkpoint (the last, or step `from_step`) before and after `make()` builds the
     trainer, restore it, and run on; `command` (train, sft) names how to resume from an earlier checkpoint. With
-    several `ranks`, rank 0 locks and tidies the folder, and every rank loads the checkpoint."""
+    several `ranks`, rank 0 locks and tidies the folder, and every rank loads the checkpoint. `changed`: the keys
+    the resume changes (`run_config`), noted once the checkpoint is restored."""
     ranks = ranks or Single()
     with main_lock(ranks, run_dir, f"{command} --resume"):
         if ranks.is_main:
+            refuse_links(run_dir)
             clean_leftovers(run_dir)  # of a save that was cut short
         ranks.barrier()
         chosen = choose_checkpoint(run_dir, from_step)
@@ -95,5 +138,6 @@ def continue_run(run_dir: Path, make: Callable[[], Trainer], from_step: int | No
         ranks.barrier()  # every rank has read the checkpoint
         if ranks.is_main:
             _set_aside_later(run_dir, trainer.step)
+            record_changes(run_dir, trainer.step, changed or {})
         trainer.run()
     return trainer

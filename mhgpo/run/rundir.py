@@ -158,3 +158,17 @@ def require_empty_run_dir(folder: Path, flag: str = "--output-dir") -> None:
         raise InputError(f"{folder} already holds a run ({held}); continue it with: mhgpo train --resume {folder}, "
                          f"or pick another {flag}")
     raise InputError(f"{folder} is not empty ({held}) and holds no run to resume; pick another {flag}")
+
+
+def refuse_links(folder: Path, names: tuple[str, ...] | None = None) -> None:
+    """Raise InputError naming the first link inside `folder` (at any depth; or only among `names` in it): a run or
+    evaluation folder that mhgpo writes into again (`--resume`) holds only what mhgpo made, and a link planted there
+    (`metrics.jsonl`, `checkpoints/`, `rollouts/`, ...) would make it write outside the folder."""
+    folder = Path(folder)
+    walk = [(str(folder), list(names), [])] if names is not None else os.walk(folder)
+    for root, dirs, files in walk:  # (os.walk lists links to folders in `dirs` and does not enter them)
+        for name in sorted(dirs + files):
+            path = Path(root) / name
+            if path.is_symlink():
+                raise InputError(f"{path}: is a link; a folder that mhgpo continues holds no links (remove it, or "
+                                 f"copy the folder without links)")

@@ -32,13 +32,14 @@ def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None) -> SFTT
 
 
 def resume_sft(run_dir: Path, overrides: list[str] = (), progress: bool = True,
-               from_step: int | None = None, workflow: Any = None) -> SFTTrainer:
-    """Continue the warm start in `run_dir` from its last checkpoint (or step `from_step`)."""
+               from_step: int | None = None, workflow: Any = None, trust_code: bool = True) -> SFTTrainer:
+    """Continue the warm start in `run_dir` from its last checkpoint (or step `from_step`); `overrides` and
+    `trust_code` as for `mhgpo.run.pipeline.resume`."""
     run_dir = Path(run_dir)
-    cfg = run_config(run_dir, SFTConfig, overrides)
+    cfg, changed = run_config(run_dir, SFTConfig, overrides, trust_code or workflow is not None, "mhgpo sft")
 
     def make() -> SFTTrainer:
         setup, demos, held, _ = build_sft(cfg, workflow)
         return SFTTrainer(cfg, setup, run_dir, demos, held, progress)
 
-    return continue_run(run_dir, make, from_step, "sft")  # type: ignore[return-value]
+    return continue_run(run_dir, make, from_step, "sft", changed=changed)  # type: ignore[return-value]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from mhgpo.errors import InputError
 from mhgpo.team.workflow import Workflow
 
+
 class WorkflowError(InputError):
     """A workflow could not be loaded or built, or one of its methods failed on a question."""
 
@@ -71,6 +72,19 @@ def _import_file(path: Path) -> Any:
                             f"{_describe(e)}") from e
     _MODULES[resolved] = module
     return module
+
+
+def refuse_untrusted_code(system: str, saved_in: Path, trusted: bool, command: str) -> None:
+    """Refuse to continue a run or evaluation whose saved `system` is a workflow class (a Python file or module,
+    imported and run) unless the caller trusts it: `--trust-code`, or the same `--system` given again. The folder
+    alone never makes mhgpo import code: it may come from someone else."""
+    if trusted or ":" not in system:  # mas, llm: built in
+        return
+    where, _, _ = system.rpartition(":")
+    what = f"the Python file {where}" if where.endswith(".py") or "/" in where or "\\" in where else \
+        f"the Python module {where}"
+    raise InputError(f"{saved_in}: system: {system}: continuing would import and run {what}; if you trust it, "
+                     f"add --trust-code (or --system {system}) to `{command} --resume`")
 
 
 def load_workflow_class(spec: str) -> type[Workflow]:
