@@ -8,3 +8,8 @@ class InputError(ValueError):
 class RunError(RuntimeError):
     """A run that cannot go on (a full disk, ...). The message says what is kept and how to continue; the CLI
     prints it without a traceback."""
+
+
+class NotFinite(RunError):
+    """A loss, gradient norm or trained weight that is NaN or infinite: the update is not applied and nothing is
+    saved after it, so the last checkpoint stays the last good one."""

@@ -31,7 +31,7 @@ from mhgpo.model.generation import Generator, SamplingParams
 from mhgpo.io import atomic_write_json
 from mhgpo.rl.losses import token_weights
 from mhgpo.data.metrics import normalize_answer, score
-from mhgpo.rl.policy import Sample, micro_batches
+from mhgpo.rl.policy import Sample, check_finite, micro_batches
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError
 from mhgpo.team.loader import WorkflowError, failure, require_demonstrations
@@ -233,6 +233,7 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
                 n = int(mask[row].sum())
                 nll.setdefault(s.agent, []).append(-float(logp[row, :n].sum()) / max(n, 1))
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.params, policy.cfg.max_grad_norm)
+    check_finite(total, float(grad_norm))
     policy.optimizer.step()
     policy.scheduler.step()
     out = {"loss": total, "grad_norm": float(grad_norm), "lr": policy.scheduler.get_last_lr()[0]}

@@ -39,9 +39,9 @@ from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config
 from mhgpo.model.distributed import Single, current
 from mhgpo.rl.evaluation import evaluate_examples, merge_results
-from mhgpo.rl.policy import Policy, Sample, peak_memory_mb
+from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
 from mhgpo.data.records import Example
-from mhgpo.errors import InputError, RunError
+from mhgpo.errors import InputError, NotFinite, RunError
 from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, assign_groups, merge_batches, run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
 from mhgpo.model.statecodec import rng_states
@@ -419,8 +419,13 @@ class Trainer:
         if batch is not None:  # (the supervised warm start has no rollouts)
             self._failed(log, self.step + 1, "train", batch.failures)
         with guard.critical():
-            metrics = self.learn(samples, metrics)
             step = self.step + 1
+            try:
+                metrics = self.learn(samples, metrics)
+                if not weights_finite(self.setup.policy.params, self.ranks):
+                    raise NotFinite("the trained weights are not finite after the update")
+            except NotFinite as e:
+                raise self._not_finite(log, step, e) from None
             if self._validates_at(step):
                 metrics.update(self._validate_in_run(log, step))
             metrics["memory/peak_mb"] = peak_memory_mb()
@@ -435,6 +440,14 @@ class Trainer:
         if guard.deferred and self.ranks.any(guard.pending):  # several ranks: a signal on any stops them all here
             raise KeyboardInterrupt
         return metrics
+
+    def _not_finite(self, log: RunLog, step: int, e: NotFinite) -> RunError:
+        """The error that stops a run whose update met a NaN / infinite loss, gradient or weight: nothing of this
+        step is logged or saved (a checkpoint of it would rotate a good one away), errors.jsonl says why."""
+        kept = list_checkpoints(self.run_dir)
+        last = f"the last good checkpoint {kept[-1].name} is kept" if kept else "no checkpoint was saved before it"
+        log.error(step, {"phase": "train", "error": str(e)})
+        return RunError(f"step {step}: {e}; {last} (lower optim.lr or optim.max_grad_norm, or check the data)")
 
     def _validate_in_run(self, log: RunLog, step: int) -> dict[str, float]:
         """Validate after `step`'s update: recorded in `val_history` and `last_eval`; returns the step's val
