@@ -4,8 +4,14 @@ line, and what an interrupted command leaves behind is cleaned by the next one."
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,12 +20,14 @@ from safetensors.torch import load_file
 
 import mhgpo.rl.policy as policy_module
 from mhgpo.config import LoraConfig, OptimConfig
-from mhgpo.errors import NotFinite
+from mhgpo.cli.main import error_line
+from mhgpo.errors import InputError, NotFinite, RunError
+from mhgpo.io import append_jsonl, atomic_write_text, fsync_dir
 from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.rl.policy import Policy
-from mhgpo.rl.runlog import read_metrics
-from helpers import train_overrides
-from test_faults import assert_one_line_error, cli
+from mhgpo.rl.runlog import RunLog, read_metrics
+from helpers import REPO, train_overrides
+from test_faults import assert_one_line_error, cli, copy_run, two_steps  # noqa: F401
 from test_trainer import fresh_model, hand_samples, snapshot
 
 
@@ -74,3 +82,176 @@ def test_a_diverged_step_stops_the_run_and_keeps_the_last_good_checkpoint(
     assert [(e["step"], e["phase"]) for e in errors] == [(2, "train")]
     assert "not finite" in errors[0]["error"]
     assert not (out / "rollouts" / "step_000002.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------------------ durability
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    """A real 2 MiB file system (tmpfs), to be filled up; skipped where it cannot be mounted (needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def fill(disk: Path, leave: int) -> None:
+    stat = os.statvfs(disk)
+    (disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - leave))
+
+
+def test_an_append_to_a_full_disk_is_one_error_and_keeps_the_earlier_lines(tmpfs: Path) -> None:
+    """metrics.jsonl, errors.jsonl (RunLog) and predictions (append_jsonl) on a full tmpfs: one RunError naming the
+    file and the cause, the file exactly as it was (no part of the refused line stays), and later appends work once
+    there is space again."""
+    log = RunLog(tmpfs / "run", tensorboard=False)
+    log.log(1, {"loss": 0.5})
+    log.error(1, {"phase": "train", "error": "x"})
+    append_jsonl(tmpfs / "predictions.jsonl", [{"id": "q1", "prediction": "a"}])
+    before = {p: p.read_bytes() for p in (log.metrics_path, log.errors_path, tmpfs / "predictions.jsonl")}
+    fill(tmpfs, 8 * 1024)
+    big = "x" * 64 * 1024
+    attempts = [(log.metrics_path, lambda: log.log(2, {"loss": 0.25, "note": big})),
+                (log.errors_path, lambda: log.error(2, {"phase": "train", "error": big})),
+                (tmpfs / "predictions.jsonl", lambda: append_jsonl(tmpfs / "predictions.jsonl", [{"id": big}]))]
+    for path, attempt in attempts:
+        with pytest.raises(RunError) as caught:
+            attempt()
+        assert str(caught.value).startswith(f"{path}: could not append (No space left on device); the lines "
+                                            f"before are intact")
+        assert error_line(caught.value) == str(caught.value) and "\n" not in str(caught.value)
+        assert path.read_bytes() == before[path]
+    assert "mhgpo train --resume" in str(RunLog(tmpfs / "run", resume_step=1, tensorboard=False)._then(2))
+    (tmpfs / "filler").unlink()
+    log.log(2, {"loss": 0.25})
+    assert [r["step"] for r in read_metrics(tmpfs / "run")] == [1, 2]
+
+
+def test_a_folder_flush_that_fails_is_a_run_error(tmp_path: Path, monkeypatch) -> None:
+    """fsync of a folder: an I/O error (or a full disk) is reported as RunError naming the folder; a file system
+    that cannot flush folders (EINVAL) is not an error."""
+    real = os.fsync
+
+    def failing(code: int):
+        def fsync(fd: int) -> None:  # folders only: the file's own flush succeeds
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise OSError(code, os.strerror(code))
+            real(fd)
+        return fsync
+
+    for code in (errno.EIO, errno.ENOSPC):
+        monkeypatch.setattr(os, "fsync", failing(code))
+        with pytest.raises(RunError, match=rf"^{tmp_path}: could not flush the folder to disk \({os.strerror(code)}\)"):
+            fsync_dir(tmp_path)
+        with pytest.raises(RunError, match="could not flush the folder"):
+            atomic_write_text(tmp_path / "a.txt", "a")
+    monkeypatch.setattr(os, "fsync", failing(errno.EINVAL))
+    fsync_dir(tmp_path)
+    atomic_write_text(tmp_path / "a.txt", "b")
+    assert (tmp_path / "a.txt").read_text() == "b"
+
+
+def dead_temp(target: Path) -> Path:
+    """The temporary folder of `target` made by a process that has since ended (as a killed command leaves it)."""
+    code = f"from pathlib import Path; from mhgpo.io import temp_path; p = temp_path(Path({str(target)!r})); " \
+           f"p.mkdir(); (p / 'part').write_text('half'); print(p)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return Path(done.stdout.strip())
+
+
+def test_a_killed_export_s_temporary_folder_is_removed_by_the_next_export(tiny_model_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "exported"
+    stale = dead_temp(out)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        running = out.parent / f"{stale.name.rsplit('-', 2)[0]}-{live.pid}-0000"
+        running.mkdir()  # a live export's folder: left alone
+        rc, _, err = cli(capsys, "export", tiny_model_dir, "--out", out)
+        assert rc == 0, err
+        assert f"mhgpo: removed {stale}, left by an interrupted export" in err
+        assert not stale.exists() and running.is_dir() and (out / "config.json").is_file()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["exported", running.name])
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_killed_index_build_s_temporary_folder_is_removed_by_the_next_build(tmp_path, capsys) -> None:
+    from mhgpo.retrieval.bm25 import BM25Retriever, save_index
+    from test_retrieval import CORPUS
+
+    index = tmp_path / "idx"
+    stale = dead_temp(index)
+    save_index(BM25Retriever.build(CORPUS), index)
+    assert f"mhgpo: removed {stale}, left by an interrupted index build" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+    save_index(BM25Retriever.build(CORPUS), index)  # replacing an index leaves nothing beside it either
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+
+
+def test_a_cut_checkpoint_save_is_cleaned_with_a_message_when_the_run_resumes(two_steps, tmp_path, capsys) -> None:
+    run = copy_run(two_steps, tmp_path / "run")
+    cut = run / "checkpoints" / ".tmp_step_3"
+    cut.mkdir()
+    (cut / "model.safetensors").write_bytes(b"half")
+    half_write = run / ".metrics.jsonl.k2j3.tmp"
+    half_write.write_text("{}")
+    rc, _, err = cli(capsys, "train", "--resume", run, "steps=3")
+    assert rc == 0, err
+    assert f"mhgpo: removed {half_write}, left by an interrupted save" in err
+    assert f"mhgpo: removed {cut}, left by an interrupted save" in err
+    assert [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")] == []
+    assert not half_write.exists()
+
+
+def test_a_dense_index_naming_a_hub_encoder_is_loaded_offline_only(tmp_path, monkeypatch) -> None:
+    """An index's meta.json names its encoder: a hub id is loaded from local files only (no download, no network)
+    unless MHGPO_ALLOW_HUB=1; a missing one is one clear error naming the way out."""
+    st = pytest.importorskip("sentence_transformers")
+    from mhgpo.retrieval import dense
+
+    calls = []
+
+    def recorder(location, **kwargs):
+        calls.append((location, kwargs.get("local_files_only")))
+        raise OSError("not found")
+
+    monkeypatch.setattr(st, "SentenceTransformer", recorder)
+    dense._cached_encoder.cache_clear()
+    monkeypatch.delenv("MHGPO_ALLOW_HUB", raising=False)
+    with pytest.raises(InputError, match=r"dense encoder 'someone/encoder': not in the local hub cache, and encoders "
+                                         r"are loaded from local files only; .* set MHGPO_ALLOW_HUB=1"):
+        dense.load_encoder("someone/encoder")
+    monkeypatch.setenv("MHGPO_ALLOW_HUB", "1")
+    with pytest.raises(InputError, match=r"could not load the dense encoder 'someone/encoder' \(OSError"):
+        dense.load_encoder("someone/encoder")
+    assert calls == [("someone/encoder", True), ("someone/encoder", False)]
+    dense._cached_encoder.cache_clear()
+
+
+def test_a_crafted_dense_meta_json_cannot_fetch_its_encoder(tmp_path, monkeypatch) -> None:
+    """The real library, no network: an index whose meta.json names an encoder absent here fails at once."""
+    pytest.importorskip("sentence_transformers")
+    from mhgpo.retrieval import dense
+    from mhgpo.retrieval.bm25 import corpus_fingerprint
+
+    monkeypatch.delenv("MHGPO_ALLOW_HUB", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    index = tmp_path / "idx"
+    index.mkdir()
+    meta = {"format": 1, "kind": "dense", "model": "mhgpo-test-nobody/never-published", "index_type": "flat",
+            "dim": 384, "normalized": True, "doc_template": "{title}: {text}", **corpus_fingerprint([])}
+    (index / "meta.json").write_text(json.dumps(meta))
+    (index / "passages.jsonl").write_text("")
+    dense._cached_encoder.cache_clear()
+    start = time.perf_counter()
+    with pytest.raises(InputError, match="not in the local hub cache"):
+        dense.DenseRetriever.load(index)
+    assert time.perf_counter() - start < 10

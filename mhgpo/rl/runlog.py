@@ -1,4 +1,4 @@
-"""The run directory's logs: `metrics.jsonl` (one line per step), TensorBoard events with the same scalars,
+"""The run directory's logs: `metrics.jsonl` (one line per step, flushed to disk when the step ends), TensorBoard events with the same scalars,
 `rollouts/step_NNNNNN.jsonl` (one line per rollout node) and `errors.jsonl` (one line per question whose rollout
 failed in a workflow method, with the traceback)."""
 
@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mhgpo.io import atomic_write_jsonl, read_jsonl
+from mhgpo.io import append_text, atomic_write_jsonl, read_jsonl
 from mhgpo.rl.rollout import RolloutBatch
 
 
@@ -28,9 +28,7 @@ class RunLog:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        with self.metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
+        append_text(self.metrics_path, json.dumps(row) + "\n", self._then(step))
         if self.writer is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)) and v is not None:
@@ -38,8 +36,13 @@ class RunLog:
             self.writer.flush()
 
     def error(self, step: int, record: dict[str, Any]) -> None:
-        with self.errors_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
+        append_text(self.errors_path, json.dumps({"step": step, **record}, ensure_ascii=False) + "\n",
+                    self._then(step))
+
+    def _then(self, step: int) -> str:
+        """What a failed append leaves: the run stops before step `step` is saved; its checkpoints are kept."""
+        return (f"the run stops before step {step} is saved; free space and continue with: mhgpo train --resume "
+                f"{self.run_dir}")
 
     def close(self) -> None:
         if self.writer is not None:
