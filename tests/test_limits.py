@@ -255,3 +255,124 @@ def test_a_crafted_dense_meta_json_cannot_fetch_its_encoder(tmp_path, monkeypatc
     with pytest.raises(InputError, match="not in the local hub cache"):
         dense.DenseRetriever.load(index)
     assert time.perf_counter() - start < 10
+
+
+# ------------------------------------------------------------------------------------------------ input size
+
+HUGE = 100_000  # characters: one oversized record
+
+
+def test_a_passage_without_spaces_is_cut_in_the_prompt() -> None:
+    """snippet_words cannot bound a passage with no whitespace (one "word"): snippet_chars does, title too."""
+    from mhgpo.data.records import Passage
+    from mhgpo.team.search_system import format_documents
+
+    huge = Passage("p0", "T" * HUGE, "x" * HUGE)
+    normal = Passage("p1", "Paris", "Paris is the capital of France.")
+    text = format_documents([huge, normal], "Document{index} ({title}): {snippet}", snippet_words=60,
+                            snippet_chars=600)
+    assert text == (f"Document0 ({'T' * 600} ...): {'x' * 600} ...\n\n"
+                    f"Document1 (Paris): Paris is the capital of France.")
+    words = Passage("p2", "W", " ".join(["abcdefghij"] * 100))  # 60 words of 11 chars: cut at 600 characters
+    assert format_documents([words], "{snippet}", 60, 600) == ("abcdefghij " * 60)[:600] + " ..."
+
+
+def write_data(folder: Path, world: Path, huge_question: str) -> Path:
+    """The world's first dev question and a 100 KB one (id `huge`), in HotpotQA's layout."""
+    rows = [json.loads(line) for line in (world / "dev.jsonl").read_text().splitlines()][:1]
+    rows.append({**rows[0], "_id": "huge", "id": "huge", "question": huge_question})
+    path = folder / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("shape", ["words", "no_spaces"])
+def test_a_100_kb_question_fails_in_one_line_and_memory_stays_bounded(
+    tiny_model_dir, world, tmp_path, cache_dir, shape  # noqa: F811
+) -> None:
+    """`mhgpo ask` in a real process with a 100 KB question: one line naming max_prompt_tokens, exit 2, and a peak
+    resident memory within 300 MB of asking a short question (the prompt is refused before any forward pass)."""
+    question = ("Who wrote it? " * (HUGE // 14)) if shape == "words" else "W" * HUGE
+
+    def ask(q: str) -> tuple[int, str, float]:
+        code = ("import resource, sys; from mhgpo.cli.main import main; rc = main(sys.argv[1:]); "
+                "print('peak_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); "
+                "sys.exit(rc)")
+        done = subprocess.run([sys.executable, "-c", code, "ask", q, "--model", str(tiny_model_dir),
+                               "--corpus", str(world / "corpus.jsonl"), "search.answerer.max_new_tokens=4"],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "MHGPO_CACHE": str(cache_dir)})
+        peak = [line for line in done.stderr.splitlines() if line.startswith("peak_kb ")]
+        return done.returncode, done.stderr.replace(peak[-1], "") if peak else done.stderr, \
+            int(peak[-1].split()[1]) / 1024 if peak else math.nan
+
+    rc, err, short_mb = ask("Who wrote the novel Dune?")
+    assert rc == 0, err
+    rc, err, long_mb = ask(question)
+    assert_one_line_error(rc, err, r"build_prompt: gave a prompt of \d+ tokens, more than max_prompt_tokens=4096 "
+                                   r"\(a very long question or passage\?\); the question is left out \(question ask, "
+                                   r"agent rewriter\)")
+    print(f"\npeak RSS, ask: short question {short_mb:.0f} MB, 100 KB question ({shape}) {long_mb:.0f} MB")  # shown with -s
+    assert long_mb < short_mb + 300
+
+
+def test_training_leaves_out_a_100_kb_question_counted_as_a_failure(
+    tiny_model_dir, world, tmp_path, capsys  # noqa: F811
+) -> None:
+    """Training on data with a 100 KB question: each time it is drawn it fails (named in errors.jsonl, one warning,
+    counted in max_failures) and the run finishes; `max_prompt_tokens` is a key of train, eval and sft configs."""
+    data = write_data(tmp_path, world, "Who wrote it? " * (HUGE // 14))
+    out = tmp_path / "run"
+    rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, out, steps=2, eval_every=0,
+                                                       data=f"hotpotqa:{data}"))
+    assert rc == 0, err
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["question_id"], e["method"], e["agent"]) for e in errors] == \
+        [(1, "huge", "build_prompt", "rewriter"), (2, "huge", "build_prompt", "rewriter")]
+    assert all("more than max_prompt_tokens=4096" in e["error"] for e in errors)
+    assert "question huge, agent rewriter" in err and "2 failed of max_failures=10" in err
+    assert [p.name for p in list_checkpoints(out)] == ["step_1", "step_2"]
+    rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, tmp_path / "bad", max_prompt_tokens=0))
+    assert_one_line_error(rc, err, r"max_prompt_tokens: must be at least 1, got 0")
+
+
+def test_eval_stops_at_a_100_kb_question_naming_it_and_keeps_the_finished_ones(
+    tiny_model_dir, world, tmp_path, capsys  # noqa: F811
+) -> None:
+    """An evaluation scores every question or says which it cannot: one line naming the question and the limit;
+    the questions finished before it stay in predictions.jsonl."""
+    data = write_data(tmp_path, world, "W" * HUGE)
+    out = tmp_path / "eval"
+    rc, _, err = cli(capsys, "eval", "--data", f"hotpotqa:{data}", "--corpus", world / "corpus.jsonl", "--model",
+                     tiny_model_dir, "--batch-size", 1, "--output-dir", out, "search.rewriter.max_new_tokens=4",
+                     "search.reranker.max_new_tokens=4", "search.answerer.max_new_tokens=4")
+    assert_one_line_error(rc, err, r"more than max_prompt_tokens=4096 .*\(question huge, agent rewriter\)")
+    first = json.loads(data.read_text().splitlines()[0])["_id"]
+    assert [json.loads(line)["id"] for line in (out / "predictions.jsonl").read_text().splitlines()] == [first]
+
+
+def test_warm_start_leaves_out_demonstrations_with_too_long_prompts(tiny_lm, world, capsys) -> None:
+    """The supervised warm start: a demonstration whose prompt is over max_prompt_tokens is left out, its chain
+    stops there (counted in skipped/<agent>), and one warning names how many and the first question."""
+    from mhgpo.config import RetrievalConfig, SystemConfig
+    from mhgpo.data.formats import load_hotpotqa
+    from mhgpo.model.pretrained import encode_chat
+    from mhgpo.rl.sft import collect_demonstrations, target_encoder
+    from mhgpo.team.build import build_workflow
+
+    examples = load_hotpotqa(world / "train.jsonl")[:4]
+    workflow = build_workflow("mas", "hotpotqa:x", RetrievalConfig(corpus=str(world / "corpus.jsonl")),
+                              SystemConfig())
+    encode = lambda m: encode_chat(tiny_lm.tokenizer, m)  # noqa: E731
+    to_ids = target_encoder(tiny_lm.tokenizer)
+    demos, skipped = collect_demonstrations(examples, workflow, encode, to_ids)
+    assert "warning" not in capsys.readouterr().err
+    rewriter = max(len(d.prompt_ids) for d in demos if d.agent == "rewriter")
+    longer = min(len(d.prompt_ids) for d in demos if d.agent != "rewriter")
+    assert rewriter < longer  # the Rewriter's prompt (the question alone) is the shortest
+    cut, cut_skipped = collect_demonstrations(examples, workflow, encode, to_ids, max_prompt_tokens=rewriter)
+    assert [d.agent for d in cut] == ["rewriter"] * len(examples)
+    assert cut_skipped == {"skipped/reranker": len(examples)}
+    err = capsys.readouterr().err
+    assert err.startswith(f"mhgpo: warning: {len(examples)} demonstration(s) left out: their prompts are longer "
+                          f"than max_prompt_tokens={rewriter} (the first: question {examples[0].id}, agent reranker")

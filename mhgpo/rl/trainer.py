@@ -194,6 +194,7 @@ class Trainer:
             group_size=self.cfg.group_size,
             rr_probs=tuple(self.cfg.rr_probs),
             rr_regroup=self.cfg.rr_regroup,
+            max_prompt_tokens=self.cfg.max_prompt_tokens,
         )
 
     # ------------------------------------------------------------------------------------------------- state
@@ -248,11 +249,12 @@ class Trainer:
         t = self.setup
         if self.ranks.world == 1:
             return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
-                                     progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip")
+                                     progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip",
+                                     max_prompt_tokens=self.cfg.max_prompt_tokens)
         start = time.perf_counter()  # each rank its share of the questions, gathered in order
         mine = evaluate_examples(self.ranks.share(t.val), t.val_workflow, t.generator, t.encode,
                                  self.cfg.eval_batch_size, progress=bool(desc) and self.progress,
-                                 desc=desc or "eval", on_error="skip")
+                                 desc=desc or "eval", on_error="skip", max_prompt_tokens=self.cfg.max_prompt_tokens)
         return merge_results(self.ranks.gather(mine), t.val_workflow, time.perf_counter() - start)
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
