@@ -84,6 +84,45 @@ def test_a_diverged_step_stops_the_run_and_keeps_the_last_good_checkpoint(
     assert not (out / "rollouts" / "step_000002.jsonl").exists()
 
 
+def test_weights_made_non_finite_by_an_update_stop_the_run_before_they_are_saved(
+    tiny_model_dir, world, tmp_path, monkeypatch, capsys
+) -> None:
+    """A finite loss whose update still leaves an infinite weight (an optimiser overflow) is caught after the
+    update, before the step is logged or saved."""
+    out = tmp_path / "inf"
+    real = Policy.update
+
+    def update(self, samples):
+        stats = real(self, samples)
+        if len(read_metrics(out)) >= 1:
+            with torch.no_grad():
+                self.params[0].view(-1)[0] = math.inf
+        return stats
+
+    monkeypatch.setattr(Policy, "update", update)
+    rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, out, keep_checkpoints=1, eval_every=0))
+    assert_one_line_error(rc, err, r"^mhgpo: error: step 2: the trained weights are not finite after the update; the "
+                                   r"last good checkpoint step_1 is kept")
+    assert [p.name for p in list_checkpoints(out)] == ["step_1"]
+    assert [r["step"] for r in read_metrics(out)] == [1]
+
+
+def test_the_warm_start_refuses_a_non_finite_loss_before_its_optimiser_step(tiny_model_dir, monkeypatch) -> None:
+    import mhgpo.rl.sft as sft
+
+    loaded = fresh_model(tiny_model_dir)
+    samples = hand_samples(loaded)
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=1e-3), LoraConfig(r=4), 10,
+                    keep_reference=False)
+    before = snapshot(policy.model)
+    real = sft.sft_loss
+    monkeypatch.setattr(sft, "sft_loss", lambda *a: real(*a) * math.nan)
+    with pytest.raises(NotFinite, match=r"the loss/gradient is not finite \(loss nan, gradient norm nan\)"):
+        sft.sft_update(policy, samples)
+    after = snapshot(policy.model)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
 # ------------------------------------------------------------------------------------------------ durability
 
 
