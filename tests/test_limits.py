@@ -415,3 +415,21 @@ def test_warm_start_leaves_out_demonstrations_with_too_long_prompts(tiny_lm, wor
     err = capsys.readouterr().err
     assert err.startswith(f"mhgpo: warning: {len(examples)} demonstration(s) left out: their prompts are longer "
                           f"than max_prompt_tokens={rewriter} (the first: question {examples[0].id}, agent reranker")
+
+
+def test_eval_retrieval_refuses_a_rewriter_prompt_over_the_limit_before_generating() -> None:
+    """`mhgpo eval-retrieval --query rewriter` builds the Rewriter's prompts itself: one over max_prompt_tokens is
+    an InputError naming the question, and nothing is generated."""
+    from mhgpo.config import SystemConfig
+    from mhgpo.data.records import Example
+    from mhgpo.team.retrieval_eval import rewriter_queries
+
+    class Refusing:
+        def generate(self, prompts, params):  # noqa: ANN001, ANN201
+            raise AssertionError("generated")
+
+    examples = [Example("short", "Who?", ("a",)), Example("huge", "W" * HUGE, ("a",))]
+    encode = lambda messages: list(messages[-1]["content"].encode())  # noqa: E731 - a byte per token
+    with pytest.raises(InputError, match=r"^question huge: the Rewriter's prompt is \d+ tokens, more than "
+                                         r"max_prompt_tokens=4096 \(a very long question\?\)$"):
+        rewriter_queries(examples, Refusing(), encode, SystemConfig(), progress=False)

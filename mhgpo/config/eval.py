@@ -138,12 +138,14 @@ class RetrievalEvalConfig:
     precision: str = "auto"  # of the team's model, as for `mhgpo eval`
     limit: int | None = None
     gen_batch_size: int = 16
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # query=rewriter: a longer prompt is refused, naming the question
     seed: int = 0
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
 
     def validate(self) -> None:
+        at_least(self, "max_prompt_tokens", 1)
         if self.query not in QUERIES:
             raise InputError(f"query: expected {one_of(QUERIES)}, got {self.query!r}")
         if not self.ks or any(k < 1 for k in self.ks):
