@@ -449,7 +449,7 @@ class Trainer:
         kept = list_checkpoints(self.run_dir)
         last = f"the last good checkpoint {kept[-1].name} is kept" if kept else "no checkpoint was saved before it"
         log.error(step, {"phase": "train", "error": str(e)})
-        return RunError(f"step {step}: {e}; {last} (lower optim.lr or optim.max_grad_norm, or check the data)")
+        return RunError(f"step {step}: {e}; {last} (lower optim.lr, or check the data and rewards)")
 
     def _validate_in_run(self, log: RunLog, step: int) -> dict[str, float]:
         """Validate after `step`'s update: recorded in `val_history` and `last_eval`; returns the step's val
