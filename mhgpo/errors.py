@@ -13,3 +13,8 @@ class RunError(RuntimeError):
 class ServiceError(RunError):
     """A service the run depends on (a retrieval server) is unreachable or answers wrongly. The message names the
     URL and what went wrong; the run stops cleanly (a training run keeps its completed steps and can be resumed)."""
+
+
+class NotFinite(RunError):
+    """A loss, gradient norm or trained weight that is NaN or infinite: the update is not applied and nothing is
+    saved after it, so the last checkpoint stays the last good one."""

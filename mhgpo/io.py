@@ -4,26 +4,41 @@ output folder before any slow work starts."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import secrets
+import shutil
+import socket
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mhgpo.errors import InputError
+from mhgpo.errors import InputError, RunError
+
+
+# a file system that cannot flush folders answers these; there is nothing to flush then (not a lost write)
+_NO_DIR_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}
 
 
 def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (new names, renames) to disk; a no-op where folders cannot be opened."""
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
+    """Flush a folder's entries (new names, renames) to disk. A no-op where folders cannot be opened (Windows) or
+    flushed (file systems without it); any other failure (an I/O error, a full disk) raises RunError naming the
+    folder: the renames just made may not survive a power cut."""
+    if os.name == "nt":
         return
     try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError as e:
+        raise RunError(f"{path}: cannot open the folder to flush it to disk ({e.strerror})") from e
+    try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as e:
+        if e.errno not in _NO_DIR_SYNC:
+            raise RunError(f"{path}: could not flush the folder to disk ({e.strerror}); its latest files may not "
+                           f"survive a crash") from e
     finally:
         os.close(fd)
 
@@ -88,15 +103,77 @@ def atomic_write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json_line(r) for r in rows))
 
 
-def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Append rows to a JSON Lines file in one write and flush them to disk."""
-    text = "".join(json_line(r) for r in rows)
-    if not text:
+def append_text(path: Path, text: str, then: str = "") -> None:
+    """Append `text` (whole lines) to `path` and flush it to disk. If the disk refuses (full, an I/O error), the
+    file is cut back to its earlier lines (no part of a line stays to break the next append) and RunError names the
+    file and the cause, followed by `then` (what is kept, how to continue)."""
+    data = text.encode("utf-8")
+    if not data:
         return
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    path = Path(path)
+    start = None
+    try:
+        with open(path, "ab") as f:
+            start = f.tell()
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if start is not None:
+            try:
+                os.truncate(path, start)
+            except OSError:
+                pass  # read_jsonl leaves a last line cut short out
+        raise RunError(f"{path}: could not append ({e.strerror or e}); the lines before are intact"
+                       + (f"; {then}" if then else "")) from e
+
+
+def append_jsonl(path: Path, rows: Iterable[dict[str, Any]], then: str = "") -> None:
+    """Append rows to a JSON Lines file in one write and flush them to disk (:func:`append_text`)."""
+    append_text(path, "".join(json_line(r) for r in rows), then)
+
+
+# -------------------------------------------------------------------------- temporary folders of a command
+
+_HOST = socket.gethostname().replace("-", "_").replace(".", "_") or "host"
+
+
+def temp_path(target: Path) -> Path:
+    """The temporary name beside `target` that a command writes into before renaming it onto `target`: it names
+    this host and process, so that :func:`remove_stale_temps` can tell a dead command's leftovers from a live one."""
+    target = Path(target)
+    return target.parent / f".{target.name}.tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temps(target: Path, what: str) -> list[Path]:
+    """Remove the temporary folders (:func:`temp_path`) beside `target` left by a command of this host that was
+    killed (its process is gone), printing one line each; those of a live process, or of another host sharing the
+    folder, are left alone. Returns what was removed."""
+    target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    removed = []
+    for p in sorted(target.parent.glob(f".{target.name}.tmp-*")):
+        host, pid, *_ = p.name[len(f".{target.name}.tmp-"):].split("-") + ["", ""]
+        if host != _HOST or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+        print(f"mhgpo: removed {p}, left by an interrupted {what}", file=sys.stderr, flush=True)
+    return removed
 
 
 def read_json(path: Path) -> Any:

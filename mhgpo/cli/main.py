@@ -109,7 +109,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     with console.status(f"loading {cfg.model} ..."):
         loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
     example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
-    batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True), np.random.default_rng(0))
+    batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True, max_prompt_tokens=cfg.max_prompt_tokens),
+                         np.random.default_rng(0))
     for node in batch.nodes:
         if node.kind == "tool":
             console.rule(f"[bold]{node.agent}[/] (tool)")

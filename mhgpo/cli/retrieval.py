@@ -108,7 +108,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
         reason = resolve_config_precision(cfg)
         with console.status(f"loading {cfg.model} ..."):
             _, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
-        queries = rewriter_queries(examples, generator, encode, cfg.search)
+        queries = rewriter_queries(examples, generator, encode, cfg.search, max_prompt_tokens=cfg.max_prompt_tokens)
         depth = cfg.search.top_k
     result = evaluate_retrieval(examples, retriever, cfg.ks, queries=queries, depth=depth)
     m = result.metrics

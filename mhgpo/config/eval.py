@@ -27,6 +27,11 @@ class AgentSampling:
             raise InputError(f"top_p: must be in (0, 1], got {self.top_p}")
 
 
+# The longest prompt (in tokens) an agent is given; a longer one (a huge question or passage) fails its question,
+# named, instead of taking the machine's memory. Well above the built-in team's prompts (~1,000 tokens).
+MAX_PROMPT_TOKENS = 4096
+
+
 @dataclasses.dataclass
 class SystemConfig:
     """The built-in teams (`system: mas | llm`), section `search:`: retrieval sizes, format rules and penalties."""
@@ -34,6 +39,7 @@ class SystemConfig:
     top_k: int = 3  # passages retrieved per sub-query
     max_candidates: int = 10  # candidates shown to the Reranker after merging
     snippet_words: int = 60  # words of each passage shown to the agents
+    snippet_chars: int = 600  # and at most this many characters of its text and of its title (text without spaces)
     max_subqueries: int = 4
     max_query_chars: int = 300
     max_answer_words: int = 30
@@ -47,8 +53,8 @@ class SystemConfig:
     answerer: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=24))
 
     def validate(self) -> None:
-        for key in ("top_k", "max_candidates", "snippet_words", "max_subqueries", "max_query_chars",
-                    "max_answer_words"):
+        for key in ("top_k", "max_candidates", "snippet_words", "snippet_chars", "max_subqueries",
+                    "max_query_chars", "max_answer_words"):
             at_least(self, key, 1, "search.")
 
 
@@ -109,6 +115,7 @@ class EvalConfig:
     limit: int | None = None
     batch_size: int = 32  # questions per breadth-first batch
     gen_batch_size: int = 16  # sequences per generate() call
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer prompt fails its question (named; see docs/runs.md)
     seed: int = 0
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
@@ -118,7 +125,7 @@ class EvalConfig:
     def validate(self) -> None:
         check_system(self.system, self.team)
         check_precision(self.precision)
-        check_counts(self, ("batch_size", "gen_batch_size"), "limit")
+        check_counts(self, ("batch_size", "gen_batch_size", "max_prompt_tokens"), "limit")
 
 
 BUILT_IN = SYSTEMS  # the built-in teams; any other `system` names a workflow class (mhgpo/team/loader.py)
@@ -154,12 +161,14 @@ class RetrievalEvalConfig:
     precision: str = "auto"  # of the team's model, as for `mhgpo eval`
     limit: int | None = None
     gen_batch_size: int = 16
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # query=rewriter: a longer prompt is refused, naming the question
     seed: int = 0
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
 
     def validate(self) -> None:
+        at_least(self, "max_prompt_tokens", 1)
         if self.query not in QUERIES:
             raise InputError(f"query: expected {one_of(QUERIES)}, got {self.query!r}")
         if not self.ks or any(k < 1 for k in self.ks):

@@ -9,7 +9,7 @@ from typing import Any
 from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
 from mhgpo.config.choices import (ADVANTAGE_SCHEMES, AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, REFERENCES,
                                   RR_REGROUP, SAMPLERS, SCHEDULES, SINGLE_AGENT_ALGOS, TRACKERS, one_of)
-from mhgpo.config.eval import RetrievalConfig, SystemConfig, check_precision, check_system
+from mhgpo.config.eval import MAX_PROMPT_TOKENS, RetrievalConfig, SystemConfig, check_precision, check_system
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.errors import InputError
 
@@ -203,6 +203,7 @@ class TrainConfig:
     save_every: int = 10
     keep_checkpoints: int = 2
     max_rounds: int = 64  # safety bound on workflow steps per rollout
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer prompt fails its question (counted in max_failures)
     # Questions whose rollout may fail in a workflow method (each skipped, logged with its traceback in the run
     # directory's errors.jsonl) before the run stops; 0: stop at the first.
     max_failures: int = 10
@@ -247,7 +248,7 @@ class TrainConfig:
         if self.group_size < least:
             raise InputError(f"group_size: must be at least {least}, got {self.group_size}")
         check_counts(self, ("steps", "questions_per_step", "val_limit", "eval_batch_size", "gen_batch_size",
-                             "max_rounds"))
+                             "max_rounds", "max_prompt_tokens"))
         for key in ("eval_every", "save_every", "keep_checkpoints"):
             if getattr(self, key) < 0:
                 raise InputError(f"{key}: must be >= 0 (0: never / keep all), got {getattr(self, key)}")
@@ -312,6 +313,7 @@ class SFTConfig:
     save_every: int = 0  # 0: at the end only
     keep_checkpoints: int = 1
     max_rounds: int = 64
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer demonstration prompt is left out (counted, warned)
     max_failures: int = 10  # validation questions whose rollout may fail in a workflow method (as in training)
     precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py)
     report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])  # as in TrainConfig
@@ -326,7 +328,7 @@ class SFTConfig:
         check_report_to(self.report_to)
         if self.max_failures < 0:
             raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
-        for key in ("steps", "batch_size"):
+        for key in ("steps", "batch_size", "max_prompt_tokens"):
             if getattr(self, key) < 1:
                 raise InputError(f"{key}: must be at least 1, got {getattr(self, key)}")
         for key in ("eval_every", "val_limit", "format_limit", "save_every"):

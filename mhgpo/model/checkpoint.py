@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,13 +127,24 @@ def _remove(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def clean_leftovers(run_dir: Path) -> None:
-    """Remove what an interrupted save leaves behind (`.tmp_step_N/`, `.del_step_N/`)."""
-    root = Path(run_dir) / "checkpoints"
-    if root.is_dir():
-        for p in root.iterdir():
-            if p.name.startswith((".tmp_", ".del_")) and p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
+def clean_leftovers(run_dir: Path) -> list[Path]:
+    """Remove what an interrupted save leaves behind (`checkpoints/.tmp_step_N/`, `.del_step_N/`, the temporary
+    files of the atomic writes of the run's logs, `.NAME.XXXX.tmp`), printing one line for each. Call it holding
+    the run's lock (nothing else writes there then). Returns what was removed."""
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    found = [p for p in root.iterdir() if p.name.startswith((".tmp_", ".del_")) and p.is_dir()] \
+        if root.is_dir() else []
+    for folder in (run_dir, run_dir / "rollouts"):
+        if folder.is_dir():
+            found += [p for p in folder.glob(".*.tmp") if p.is_file() and not p.is_symlink()]
+    for p in sorted(found):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        print(f"mhgpo: removed {p}, left by an interrupted save", file=sys.stderr, flush=True)
+    return sorted(found)
 
 
 def save_checkpoint(

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -37,6 +36,7 @@ import numpy as np
 from mhgpo.data.formats import load_corpus_jsonl
 from mhgpo.data.records import Passage
 from mhgpo.errors import InputError
+from mhgpo.io import remove_stale_temps, temp_path
 
 __all__ = [
     "BM25Retriever",
@@ -406,7 +406,8 @@ def _install(tmp: Path, target: Path, ours: set[str] | None) -> None:
         return
     entries = {p.name for p in target.iterdir()}
     if not entries or (ours is not None and entries <= ours):
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        old = temp_path(target)  # a build killed here leaves it for the next build to remove
+        old.mkdir()
         os.replace(target, old / "index")
         try:
             os.replace(tmp, target)
@@ -455,7 +456,9 @@ def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "",
     index_dir = Path(index_dir)
     ours = check_index_target(index_dir, label or retriever.kind, overwrite)
     index_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{index_dir.name}.", suffix=".tmp", dir=index_dir.parent))
+    remove_stale_temps(index_dir, "index build")
+    tmp = temp_path(index_dir)
+    tmp.mkdir()
     try:
         retriever.save(tmp)
         _install(tmp, index_dir, ours)

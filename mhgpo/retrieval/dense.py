@@ -118,21 +118,36 @@ def encoder_slug(name: str) -> str:
     return f"{base}-{hashlib.sha256(canonical.encode('utf-8')).hexdigest()[:8]}"
 
 
+HUB_VARIABLE = "MHGPO_ALLOW_HUB"
+
+
+def hub_allowed() -> bool:
+    """Whether a dense encoder named by a hub id may be downloaded: only when the user sets MHGPO_ALLOW_HUB=1.
+    Otherwise encoders load from local files only (the packaged default, a folder, the local hub cache), so that an
+    index's `meta.json`, which names its encoder, cannot make a command fetch a model."""
+    return os.environ.get(HUB_VARIABLE, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 @functools.lru_cache(maxsize=4)
-def _cached_encoder(location: str, device: str | None) -> Any:
+def _cached_encoder(location: str, device: str | None, allow_hub: bool) -> Any:
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
         raise InputError(f"dense retrieval needs sentence-transformers and faiss; {_INSTALL_HINT}") from None
+    local = Path(location).is_dir()
     try:
-        return SentenceTransformer(location, device=device)
+        return SentenceTransformer(location, device=device, local_files_only=not (allow_hub and not local))
     except Exception as err:  # noqa: BLE001 - any loading failure becomes one sentence
+        if not local and not allow_hub:
+            raise InputError(f"dense encoder {location!r}: not in the local hub cache, and encoders are loaded from "
+                             f"local files only; download it first (huggingface-cli download {location}) or set "
+                             f"{HUB_VARIABLE}=1 to let mhgpo fetch it") from None
         raise InputError(f"could not load the dense encoder {location!r} ({type(err).__name__}: {err})") from None
 
 
 def load_encoder(name: str = DEFAULT_ENCODER, device: str | None = None) -> Any:
-    """The SentenceTransformer named `name`, loaded once per process."""
-    return _cached_encoder(resolve_encoder(name), device)
+    """The SentenceTransformer named `name`, loaded once per process, from local files unless :func:`hub_allowed`."""
+    return _cached_encoder(resolve_encoder(name), device, hub_allowed())
 
 
 def _faiss() -> Any:

@@ -21,6 +21,7 @@ from mhgpo.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 from mhgpo.data.metrics import score
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError
+from mhgpo.config.eval import MAX_PROMPT_TOKENS
 from mhgpo.rl.rollout import Node, RolloutSpec, run_rollouts
 from mhgpo.team.workflow import Workflow
 
@@ -70,18 +71,19 @@ def evaluate_examples(
     desc: str = "eval",
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
     on_error: str = "raise",
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> EvalResult:
     """Greedy, one chain per question, `batch_size` questions breadth-first at a time; `on_batch` receives each
     batch's prediction records as soon as the batch is finished. A question whose rollout fails in a workflow
     method stops the evaluation (`on_error="raise"`) or is left out of the metrics and returned in `failures`
-    (`on_error="skip"`)."""
+    (`on_error="skip"`); so does a question whose prompt is longer than `max_prompt_tokens`."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
     rng = np.random.default_rng(0)
     predictions: list[dict[str, Any]] = []
     failures: list[Any] = []
-    spec = RolloutSpec(sampler="none", greedy=True)
+    spec = RolloutSpec(sampler="none", greedy=True, max_prompt_tokens=max_prompt_tokens)
     with tqdm(total=len(examples), desc=desc, unit="q", disable=not progress, dynamic_ncols=True) as bar:
         for lo in range(0, len(examples), batch_size):
             chunk = examples[lo : lo + batch_size]

@@ -29,6 +29,7 @@ import torch
 from mhgpo.model import packing
 from mhgpo.model.lora import Reference, peft_lora_config
 from mhgpo.config import LoraConfig, OptimConfig
+from mhgpo.errors import NotFinite
 from mhgpo.model.distributed import Single, shares
 
 LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft's default name)
@@ -284,10 +285,26 @@ def accumulated_steps(
             loss_sum, tokens, *sums = ranks.sum([loss_sum, tokens, *acc.values()])
             acc = dict(zip(acc, sums))
             grad_norm = clip_grad_norm(params, optim.max_grad_norm)
+            check_finite(loss_sum, float(grad_norm))  # the same sums on every rank: all stop, none steps
             optimizer.step()
             means = {k: v / max(tokens, 1) for k, v in acc.items()}
             totals = {"loss": loss_sum, "grad_norm": float(grad_norm), **means}
     return totals
+
+
+def check_finite(loss: float, grad_norm: float) -> None:
+    """Raise NotFinite before an optimiser step that would write NaN / infinite values into the weights (a
+    diverged loss, an overflowing gradient): clipping does not help, a NaN norm scales every gradient to NaN."""
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise NotFinite(f"the loss/gradient is not finite (loss {loss}, gradient norm {grad_norm}); the update "
+                        f"was not applied")
+
+
+def weights_finite(params: list[torch.nn.Parameter], ranks: Single | None = None) -> bool:
+    """Whether every trained weight is finite after an update (on every rank: each checks its own shards)."""
+    with torch.no_grad():
+        bad = any(not bool(torch.isfinite(p.to_local() if is_dtensor(p) else p).all()) for p in params)
+    return not (ranks or Single()).any(bad)
 
 
 def owned(samples: list[Sample], ranks: Single, share: bool = False) -> list[int]:

@@ -37,6 +37,7 @@ import numpy as np
 
 from mhgpo.rl.advantages import regroup_singletons, rr_pool_keys
 from mhgpo.config.samplers import sampler as sampler_entry
+from mhgpo.config.eval import MAX_PROMPT_TOKENS
 from mhgpo.model.generation import Generator, SamplingParams
 from mhgpo.data.records import Example
 from mhgpo.errors import ServiceError
@@ -111,11 +112,18 @@ class RolloutSpec:
     rr_probs: tuple[float, ...] = (0.7, 0.1, 0.2)
     rr_regroup: str = "fork"  # fork | role | all: how RR pools singletons (mhgpo.rl.advantages.regroup_singletons)
     greedy: bool = False
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer prompt fails its question (`too_long`)
 
     @property
     def width(self) -> int:
         """Samples drawn at a fork point (G; 1 without a sampler)."""
         return self.group_size if sampler_entry(self.sampler).forks != "none" else 1
+
+
+def too_long(tokens: int, limit: int) -> str:
+    """Why a prompt is refused (the failure names the question, the agent and the method)."""
+    return (f"gave a prompt of {tokens} tokens, more than max_prompt_tokens={limit} (a very long question or "
+            f"passage?); the question is left out")
 
 
 def _sampling_params(workflow: Workflow, agent: str, greedy: bool) -> SamplingParams:
@@ -409,6 +417,9 @@ def _run_agent(agent: str, branches: list[Branch], next_id: int, guard: _Guard, 
     for b in branches:
         ids = guard.call(b.question_index, "build_prompt", agent, lambda: encode(workflow.build_prompt(b.state, agent)))
         if ids is _FAILED:
+            continue
+        if len(ids) > spec.max_prompt_tokens:  # one huge question or passage must not take the machine's memory
+            guard.fail(b.question_index, "build_prompt", agent, problem=too_long(len(ids), spec.max_prompt_tokens))
             continue
         fork_agent = b.fork_agent
         if first_agent_fork and fork_agent is None and not b.forked:

@@ -1,6 +1,7 @@
-"""The run directory's logs: `metrics.jsonl` (one line per step), the same scalars in the trackers of `report_to`
-(TensorBoard events by default; `mhgpo.rl.trackers`), `rollouts/step_NNNNNN.jsonl` (one line per rollout node) and
-`errors.jsonl` (one line per question whose rollout failed in a workflow method, with the traceback)."""
+"""The run directory's logs: `metrics.jsonl` (one line per step, flushed to disk when the step ends), the same
+scalars in the trackers of `report_to` (TensorBoard events by default; `mhgpo.rl.trackers`),
+`rollouts/step_NNNNNN.jsonl` (one line per rollout node) and `errors.jsonl` (one line per question whose rollout
+failed in a workflow method, with the traceback)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mhgpo.io import atomic_write_jsonl, read_jsonl
+from mhgpo.io import append_text, atomic_write_jsonl, read_jsonl
 from mhgpo.rl.rollout import RolloutBatch
 
 
@@ -32,16 +33,19 @@ class RunLog:
         from mhgpo.rl.trackers import numeric
 
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        with self.metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
+        append_text(self.metrics_path, json.dumps(row) + "\n", self._then(step))
         values = numeric(row)
         for tracker in self.trackers:
             tracker.log(step, values)
 
     def error(self, step: int, record: dict[str, Any]) -> None:
-        with self.errors_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
+        append_text(self.errors_path, json.dumps({"step": step, **record}, ensure_ascii=False) + "\n",
+                    self._then(step))
+
+    def _then(self, step: int) -> str:
+        """What a failed append leaves: the run stops before step `step` is saved; its checkpoints are kept."""
+        return (f"the run stops before step {step} is saved; free space and continue with: mhgpo train --resume "
+                f"{self.run_dir}")
 
     def close(self, finished: bool = True) -> None:
         """Close the trackers (`finished`: the run reached its last step, else it was stopped)."""

@@ -18,6 +18,7 @@ equal to the gold one) and the team's validation Acc / EM / F1.
 from __future__ import annotations
 
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +28,12 @@ import numpy as np
 import torch
 
 from mhgpo.config import SFTConfig
+from mhgpo.config.eval import MAX_PROMPT_TOKENS
 from mhgpo.model.generation import Generator, SamplingParams
 from mhgpo.io import atomic_write_json
 from mhgpo.rl.losses import token_weights
 from mhgpo.data.metrics import normalize_answer, score
-from mhgpo.rl.policy import Sample, micro_batches
+from mhgpo.rl.policy import Sample, check_finite, micro_batches
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError
 from mhgpo.team.loader import WorkflowError, failure, require_demonstrations
@@ -56,12 +58,16 @@ def collect_demonstrations(
     encode: Callable[[list[dict[str, str]]], list[int]],
     encode_target: Callable[[str], list[int]],
     max_rounds: int = 64,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> tuple[list[Demonstration], dict[str, int]]:
     """Walk every example through `workflow` with gold outputs; returns the demonstrations (in breadth-first
     order) and, per agent, how many chains stopped at it for want of a demonstration (`skipped/<agent>`). A
-    workflow method that raises stops it with a `WorkflowError` naming file, class, method and question."""
+    workflow method that raises stops it with a `WorkflowError` naming file, class, method and question. A prompt
+    longer than `max_prompt_tokens` stops its chain there too (counted in `skipped/<agent>`, and one warning names
+    how many and the first question)."""
     demos: list[Demonstration] = []
     skipped: dict[str, int] = {}
+    too_long: list[tuple[str, str, int]] = []  # (question id, agent, prompt tokens)
     live = [_checked(workflow, "init_state", e, None, workflow.init_state, e) for e in examples]
     for _ in range(max_rounds):
         if not live:
@@ -87,8 +93,18 @@ def collect_demonstrations(
                     skipped[f"skipped/{step}"] = skipped.get(f"skipped/{step}", 0) + 1
                     continue
                 messages = _checked(workflow, "build_prompt", state.example, step, workflow.build_prompt, state, step)
-                demos.append(Demonstration(state, step, encode(messages), encode_target(target), target))
+                prompt = encode(messages)
+                if len(prompt) > max_prompt_tokens:
+                    too_long.append((state.example.id, step, len(prompt)))
+                    skipped[f"skipped/{step}"] = skipped.get(f"skipped/{step}", 0) + 1
+                    continue
+                demos.append(Demonstration(state, step, prompt, encode_target(target), target))
                 live.append(_checked(workflow, "apply", state.example, step, workflow.apply, state, step, target).state)
+    if too_long:
+        qid, agent, n = too_long[0]
+        print(f"mhgpo: warning: {len(too_long)} demonstration(s) left out: their prompts are longer than "
+              f"max_prompt_tokens={max_prompt_tokens} (the first: question {qid}, agent {agent}, {n} tokens)",
+              file=sys.stderr, flush=True)
     return demos, skipped
 
 
@@ -233,6 +249,7 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
                 n = int(mask[row].sum())
                 nll.setdefault(s.agent, []).append(-float(logp[row, :n].sum()) / max(n, 1))
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.params, policy.cfg.max_grad_norm)
+    check_finite(total, float(grad_norm))
     policy.optimizer.step()
     policy.scheduler.step()
     out = {"loss": total, "grad_norm": float(grad_norm), "lr": policy.scheduler.get_last_lr()[0]}
@@ -273,8 +290,9 @@ def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[TrainingSetup, list
     announce(cfg.precision, reason)
     encode = lambda messages: encode_chat(loaded.tokenizer, messages)  # noqa: E731
     to_ids = target_encoder(loaded.tokenizer)
-    demos, skipped = collect_demonstrations(train, workflow, encode, to_ids, cfg.max_rounds)
-    held_demos, _ = collect_demonstrations(val, val_workflow, encode, to_ids, cfg.max_rounds) if val else ([], {})
+    demos, skipped = collect_demonstrations(train, workflow, encode, to_ids, cfg.max_rounds, cfg.max_prompt_tokens)
+    held_demos, _ = collect_demonstrations(val, val_workflow, encode, to_ids, cfg.max_rounds,
+                                           cfg.max_prompt_tokens) if val else ([], {})
     if cfg.roles is not None:
         demos = [d for d in demos if d.agent in cfg.roles]
         held_demos = [d for d in held_demos if d.agent in cfg.roles]

@@ -39,9 +39,9 @@ from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, to_dict
 from mhgpo.model.distributed import Single, current
 from mhgpo.rl.evaluation import evaluate_examples, merge_results
-from mhgpo.rl.policy import Policy, Sample, peak_memory_mb
+from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
 from mhgpo.data.records import Example
-from mhgpo.errors import InputError, RunError, ServiceError
+from mhgpo.errors import InputError, NotFinite, RunError, ServiceError
 from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, assign_groups, merge_batches, run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
 from mhgpo.rl.trackers import require_trackers
@@ -211,6 +211,7 @@ class Trainer:
             group_size=self.cfg.group_size,
             rr_probs=tuple(self.cfg.rr_probs),
             rr_regroup=self.cfg.rr_regroup,
+            max_prompt_tokens=self.cfg.max_prompt_tokens,
         )
 
     # ------------------------------------------------------------------------------------------------- state
@@ -265,11 +266,12 @@ class Trainer:
         t = self.setup
         if self.ranks.world == 1:
             return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
-                                     progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip")
+                                     progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip",
+                                     max_prompt_tokens=self.cfg.max_prompt_tokens)
         start = time.perf_counter()  # each rank its share of the questions, gathered in order
         mine = evaluate_examples(self.ranks.share(t.val), t.val_workflow, t.generator, t.encode,
                                  self.cfg.eval_batch_size, progress=bool(desc) and self.progress,
-                                 desc=desc or "eval", on_error="skip")
+                                 desc=desc or "eval", on_error="skip", max_prompt_tokens=self.cfg.max_prompt_tokens)
         return merge_results(self.ranks.gather(mine), t.val_workflow, time.perf_counter() - start)
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
@@ -445,8 +447,13 @@ class Trainer:
             self._failed(log, self.step + 1, "train", batch.failures)
         with guard.critical():
             self._updating = True
-            metrics = self.learn(samples, metrics)
             step = self.step + 1
+            try:
+                metrics = self.learn(samples, metrics)
+                if not weights_finite(self.setup.policy.params, self.ranks):
+                    raise NotFinite("the trained weights are not finite after the update")
+            except NotFinite as e:
+                raise self._not_finite(log, step, e) from None
             if self._validates_at(step):
                 metrics.update(self._validate_in_run(log, step))
             metrics["memory/peak_mb"] = peak_memory_mb()
@@ -462,6 +469,14 @@ class Trainer:
         if guard.deferred and self.ranks.any(guard.pending):  # several ranks: a signal on any stops them all here
             raise KeyboardInterrupt
         return metrics
+
+    def _not_finite(self, log: RunLog, step: int, e: NotFinite) -> RunError:
+        """The error that stops a run whose update met a NaN / infinite loss, gradient or weight: nothing of this
+        step is logged or saved (a checkpoint of it would rotate a good one away), errors.jsonl says why."""
+        kept = list_checkpoints(self.run_dir)
+        last = f"the last good checkpoint {kept[-1].name} is kept" if kept else "no checkpoint was saved before it"
+        log.error(step, {"phase": "train", "error": str(e)})
+        return RunError(f"step {step}: {e}; {last} (lower optim.lr, or check the data and rewards)")
 
     def _validate_in_run(self, log: RunLog, step: int) -> dict[str, float]:
         """Validate after `step`'s update: recorded in `val_history` and `last_eval`; returns the step's val

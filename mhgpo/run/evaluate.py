@@ -103,7 +103,7 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
         def keep(rows: list[dict]) -> None:
             if not (out / CONFIG).exists():
                 dump_config(cfg, out / CONFIG)
-            append_jsonl(out / PREDICTIONS, rows)
+            append_jsonl(out / PREDICTIONS, rows, f"continue with: mhgpo eval --resume {out}")
             done.extend(rows)
 
         with status("preparing the team ..."):
@@ -116,7 +116,8 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
             + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")
         try:
             result = evaluate_examples(todo, team, generator, encode, cfg.batch_size, progress=progress,
-                                       on_batch=keep if out is not None else None)
+                                       on_batch=keep if out is not None else None,
+                                       max_prompt_tokens=cfg.max_prompt_tokens)
         except KeyboardInterrupt:
             raise _interrupted(out, len(examples)) from None
         order = {e.id: i for i, e in enumerate(examples)}

@@ -13,7 +13,8 @@ that loads a run for `--model RUN` (:func:`mhgpo.model.trained.merged_model`): l
 its (float32) export hold the same weights bit for bit. A team with one adapter per agent (`lora.per_role`) has no
 single merged model: its export holds the shared weights in `base/` and each agent's adapter in `<agent>/`, and
 `--model` loads that folder as a team, as it loads the run. The folder is written under a temporary name beside
-`out` and renamed when complete.
+`out` and renamed when complete; the temporary folder of an export that was killed is removed by the next export
+to the same `out`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mhgpo.io import atomic_write_text, usual_permissions
+from mhgpo.io import atomic_write_text, remove_stale_temps, temp_path, usual_permissions
 from mhgpo.errors import InputError
 from mhgpo.model.pretrained import SHARED_FOLDER, TRAINED_KINDS, LoadedModel, resolve_model, stop_token_ids
 from mhgpo.model.trained import RUN_CONFIG, TrainedSpec, load_model, read_weights, resolve_trained, with_adapter
@@ -45,8 +46,8 @@ def export(spec: str, out: Path, dtype: str = "float32", lora_only: bool = False
         raise InputError(f"{out}: already exists; pick another --out")
     source = resolve_model(spec)
     trained = resolve_trained(Path(source.location), source.kind) if source.kind in TRAINED_KINDS else None
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_stale_temps(out, "export")
+    tmp = temp_path(out)
     tmp.mkdir(parents=True)
     try:
         if lora_only:

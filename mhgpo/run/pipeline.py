@@ -51,7 +51,8 @@ def warm_start_config(cfg: TrainConfig, out: Path) -> SFTConfig:
                      limit=ws.limit, seed=cfg.seed, output_dir=str(out), val_limit=0, format_limit=ws.format_limit,
                      eval_batch_size=cfg.eval_batch_size, gen_batch_size=cfg.gen_batch_size,
                      max_rounds=cfg.max_rounds, max_failures=cfg.max_failures, precision=cfg.precision,
-                     report_to=list(cfg.report_to), retrieval=cfg.retrieval, search=cfg.search, team=dict(cfg.team), optim=optim,
+                     max_prompt_tokens=cfg.max_prompt_tokens, report_to=list(cfg.report_to),
+                     retrieval=cfg.retrieval, search=cfg.search, team=dict(cfg.team), optim=optim,
                      lora=dataclasses.replace(cfg.lora, per_role=False))
 
 
@@ -150,4 +151,4 @@ def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval") -> EvalR
     generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=precision,
                             select=loaded.select)
     return evaluate_examples(val, val_workflow, generator, lambda m: encode_chat(loaded.tokenizer, m),
-                             cfg.eval_batch_size, desc=desc)
+                             cfg.eval_batch_size, desc=desc, max_prompt_tokens=cfg.max_prompt_tokens)

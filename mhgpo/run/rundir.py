@@ -160,6 +160,11 @@ def require_empty_run_dir(folder: Path, flag: str = "--output-dir") -> None:
     raise InputError(f"{folder} is not empty ({held}) and holds no run to resume; pick another {flag}")
 
 
+# Folders that a tracker of `report_to` keeps in a run and writes itself (W&B links its own latest logs there); a
+# link as the folder itself is still refused.
+TRACKER_DIRS = ("wandb",)
+
+
 def refuse_links(folder: Path, names: tuple[str, ...] | None = None) -> None:
     """Raise InputError naming the first link inside `folder` (at any depth; or only among `names` in it): a run or
     evaluation folder that mhgpo writes into again (`--resume`) holds only what mhgpo made, and a link planted there
@@ -167,6 +172,8 @@ def refuse_links(folder: Path, names: tuple[str, ...] | None = None) -> None:
     folder = Path(folder)
     walk = [(str(folder), list(names), [])] if names is not None else os.walk(folder)
     for root, dirs, files in walk:  # (os.walk lists links to folders in `dirs` and does not enter them)
+        if Path(root) == folder and names is None:
+            dirs[:] = [d for d in dirs if d not in TRACKER_DIRS or (folder / d).is_symlink()]
         for name in sorted(dirs + files):
             path = Path(root) / name
             if path.is_symlink():

@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mhgpo.config import SystemConfig
+from mhgpo.config.eval import MAX_PROMPT_TOKENS
+from mhgpo.errors import InputError
 from mhgpo.data.records import Example, Passage
 from mhgpo.team.search_system import REWRITER, Retriever, SearchSystem, merge_candidates
 
@@ -83,9 +85,11 @@ def rewriter_queries(
     search: SystemConfig,
     chunk: int = 64,
     progress: bool = True,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> list[tuple[str, ...]]:
     """The Rewriter's sub-queries for each question: its prompt as the team builds it, greedy decoding, and the
-    team's parser (a missing `### ... ###` block falls back to the question)."""
+    team's parser (a missing `### ... ###` block falls back to the question). A prompt longer than
+    `max_prompt_tokens` raises InputError naming the question, before anything is generated."""
     from tqdm.auto import tqdm
 
     from mhgpo.model.generation import SamplingParams
@@ -97,6 +101,10 @@ def rewriter_queries(
         for lo in range(0, len(examples), chunk):
             states = [system.init_state(ex) for ex in examples[lo : lo + chunk]]
             prompts = [encode(system.build_prompt(s, REWRITER)) for s in states]
+            for state, ids in zip(states, prompts):
+                if len(ids) > max_prompt_tokens:
+                    raise InputError(f"question {state.example.id}: the Rewriter's prompt is {len(ids)} tokens, more "
+                                     f"than max_prompt_tokens={max_prompt_tokens} (a very long question?)")
             for state, gen in zip(states, generator.generate(prompts, params)):
                 queries.append(tuple(system.apply(state, REWRITER, gen.text).state.get("queries")))
             bar.update(len(states))

@@ -161,13 +161,21 @@ def grounded(answer: str, question: str, passages: Sequence[Passage]) -> bool:
     return bool(norm) and any(norm in normalize_answer(text) for text in [question, *(p.text for p in passages)])
 
 
-def format_documents(passages: list[Passage], template: str, snippet_words: int) -> str:
+def format_documents(passages: list[Passage], template: str, snippet_words: int, snippet_chars: int = 600) -> str:
+    """The documents block of a prompt: each passage's title and first `snippet_words` words, both cut at
+    `snippet_chars` characters (a passage without spaces is one "word"), with " ..." where something was cut."""
     parts = []
     for i, p in enumerate(passages):
         words = p.text.split()
-        snippet = " ".join(words[:snippet_words]) + (" ..." if len(words) > snippet_words else "")
-        parts.append(template.format(index=i, title=p.title, snippet=snippet))
+        snippet = _cut(" ".join(words[:snippet_words]), snippet_chars, len(words) > snippet_words)
+        parts.append(template.format(index=i, title=_cut(p.title, snippet_chars), snippet=snippet))
     return "\n\n".join(parts)
+
+
+def _cut(text: str, chars: int, cut: bool = False) -> str:
+    if len(text) > chars:
+        text, cut = text[:chars], True
+    return text + " ..." if cut else text
 
 
 def merge_candidates(results: list[list[Passage]], cap: int) -> list[Passage]:
@@ -234,7 +242,8 @@ class SearchSystem(Workflow):
         else:
             raise ValueError(f"unknown agent {agent!r}")
         template = load_prompts()[agent]["document"]
-        return _messages(agent, question=question, documents=format_documents(docs, template, self.config.snippet_words))
+        return _messages(agent, question=question, documents=format_documents(docs, template, self.config.snippet_words,
+                                                                            self.config.snippet_chars))
 
     def apply(self, state: State, agent: str, output: str) -> StepResult:
         cfg = self.config
