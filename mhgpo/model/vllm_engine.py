@@ -33,9 +33,13 @@ CONVERTED = "vllm-models"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes  # under the cache root: GGUF models converted to Hugging Face folders
 
 
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
 def require_vllm() -> None:
     """An :class:`InputError` naming the install command when vLLM is not installed (checked before anything slow)."""
-    if importlib.util.find_spec("vllm") is None:
+    if not vllm_installed():
         raise InputError(f"generation.engine=vllm: vLLM is not installed; install it with: {VLLM_INSTALL}")
 
 

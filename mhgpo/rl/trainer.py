@@ -593,6 +593,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
     from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
     from mhgpo.model.trained import initial_weights, run_model_spec
 
+    check_engine(cfg, Single())  # before the data and the model
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
