@@ -85,7 +85,8 @@ def evaluate(config: Any = None, workflow: Any = None, *, overrides: list[str] |
     team = build_workflow(prepare_system(cfg, None if isinstance(workflow, str) else workflow), cfg.data,
                           cfg.retrieval, cfg.search, cfg.team)
     reason = resolve_config_precision(cfg)
-    loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+    loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason,
+                                               cfg.generation)
     result = evaluate_examples(examples, team, generator, encode, cfg.batch_size, progress=progress)
     if out is not None:
         with RunLock(out, "evaluate"):

@@ -102,7 +102,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
     reason = resolve_config_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
-        loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+        loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason,
+                                                   cfg.generation)
     example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
     batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True), np.random.default_rng(0))
     for node in batch.nodes:
@@ -234,7 +235,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             workflow = build_workflow(prepare_system(cfg), cfg.data, cfg.retrieval, cfg.search, cfg.team)
         reason = resolve_config_precision(cfg)
         with console.status(f"loading {cfg.model} ..."):
-            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason,
+                                                       cfg.generation)
         console.print(f"[dim]{len(examples)} questions from {cfg.data}"
                       + (f" ({len(examples) - len(todo)} already done)" if args.resume else "")
                       + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")

@@ -119,6 +119,7 @@ class EvalConfig:
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)  # engine: hf | vllm
     team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
 
     def validate(self) -> None:

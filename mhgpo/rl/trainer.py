@@ -616,7 +616,8 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
     announce(cfg.precision, reason)
     engine, scratch = None, None
     if cfg.generation.engine == "vllm":  # on the initial weights, before LoRA wraps the model
-        from mhgpo.rl.engine_sync import build_engine, scratch_dir
+        from mhgpo.model.vllm_engine import scratch_dir
+        from mhgpo.rl.engine_sync import build_engine
 
         scratch = scratch_dir()
         engine = build_engine(cfg, run_model_spec(cfg.model, Path(cfg.output_dir)), loaded, scratch)
