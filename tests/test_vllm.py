@@ -111,3 +111,17 @@ def test_greedy_generation_matches_the_trainer(vllm_model_dir: Path, tmp_path: P
     assert [g.output_ids for g in ours] == [g.output_ids for g in hf]
     assert [g.text for g in ours] == [g.text for g in hf] and [g.finished for g in ours] == [g.finished for g in hf]
     assert _gap([g.logprobs for g in ours], [g.logprobs for g in hf]) < TOLERANCE
+
+
+def test_evaluation_on_the_engine_answers_as_on_the_trainers_loop(vllm_model_dir: Path, world: Path) -> None:
+    """`mhgpo.evaluate` with generation.engine=vllm: greedy, so the same predictions as generation.engine=hf."""
+    from mhgpo.api import evaluate
+
+    settings = [f"model={vllm_model_dir}", f"data=hotpotqa:{world / 'dev.jsonl'}", "limit=3", "precision=fp32",
+                f"retrieval.corpus={world / 'corpus.jsonl'}", "search.rewriter.max_new_tokens=8",
+                "search.reranker.max_new_tokens=4", "search.answerer.max_new_tokens=6", "generation.kv_cache_gb=1"]
+    hf = evaluate(overrides=settings, progress=False)
+    ours = evaluate(overrides=[*settings, "generation.engine=vllm"], progress=False)
+    gc.collect()
+    assert [p["prediction"] for p in ours.predictions] == [p["prediction"] for p in hf.predictions]
+    assert ours.metrics["f1"] == hf.metrics["f1"]
