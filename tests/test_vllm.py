@@ -48,8 +48,7 @@ def _gap(a: list[list[float]], b: list) -> float:
 
 
 def _close_engine(trainer) -> None:
-    trainer.setup.generator.llm = None
-    gc.collect()
+    trainer.setup.generator.close()
 
 
 @pytest.mark.parametrize("extra", [{}, {"lora.per_role": True}, {"lora.enabled": False}],
@@ -106,8 +105,7 @@ def test_greedy_generation_matches_the_trainer(vllm_model_dir: Path, tmp_path: P
     try:
         ours = engine.generate(prompts, params)
     finally:
-        engine.llm = None
-        gc.collect()
+        engine.close()
     assert [g.output_ids for g in ours] == [g.output_ids for g in hf]
     assert [g.text for g in ours] == [g.text for g in hf] and [g.finished for g in ours] == [g.finished for g in hf]
     assert _gap([g.logprobs for g in ours], [g.logprobs for g in hf]) < TOLERANCE

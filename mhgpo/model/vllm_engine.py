@@ -95,19 +95,29 @@ def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Pa
 
 
 def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
-    """``save_pretrained`` of ``model`` (in ``dtype``) and ``tokenizer`` into ``folder``, atomically (a folder
-    beside it, renamed), so that an interrupted conversion leaves nothing half-written."""
+    """``model``'s weights (in ``dtype``, one safetensors file), its config and ``tokenizer`` into ``folder``,
+    atomically (a folder beside it, renamed), so that an interrupted conversion leaves nothing half-written. Not
+    ``save_pretrained``: transformers refuses it for a model loaded from a GGUF file, though its weights are plain
+    tensors once unpacked (the config's GGUF `quantization_config` is left out, so vLLM reads them as such)."""
     import torch
+    from safetensors.torch import save_file
 
+    state = model.state_dict()
+    packed = [name for name, tensor in state.items() if not tensor.is_floating_point()]
+    if packed:
+        raise InputError(f"generation.engine=vllm: the model's weights are packed ({packed[0]}); load it unpacked "
+                         f"(without the GGUF kernels) or pass a Hugging Face folder as the model")
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["dtype"] = config["torch_dtype"] = dtype
+    if config.get("tie_word_embeddings"):
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
     part = folder.with_name(folder.name + ".part")
     shutil.rmtree(part, ignore_errors=True)
     part.mkdir(parents=True)
-    state = {k: v.detach().to(getattr(torch, dtype)) for k, v in model.state_dict().items()}
-    model.save_pretrained(part, state_dict=state)
-    config = part / "config.json"
-    data = json.loads(config.read_text())
-    data["dtype"] = data["torch_dtype"] = dtype
-    config.write_text(json.dumps(data, indent=2))
+    save_file({k: v.detach().to(getattr(torch, dtype)).clone().contiguous() for k, v in state.items()},
+              str(part / "model.safetensors"), metadata={"format": "pt"})
+    (part / "config.json").write_text(json.dumps(config, indent=2, default=str))
     tokenizer.save_pretrained(part)
     shutil.rmtree(folder, ignore_errors=True)
     part.rename(folder)
@@ -165,6 +175,13 @@ class VLLMGenerator:
                            max_model_len=max_model_len, logprobs_mode="raw_logprobs", **lora)
         self.adapters: dict[str | None, Any] = {}  # agent (None: every agent) -> its LoRARequest
         self._next_id = 1
+
+    def close(self) -> None:
+        """Release the engine (its model and KV cache) now rather than whenever the garbage collector runs."""
+        import gc
+
+        self.llm = None
+        gc.collect()
 
     # ------------------------------------------------------------------------------------------- sampling
 
