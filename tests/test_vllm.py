@@ -92,6 +92,8 @@ def test_a_skipped_sync_stops_the_run(vllm_model_dir: Path, world: Path, tmp_pat
 
 def test_greedy_generation_matches_the_trainer(vllm_model_dir: Path, tmp_path: Path) -> None:
     """Greedy decoding (evaluation): the same tokens as HFGenerator and log-probs within fp32 rounding."""
+    import torch
+
     from mhgpo.model.generation import HFGenerator, SamplingParams
     from mhgpo.model.pretrained import stop_token_ids
     from mhgpo.model.trained import load_model
@@ -101,7 +103,10 @@ def test_greedy_generation_matches_the_trainer(vllm_model_dir: Path, tmp_path: P
     prompts = [lm.tokenizer(text)["input_ids"] for text in ("Who wrote the novel Dune?", "The answer is", "Paris")]
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
     hf = HFGenerator(lm.model, lm.tokenizer).generate(prompts, params)
+    setter, threads = torch.set_num_threads, torch.get_num_threads()
     engine = VLLMGenerator(vllm_model_dir, lm.tokenizer, stop_token_ids(lm.tokenizer, lm.model), kv_cache_gb=1)
+    # vLLM's worker pins torch to one thread and disables torch.set_num_threads: undone for the trainer's passes
+    assert torch.set_num_threads is setter and torch.get_num_threads() == threads
     try:
         ours = engine.generate(prompts, params)
     finally:

@@ -148,6 +148,21 @@ def _scannable_modules() -> Iterator[None]:
             namespace[attr] = value
 
 
+@contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """Keep torch's intra-op threads as they are across the engine's start: vLLM's CPU worker sets them to 1 for
+    serving and replaces ``torch.set_num_threads`` with a no-op, for the whole process, the trainer's forward and
+    backward passes included; the engine and the trainer take turns here, each with every thread."""
+    import torch
+
+    threads, setter = torch.get_num_threads(), torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = setter
+        setter(threads)
+
+
 class VLLMGenerator:
     """:class:`~mhgpo.model.generation.Generator` over an in-process vLLM engine on the Hugging Face folder
     ``folder``; ``eos_ids`` end a generation (as :class:`~mhgpo.model.generation.HFGenerator`'s do). ``lora_rank``:
@@ -169,7 +184,7 @@ class VLLMGenerator:
             if not fits:
                 raise InputError(f"lora.r: vLLM takes LoRA adapters of rank {LORA_RANKS[-1]} at most, got {lora_rank}")
             lora = {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": adapters, "max_cpu_loras": adapters}
-        with _scannable_modules():
+        with _scannable_modules(), _torch_threads_kept():
             self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed, enforce_eager=True,
                            enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization,
                            max_model_len=max_model_len, logprobs_mode="raw_logprobs", **lora)

@@ -54,7 +54,8 @@ def sync(engine: Any, policy: Policy, scratch: Path) -> None:
         engine.load_weights(policy.model.state_dict().items())
         return
     names = policy.roles or (LORA_ADAPTER,)
-    policy.model.save_pretrained(str(scratch / "adapters"), selected_adapters=list(names))
+    # (embeddings are no LoRA target here: `save_embedding_layers=False` skips peft's look for the base's config)
+    policy.model.save_pretrained(str(scratch / "adapters"), selected_adapters=list(names), save_embedding_layers=False)
     folders = {name: scratch / "adapters" / (name if name != LORA_ADAPTER else "") for name in names}
     engine.set_adapters({(name if policy.roles else None): folder for name, folder in folders.items()})
 
