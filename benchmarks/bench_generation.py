@@ -162,6 +162,7 @@ def bench_engines(engines: list[str], steps: int, overrides: list[str]) -> None:
         trainer._engine_ready()  # the first adapters handed over (vLLM): not part of the rollouts
         ready = time.perf_counter() - start
         seconds = prompt = new = calls = recompute = 0.0
+        gaps: list[float] = []
         for _ in range(steps):
             t = time.perf_counter()
             batch, _, _ = trainer._rollout(trainer._next_questions(cfg.questions_per_step))
@@ -178,9 +179,10 @@ def bench_engines(engines: list[str], steps: int, overrides: list[str]) -> None:
                 samples = [Sample(n.prompt_ids, n.output_ids, list(n.logprobs), 0.0, n.agent,
                                   sampling(n.agent).temperature) for n in nodes if n.trained]
                 t = time.perf_counter()
-                old_logprobs(trainer.setup.policy, samples, "trainer")
+                gaps.append(old_logprobs(trainer.setup.policy, samples, "trainer")["engine/old_logprob_gap"])
                 recompute += time.perf_counter() - t
-        extra = f", old log-probs recomputed by the trainer in {recompute:.1f} s" if engine == "vllm" else ""
+        extra = (f", old log-probs recomputed by the trainer in {recompute:.1f} s (mean per-token gap to the "
+                 f"engine's {max(gaps):.2g})" if engine == "vllm" else "")
         print(f"engine {engine} (precision {cfg.precision}): started in {ready:.1f} s; {steps} step(s) of demo "
               f"rollouts, {calls:.0f} LLM calls: {seconds:.1f} s, {prompt:.0f} prompt tokens "
               f"({prompt / seconds:.0f}/s), "

@@ -128,3 +128,22 @@ def test_evaluation_on_the_engine_answers_as_on_the_trainers_loop(vllm_model_dir
     gc.collect()
     assert [p["prediction"] for p in ours.predictions] == [p["prediction"] for p in hf.predictions]
     assert ours.metrics["f1"] == hf.metrics["f1"]
+
+
+def test_a_run_logs_the_gap_and_a_resumed_run_starts_from_its_checkpoints_weights(
+        vllm_model_dir: Path, world: Path, tmp_path: Path) -> None:
+    """`train` then `resume`: every step logs its sync check, and the resumed run's engine is handed the
+    checkpoint's adapter before its first rollouts (else its first check would fail)."""
+    import json
+
+    from mhgpo.run.pipeline import resume, train
+
+    out = tmp_path / "run"
+    cfg = make_config(vllm_model_dir, world, out, **{"generation.engine": "vllm", "generation.kv_cache_gb": 1,
+                                                     "precision": "fp32", "eval_every": 0, "steps": 2})
+    train(cfg, progress=False).setup.generator.close()
+    resume(out, ["steps=3"], progress=False).setup.generator.close()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(0 <= r["engine/sync_logprob_gap"] < TOLERANCE for r in rows)
+    assert all(r["engine/old_logprob_gap"] < TOLERANCE for r in rows)
