@@ -6,6 +6,13 @@ of about 200 tokens (32 new tokens each), then the wall time and peak resident m
 full-logits forward + backward for comparison.
 
     python benchmarks/bench_generation.py [--model smollm2-135m] [--skip-full]
+
+With ``--engine hf,vllm`` it times instead the rollouts of the first step of `mhgpo demo` (its config, without the
+warm start) with each engine (``generation.engine``): seconds, prompt tokens/s and new tokens/s (the prompt
+tokens of every LLM call, shared prefixes counted each time), the engine's start, and for vLLM the trainer's
+recomputation of the old log-probs (``optim.old_logprobs=trainer``). vLLM needs ``bash scripts/setup.sh --vllm``.
+
+    python benchmarks/bench_generation.py --engine hf,vllm [--steps 1] [kv_cache_gb=2 ...]
 """
 
 from __future__ import annotations
@@ -138,6 +145,52 @@ def bench_logprobs(lm: Any, skip_full: bool, batch: int = 8, length: int = 256, 
     model.eval()
 
 
+def bench_engines(engines: list[str], steps: int, overrides: list[str]) -> None:
+    """The demo's first ``steps`` steps of rollouts with each engine, the same questions for each."""
+    import tempfile
+
+    from mhgpo.config import TrainConfig, demo_config_path, load_config
+    from mhgpo.rl.trainer import Trainer, build_team
+
+    for engine in engines:
+        out = tempfile.mkdtemp(prefix="bench-generation-")
+        cfg = load_config(TrainConfig, demo_config_path(), ["warm_start.enabled=false", "eval_every=0",
+                                                            f"output_dir={out}", f"generation.engine={engine}",
+                                                            *overrides])
+        start = time.perf_counter()
+        trainer = Trainer(cfg, build_team(cfg), out, progress=False)
+        trainer._engine_ready()  # the first adapters handed over (vLLM): not part of the rollouts
+        ready = time.perf_counter() - start
+        seconds = prompt = new = calls = recompute = 0.0
+        gaps: list[float] = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            batch, _, _ = trainer._rollout(trainer._next_questions(cfg.questions_per_step))
+            seconds += time.perf_counter() - t
+            nodes = batch.llm_nodes()
+            calls += len(nodes)
+            prompt += sum(len(n.prompt_ids) for n in nodes)
+            new += sum(len(n.output_ids) for n in nodes)
+            if engine == "vllm":
+                from mhgpo.rl.engine_sync import old_logprobs
+                from mhgpo.rl.policy import Sample
+
+                sampling = trainer.setup.workflow.sampling
+                samples = [Sample(n.prompt_ids, n.output_ids, list(n.logprobs), 0.0, n.agent,
+                                  sampling(n.agent).temperature) for n in nodes if n.trained]
+                t = time.perf_counter()
+                gaps.append(old_logprobs(trainer.setup.policy, samples, "trainer")["engine/old_logprob_gap"])
+                recompute += time.perf_counter() - t
+        extra = (f", old log-probs recomputed by the trainer in {recompute:.1f} s (mean per-token gap to the "
+                 f"engine's {max(gaps):.2g})" if engine == "vllm" else "")
+        print(f"engine {engine} (precision {cfg.precision}): started in {ready:.1f} s; {steps} step(s) of demo "
+              f"rollouts, {calls:.0f} LLM calls: {seconds:.1f} s, {prompt:.0f} prompt tokens "
+              f"({prompt / seconds:.0f}/s), "
+              f"{new:.0f} new tokens ({new / seconds:.1f}/s){extra}", flush=True)
+        del trainer
+        release_freed_memory()
+
+
 def main() -> None:
     from mhgpo.model.allocator import keep_freed_memory
 
@@ -145,7 +198,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--skip-full", action="store_true", help="skip the full-logits comparison")
+    parser.add_argument("--engine", help="comma-separated engines (hf, vllm): time the demo's rollouts with each")
+    parser.add_argument("--steps", type=int, default=1, help="with --engine: the demo steps rolled out")
+    parser.add_argument("overrides", nargs="*", help="with --engine: config overrides (key=value)")
     args = parser.parse_args()
+    if args.engine:
+        bench_engines(args.engine.split(","), args.steps, [f"model={args.model}", *args.overrides])
+        return
     start = time.perf_counter()
     lm = load_model(args.model)
     print(f"model {lm.name} on {lm.device} ({lm.dtype}), loaded in {time.perf_counter() - start:.1f} s, "

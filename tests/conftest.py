@@ -43,8 +43,10 @@ def tiny_corpus() -> list[str]:
     return dialogues + [_PROSE * 2]
 
 
-def build_tiny_model(folder: Path, seed: int = 0, train_steps: int = 60) -> Path:
-    """Build, briefly fit and save (``save_pretrained``) the tiny model and tokenizer into ``folder``."""
+def build_tiny_model(folder: Path, seed: int = 0, train_steps: int = 60, hidden_size: int = 32, heads: int = 4,
+                     kv_heads: int = 2, max_positions: int = 512) -> Path:
+    """Build, briefly fit and save (``save_pretrained``) the tiny model and tokenizer into ``folder`` (vLLM's CPU
+    attention wants heads of 32 dimensions or more: ``hidden_size=64, heads=2, kv_heads=1``)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -74,12 +76,12 @@ def build_tiny_model(folder: Path, seed: int = 0, train_steps: int = 60) -> Path
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|im_start|>"),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

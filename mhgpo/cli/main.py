@@ -107,7 +107,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
     workflow = build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
     reason = resolve_config_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
-        loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+        loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason,
+                                                   cfg.generation)
     example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
     batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True, max_prompt_tokens=cfg.max_prompt_tokens),
                          np.random.default_rng(0))

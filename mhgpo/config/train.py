@@ -7,9 +7,10 @@ import dataclasses
 from typing import Any
 
 from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
-from mhgpo.config.choices import (ADVANTAGE_SCHEMES, AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, REFERENCES,
-                                  RR_REGROUP, SAMPLERS, SCHEDULES, SINGLE_AGENT_ALGOS, TRACKERS, one_of)
-from mhgpo.config.eval import MAX_PROMPT_TOKENS, RetrievalConfig, SystemConfig, check_precision, check_system
+from mhgpo.config.choices import (ADVANTAGE_SCHEMES, AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, OLD_LOGPROBS,
+                                  REFERENCES, RR_REGROUP, SAMPLERS, SCHEDULES, SINGLE_AGENT_ALGOS, TRACKERS, one_of)
+from mhgpo.config.eval import (MAX_PROMPT_TOKENS, GenerationConfig, RetrievalConfig, SystemConfig, check_precision,
+                               check_system)
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.errors import InputError
 
@@ -46,8 +47,13 @@ class OptimConfig:
     # (mhgpo/model/packing.py), in the update, the reference pass and the critic; the same log-probs, values and gradients
     # as one row per sample, for a fraction of the tokens.
     share_prefix: bool = True
+    # The ratio's old log-probs: trainer (the policy's log-probs of the step's outputs, recomputed before the
+    # update when another engine sampled them) or engine (the sampler's own, as it reported them: no extra pass)
+    old_logprobs: str = "trainer"
 
     def validate(self) -> None:
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise InputError(f"optim.old_logprobs: expected {one_of(OLD_LOGPROBS)}, got {self.old_logprobs!r}")
         if self.schedule not in SCHEDULES:
             raise InputError(f"optim.schedule: expected {one_of(SCHEDULES)}, got {self.schedule!r}")
         if self.lr <= 0:
@@ -222,6 +228,7 @@ class TrainConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
     team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
 
     def resolved(self) -> "TrainConfig":

