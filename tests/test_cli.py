@@ -270,3 +270,13 @@ def test_demo_prints_a_before_and_after_table(cli, world, dev_file, tiny_model_d
     assert "agent behaviour" in res.stdout
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
     assert (run / "checkpoints" / "step_1" / "model.safetensors").is_file()
+
+
+def test_ask_prints_text_with_markup_characters_as_text(cli, world, tiny_model_dir) -> None:
+    """A question (and so the Rewriter's fallback query shown in its details) holding rich markup is printed as it
+    is, not parsed: `[/x]` alone would be a markup error."""
+    question = "Who [/x] founded [bold]the company[/bold] in the old harbour?"
+    res = cli("ask", question, "--model", tiny_model_dir, "--corpus", world / "corpus.jsonl", *SMALL_SEARCH)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "MarkupError" not in res.stderr
+    assert "[/x] founded [bold]the company[/bold]" in res.stdout
