@@ -346,10 +346,10 @@ def test_a_service_failure_mid_eval_keeps_the_finished_questions_and_resume_comp
                          *small, "--output-dir", str(out)])
 
         assert run(tmp_path / "whole") == 0
-        real = mhgpo.io.append_jsonl
+        real = mhgpo.run.evaluate.append_jsonl
 
-        def append_then_fail(path, rows):
-            real(path, rows)
+        def append_then_fail(path, rows, *args, **kwargs):
+            real(path, rows, *args, **kwargs)
             srv.failing = True
             monkeypatch.setattr(CachedRetriever, "_cache_get", lambda self, key: None)
 
