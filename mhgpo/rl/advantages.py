@@ -474,15 +474,12 @@ def scheme_groups(
     if idx.shape[0] == 0:
         return out, 0
     _, first, inv, size = np.unique(keys[idx], axis=0, return_index=True, return_inverse=True, return_counts=True)
-    inv = inv.reshape(-1)  # (M,)
-    order = np.argsort(np.argsort(first))  # (K,) group rank by first appearance
+    inv = inv.reshape(-1)  # (M,) group of each trained sample
+    kept = np.flatnonzero(size >= 2)  # (K',) groups of two or more
+    new_id = np.full(size.shape[0], -1, dtype=np.int64)  # (K,)
+    new_id[kept[np.argsort(first[kept])]] = np.arange(kept.shape[0])  # numbered by first appearance
+    out[idx] = new_id[inv]
     keep = size[inv] >= 2  # (M,)
-    out[idx[keep]] = order[inv[keep]]
-    # renumber the kept groups 0..K'-1 in order of first appearance
-    kept_ids = out[idx[keep]]
-    if kept_ids.shape[0]:
-        _, renum = np.unique(kept_ids, return_inverse=True)
-        out[idx[keep]] = renum.reshape(-1)
     return out, int((~keep).sum())
 
 
