@@ -5,27 +5,34 @@ Each table is one claim of the paper: its rows (`benchmarks/compare_algorithms.p
 for each comparison (`>`, `≥`, `≈`, `<`, `≤` on validation F1, or on LLM calls per question for a cost claim).
 The rows run through `compare_algorithms.run_rows`: every (row, seed) trains for `--minutes` of its process's CPU
 time from that seed's warm start (shared by every row and table that starts from it), is validated greedily on
-`--val-limit` questions, and is written atomically to OUT/ROW-seedS.json; a rerun skips what is finished and
-reruns what was cut short. A row shared by several tables runs once.
+`--val-limit` questions, and is written atomically to OUT/DATA/ROW-seedS.json (DATA: `synthetic`, or a name for
+`--data` and `--val-data`); a rerun skips what is finished and reruns what was cut short. A row shared by several
+tables runs once.
+
+The `oracles` table is not a claim of the paper but where a team's headroom is: each seed's warm-started team
+validated with per-role oracles (`mhgpo eval --oracle`): the Rewriter's gold queries, the Reranker keeping the
+retrieved gold paragraphs, both, and the gold paragraphs shown to the Answerer (`context`).
 
     python benchmarks/reproduce.py --table algorithms,aggregators --seeds 0,1,2 --minutes 10 [--parallel 2] \\
         [--data synthetic | --data hotpotqa:TRAIN --val-data hotpotqa:VAL] [--val-limit 100] [--out DIR] [--doc FILE] \\
         [key=value ...]
     python benchmarks/reproduce.py --doc-only [--out DIR]      # rewrite the document from the results in OUT
 
-The document (default docs/reproduction.md) holds every table: run ones with their numbers, the others as "not
-run" with the command that runs them. Agreement rule (`verdict`): per seed, d = row − compared row; with n ≥ 2
-seeds, the difference is *within noise* when |mean d| ≤ std d (sample std), otherwise its sign is our direction;
-`>` / `<` agree with that sign, `≥` / `≤` also with within noise, `≈` only with within noise; one seed gives no
-noise estimate (`n/a`).
+The document (default docs/reproduction.md) holds every table, per data set: run ones with their numbers, the
+others as "not run" with the command that runs them. Agreement rule (`verdict`): per seed, d = row − compared row;
+with n ≥ 2 seeds, the difference is *within noise* when |mean d| ≤ std d (sample std), otherwise its sign is our
+direction; `>` / `<` agree with that sign, `≥` / `≤` also with within noise, `≈` only with within noise; one seed
+gives no noise estimate (`n/a`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_algorithms as ca  # noqa: E402  (benchmarks/ is not a package)
 
-from mhgpo.io import atomic_write_text  # noqa: E402
+from mhgpo.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reproduction.md"
 DEFAULTS = {"seeds": "0,1,2", "minutes": 10.0, "clock": "cpu", "val_limit": 100, "parallel": 2}
@@ -90,6 +97,17 @@ TABLES = {t.name: t for t in (
 )}
 
 
+ORACLE_TABLE = "oracles"
+# name: (the oracle roles, what they mean)
+ORACLES = {
+    "none": ((), "the warm-started team as it is"),
+    "rewriter": (("rewriter",), "the Rewriter writes the gold queries"),
+    "reranker": (("reranker",), "the Reranker keeps exactly the retrieved gold paragraphs"),
+    "rewriter+reranker": (("rewriter", "reranker"), "both"),
+    "context": (("context",), "the Answerer is shown the gold paragraphs (retrieval bypassed)"),
+}
+
+
 # ---- numbers from results ---------------------------------------------------------------------------------------
 
 def per_question(result: dict, key: str) -> float | None:
@@ -134,37 +152,67 @@ def verdict(direction: str, diffs: list[float]) -> str:
 
 # ---- the document -----------------------------------------------------------------------------------------------
 
+def data_flags(overrides: list[str]) -> tuple[str, list[str]]:
+    """(`--data ... --val-data ...` or "", the other overrides) of a result's settings."""
+    data = {k: v for k, _, v in (kv.partition("=") for kv in overrides) if k in ("data", "val_data")}
+    rest = [kv for kv in overrides if kv.partition("=")[0] not in ("data", "val_data")]
+    flags = f" --data {data['data']} --val-data {data['val_data']}" if len(data) == 2 else ""
+    return flags, rest
+
+
 def command(table: str, settings: dict | None, seeds: list[int] | None, out: str) -> str:
     """The command that (re)runs `table` under `settings` (the defaults for a table not run)."""
     s = settings or {"minutes": DEFAULTS["minutes"], "clock": DEFAULTS["clock"], "val_limit": DEFAULTS["val_limit"],
                      "overrides": []}
     seeds_text = ",".join(map(str, seeds)) if seeds else DEFAULTS["seeds"]
-    extra = "".join(f" {kv}" for kv in s["overrides"])
+    flags, rest = data_flags(s["overrides"])
+    extra = "".join(f" {kv}" for kv in rest)
     return (f"python benchmarks/reproduce.py --table {table} --seeds {seeds_text} --minutes {s['minutes']:g} "
-            f"--clock {s['clock']} --val-limit {s['val_limit']} --parallel {DEFAULTS['parallel']} --out {out}{extra}")
+            f"--clock {s['clock']} --val-limit {s['val_limit']} --parallel {DEFAULTS['parallel']}{flags} "
+            f"--out {out}{extra}")
 
 
-def table_markdown(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> str:
-    """One table's section: its rows (mean ± std over seeds, paired differences against the reference), the
-    paper's directions beside ours, and the command, machine, seeds and budget; or "not run" and the command."""
-    found = [res for r in table.rows for res in by_row.get(r, {}).values()]
+def data_title(settings: dict) -> str:
+    """The data a folder's results were trained and validated on, in words."""
+    data = dict(kv.split("=", 1) for kv in settings["overrides"] if kv.partition("=")[0] in ("data", "val_data"))
+    if not data:
+        return "synthetic world (synthetic:train, validated on synthetic:dev)"
+    return f"{data.get('data')}, validated on {data.get('val_data')}"
+
+
+def _header(found: list[dict], settings: dict, seeds: list[int], command_text: str, budget: str) -> list[str]:
+    mach = found[0].get("machine") or {}
+    return [f"### {data_title(settings)}", "", f"Command: `{command_text}`", "",
+            f"Machine: {mach.get('cpu', 'unknown')}, {mach.get('cores', '?')} cores"
+            + (f", {mach['gpu']}" if mach.get("gpu") else "") + f". Seeds: {', '.join(map(str, seeds))}. " + budget]
+
+
+def table_markdown(table: Table, by_data: list[dict[str, dict[int, dict]]], out: str) -> str:
+    """One table's section: per data set that ran it, its rows (mean ± std over seeds, paired differences against
+    the reference), the paper's directions beside ours, and the command, machine, seeds and budget; or "not run"
+    and the command."""
     lines = [f"## {table.name}: {table.title}", ""]
-    if not found:
+    ran = [by_row for by_row in by_data if any(by_row.get(r) for r in table.rows)]
+    if not ran:
         lines += ["**Not run.** Command:", "", f"    {command(table.name, None, None, out)}", ""]
         lines += ["Paper's directions: " + "; ".join(f"{c.paper} (`{c.row}` {c.direction} `{c.than}`)"
                                                     for c in table.claims) + ".", ""]
         return "\n".join(lines)
+    for by_row in ran:
+        lines += _table_body(table, by_row, out)
+    return "\n".join(lines)
+
+
+def _table_body(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> list[str]:
+    found = [res for r in table.rows for res in by_row.get(r, {}).values()]
     settings = found[0]["settings"]
     seeds = sorted({res["seed"] for res in found})
     missing = [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
-    mach = found[0].get("machine") or {}
-    lines += [f"Command: `{command(table.name, settings, seeds, out)}`", "",
-              f"Machine: {mach.get('cpu', 'unknown')}, {mach.get('cores', '?')} cores"
-              + (f", {mach['gpu']}" if mach.get("gpu") else "") + f". Seeds: {', '.join(map(str, seeds))}. "
-              f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row, "
-              f"{settings['val_limit']} validation questions."
-              + (f" **Partial**: missing {', '.join(missing)}." if missing else ""), "",
-              f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
+    lines = _header(found, settings, seeds, command(table.name, settings, seeds, out),
+                    f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row, "
+                    f"{settings['val_limit']} validation questions."
+                    + (f" **Partial**: missing {', '.join(missing)}." if missing else ""))
+    lines += ["", f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
               "peak MB | LLM calls / question | trained samples / question |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for row in table.rows:
@@ -184,7 +232,43 @@ def table_markdown(table: Table, by_row: dict[str, dict[int, dict]], out: str) -
         diffs = paired(by_row, c.row, c.than, c.metric)
         lines.append(f"| {c.paper} | `{c.row}` {c.direction} `{c.than}` ({METRICS[c.metric]}) | "
                      f"{ca.fmt(diffs, 2)} | {verdict(c.direction, diffs)} |")
-    return "\n".join(lines + [""])
+    return lines + [""]
+
+
+def oracle_row(name: str) -> str:
+    return f"oracle:{name}"
+
+
+def oracle_markdown(by_data: list[dict[str, dict[int, dict]]], out: str) -> str:
+    """The oracles' section: per data set, each oracle's validation (mean ± std over seeds), its paired gain over
+    the team as it is, the gold paragraphs' recall in what was retrieved and in what the Answerer was shown."""
+    lines = [f"## {ORACLE_TABLE}: where the warm-started team's headroom is (per-role oracles)", "",
+             "Each seed's warm-started team validated with roles replaced by their gold output (`mhgpo eval "
+             "--oracle ROLE`; docs/learning.md): " + "; ".join(f"`{n}`: {text}" for n, (_, text) in ORACLES.items())
+             + ". Gold recall: the share of a question's gold paragraphs among those retrieved and among those "
+             "the Answerer was shown, mean over questions.", ""]
+    ran = [by_row for by_row in by_data if any(by_row.get(oracle_row(n)) for n in ORACLES)]
+    if not ran:
+        return "\n".join(lines + ["**Not run.** Command:", "", f"    {command(ORACLE_TABLE, None, None, out)}", ""])
+    for by_row in ran:
+        found = [res for n in ORACLES for res in by_row.get(oracle_row(n), {}).values()]
+        settings = found[0]["settings"]
+        seeds = sorted({res["seed"] for res in found})
+        lines += _header(found, settings, seeds, command(ORACLE_TABLE, settings, seeds, out),
+                         f"{settings['val_limit']} validation questions, greedy.")
+        lines += ["", "| oracle | seeds | val F1 | val Acc | val EM | Δ F1 vs none (paired) | gold recall, retrieved | "
+                  "gold recall, shown | LLM calls / question |", "|---|---|---|---|---|---|---|---|---|"]
+        for name in ORACLES:
+            rs = list(by_row.get(oracle_row(name), {}).values())
+            delta = "—" if name == "none" else ca.fmt(paired(by_row, oracle_row(name), oracle_row("none")))
+
+            def values(key: str) -> list[float]:
+                return [r[key] for r in rs if r.get(key) is not None]
+            lines.append(f"| `{name}` | {len(rs)} | {ca.fmt(values('val_f1'))} | {ca.fmt(values('val_acc'))} | "
+                         f"{ca.fmt(values('val_em'))} | {delta} | {ca.fmt(values('recall_retrieved'))} | "
+                         f"{ca.fmt(values('recall_shown'))} | {ca.fmt(values('llm_calls'), 2)} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 INTRO = """# Reproduction of the paper's comparisons
@@ -199,23 +283,42 @@ peak allocated GPU memory); LLM calls and trained samples per training question,
 Verdict rule: with n ≥ 2 seeds, a paired difference is *within noise* when |mean| ≤ std; otherwise its sign is our
 direction. The paper's `>` / `<` agree with that sign; `≥` / `≤` agree with it or with within noise; `≈` agrees
 only with within noise. Fewer than 2 seeds: n/a. A table without results is listed as "not run" with the
-command that runs it; a partly run one names what is missing. Each run table gives its command, the machine it
-ran on, its seeds and budget. (A smoke test writes its page elsewhere: `--doc FILE`.)
+command that runs it; a partly run one names what is missing. A table run on several data sets (the synthetic
+world; a HotpotQA split with `--data hotpotqa:TRAIN --val-data hotpotqa:VAL`) has one part per data set, each with
+its command, the machine it ran on, its seeds and budget. Budgets are CPU time per process: rows that shared the
+machine with other work ran the same amount of training, only their seconds per step grew. The last table,
+`oracles`, is not a claim of the paper: it shows where the warm-started team's headroom is. (A smoke test writes
+its page elsewhere: `--doc FILE`.)
 """
 
 
 def write_doc(out: Path, doc: Path, out_text: str | None = None) -> str:
-    """Write `doc` from every finished result in `out`; its text."""
-    by_row = collect(out)
-    text = INTRO + "\n" + "\n".join(table_markdown(t, by_row, out_text or str(out)) for t in TABLES.values())
+    """Write `doc` from every finished result in OUT's data folders; its text."""
+    by_data = [collect(folder) for folder in data_folders(out)]
+    text = INTRO + "\n" + "\n".join(table_markdown(t, by_data, out_text or str(out)) for t in TABLES.values())
+    text += "\n" + oracle_markdown(by_data, out_text or str(out))
     atomic_write_text(doc, text)
     return text
 
 
-def collect(out: Path) -> dict[str, dict[int, dict]]:
-    """{row: {seed: result}} of the finished results in `out` (unreadable or cut-short files left out)."""
+def data_tag(data: str, val_data: str | None) -> str:
+    """OUT's folder for the results on one data set: `synthetic`, or the kind of `data` and a hash of both specs."""
+    if data == "synthetic" and val_data is None:
+        return "synthetic"
+    digest = hashlib.sha1(f"{data}|{val_data}".encode()).hexdigest()[:8]
+    return f"{data.partition(':')[0]}-{digest}"
+
+
+def data_folders(out: Path) -> list[Path]:
+    """OUT's data folders (those a run has pinned its settings in), the synthetic world's first."""
+    found = [p for p in out.iterdir() if (p / "settings.json").is_file()] if out.is_dir() else []
+    return sorted(found, key=lambda p: (p.name != "synthetic", p.name))
+
+
+def collect(folder: Path) -> dict[str, dict[int, dict]]:
+    """{row: {seed: result}} of the finished results in a data folder (unreadable or cut-short files left out)."""
     by_row: dict[str, dict[int, dict]] = {}
-    for path in sorted(out.glob("*-seed*.json")) if out.is_dir() else []:
+    for path in sorted(folder.glob("*-seed*.json")):
         try:
             res = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -223,6 +326,46 @@ def collect(out: Path) -> dict[str, dict[int, dict]]:
         if isinstance(res, dict) and all(k in res for k in ca.RESULT_KEYS) and res["row"] != "warm_start":
             by_row.setdefault(res["row"], {})[res["seed"]] = res
     return by_row
+
+
+def oracle_result(name: str, seed: int, result, examples: dict, settings: dict) -> dict:
+    """One oracle's validation as a result record: metrics, gold recall retrieved / shown, LLM calls per question."""
+    preds = result.predictions
+
+    def recall(key: str) -> float | None:
+        shares = [len(set(examples[p["id"]].supporting_titles) & set(p["trace"].get(key) or []))
+                  / len(set(examples[p["id"]].supporting_titles)) for p in preds
+                  if examples[p["id"]].supporting_titles]
+        return 100 * float(np.mean(shares)) if shares else None
+    calls = sum(1 for p in preds for step in p["trace"]["steps"] if "tool" not in step)
+    m = result.metrics
+    return {"row": oracle_row(name), "seed": seed, "steps": 0, "val_f1": m["f1"], "val_em": m["em"],
+            "val_acc": m["acc"], "val_n": m["n"], "recall_retrieved": recall("retrieved_titles"),
+            "recall_shown": recall("selected_titles"), "llm_calls": calls / max(len(preds), 1),
+            "machine": ca.machine(), "settings": settings}
+
+
+def run_oracles(folder: Path, seeds: list[int], settings: dict, parallel: int) -> None:
+    """Each seed's warm start (trained first where missing) validated under each oracle, in this process; a
+    finished oracle is not run again."""
+    from mhgpo.config import TrainConfig, demo_config_path, load_config
+    from mhgpo.data.spec import load_data
+    from mhgpo.run.pipeline import evaluate_model
+
+    ca.run_rows(["warm"], seeds, folder, settings, parallel)
+    for seed in seeds:
+        for name, (roles, _) in ORACLES.items():
+            path = ca.result_path(folder, oracle_row(name), seed)
+            if ca.load_result(path, settings) is not None:
+                continue
+            with tempfile.TemporaryDirectory() as run_dir:
+                cfg = load_config(TrainConfig, demo_config_path(),
+                                  ca.row_settings("warm", seed, settings["val_limit"], folder, settings["overrides"],
+                                                  run_dir))
+                result = evaluate_model(cfg, Path(run_dir), desc=f"oracle {name} seed {seed}", oracle=roles)
+            examples = {e.id: e for e in load_data(cfg.val_data)}
+            atomic_write_json(path, oracle_result(name, seed, result, examples, settings))
+            print(f"oracle {name} seed {seed}: F1 {result.metrics['f1']:.1f}", flush=True)
 
 
 def table_rows(names: list[str]) -> list[str]:
@@ -245,7 +388,8 @@ def data_overrides(data: str, val_data: str | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", default=",".join(TABLES), help=f"comma-separated: {', '.join(TABLES)}")
+    names_all = [*TABLES, ORACLE_TABLE]
+    parser.add_argument("--table", default=",".join(names_all), help=f"comma-separated: {', '.join(names_all)}")
     parser.add_argument("--rows", help="run only these of the tables' rows (comma-separated; e.g. a smoke test)")
     parser.add_argument("--seeds", default=DEFAULTS["seeds"])
     parser.add_argument("--minutes", type=float, default=DEFAULTS["minutes"])
@@ -262,22 +406,26 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     if not args.doc_only:
         names = [n for n in args.table.split(",") if n]
-        unknown = [n for n in names if n not in TABLES]
+        unknown = [n for n in names if n not in names_all]
         if unknown or not names:
-            parser.error(f"--table: unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(TABLES)}")
+            parser.error(f"--table: unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(names_all)}")
         try:
             overrides = data_overrides(args.data, args.val_data) + args.overrides
             seeds = [int(s) for s in args.seeds.split(",")]
         except ValueError as e:
             parser.error(str(e))
         settings = ca.settings_of(args.minutes, args.clock, args.val_limit, overrides)
-        rows = table_rows(names)
+        folder = out / data_tag(args.data, args.val_data)
+        rows = table_rows([n for n in names if n != ORACLE_TABLE])
         if args.rows:
             only = args.rows.split(",")
             if any(r not in rows for r in only):
                 parser.error(f"--rows: {', '.join(r for r in only if r not in rows)} not in the tables' rows")
             rows = [r for r in rows if r in only]
-        ca.run_rows(rows, seeds, out, settings, args.parallel)
+        if rows:
+            ca.run_rows(rows, seeds, folder, settings, args.parallel)
+        if ORACLE_TABLE in names and not args.rows:
+            run_oracles(folder, seeds, settings, args.parallel)
     text = write_doc(out, Path(args.doc), args.out)
     print(text)
 

@@ -90,11 +90,13 @@ def _write_fixture(out: Path) -> None:
 
 def test_document_numbers_from_fixture_results(tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    _write_fixture(out)
+    (out / "synthetic").mkdir(parents=True)
+    (out / "synthetic" / "settings.json").write_text(json.dumps(SETTINGS))
+    _write_fixture(out / "synthetic")
     text = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce")
     assert (tmp_path / "doc.md").read_text() == text
     section = text.split("## aggregators")[1].split("\n## ")[0]
+    assert "### synthetic world (synthetic:train, validated on synthetic:dev)" in section
     assert ("Command: `python benchmarks/reproduce.py --table aggregators --seeds 0,1,2 --minutes 0.5 --clock cpu "
             "--val-limit 4 --parallel 2 --out runs/reproduce`") in section
     assert "Machine: Test CPU 9000, 2 cores. Seeds: 0, 1, 2. Budget: 0.5 cpu minutes" in section
@@ -219,3 +221,90 @@ def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_mode
     # one agent, FoF: group_size (2) answers of each of the step's 2 questions, every one trained
     assert (step["llm_calls"], step["samples"]) == (4.0, 4.0) and step["memory/peak_mb"] > 0
     assert rp.per_question(saved, "llm_calls") == 2.0 and saved["machine"]["cores"] >= 1
+
+
+def test_data_folders_and_their_commands(tmp_path):
+    assert rp.data_tag("synthetic", None) == "synthetic"
+    tag = rp.data_tag("hotpotqa:a/train.jsonl", "hotpotqa:a/val.jsonl")
+    assert tag.startswith("hotpotqa-") and tag != rp.data_tag("hotpotqa:b/train.jsonl", "hotpotqa:b/val.jsonl")
+    out = tmp_path / "out"
+    real = {**SETTINGS, "overrides": ["data=hotpotqa:a/train.jsonl", "val_data=hotpotqa:a/val.jsonl", "steps=3"]}
+    for folder, settings, f1 in ((out / tag, real, [20.0, 22.0]), (out / "synthetic", SETTINGS, [40.0, 44.0])):
+        folder.mkdir(parents=True)
+        (folder / "settings.json").write_text(json.dumps(settings))
+        for seed, v in enumerate(f1):
+            ca.result_path(folder, "warm+rr", seed).write_text(json.dumps({**_result("warm+rr", seed, v),
+                                                                           "settings": settings}))
+    (out / "stray").mkdir()  # no settings.json: not a data folder
+    assert [p.name for p in rp.data_folders(out)] == ["synthetic", tag]
+    section = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce").split("## aggregators")[1].split("\n## ")[0]
+    synthetic, real_part = section.split("### ")[1:]
+    assert synthetic.startswith("synthetic world") and "| `warm+rr` | 2 | 0.0 ± 0.0 | 42.0 ± 2.8 |" in synthetic
+    assert real_part.startswith("hotpotqa:a/train.jsonl, validated on hotpotqa:a/val.jsonl")
+    assert ("--parallel 2 --data hotpotqa:a/train.jsonl --val-data hotpotqa:a/val.jsonl --out runs/reproduce "
+            "steps=3`") in real_part
+    assert "| `warm+rr` | 2 | 0.0 ± 0.0 | 21.0 ± 1.4 |" in real_part
+
+
+class _Eval:
+    def __init__(self, predictions, f1):
+        self.predictions = predictions
+        self.metrics = {"f1": f1, "em": f1 / 2, "acc": f1 + 10, "n": len(predictions)}
+
+
+def _prediction(qid, retrieved, shown, llm_steps):
+    steps = [{"agent": "retriever", "tool": {}}] + [{"agent": "a", "output": "x"}] * llm_steps
+    return {"id": qid, "trace": {"retrieved_titles": retrieved, "selected_titles": shown, "steps": steps}}
+
+
+def test_oracle_results_and_their_table(tmp_path):
+    from mhgpo.data.records import Example
+
+    examples = {"q1": Example("q1", "?", ("a",), supporting_titles=("A", "B")),
+                "q2": Example("q2", "?", ("b",), supporting_titles=("C",)),
+                "q3": Example("q3", "?", ("c",))}  # no gold titles: left out of the recall
+    folder = tmp_path / "out" / "synthetic"
+    folder.mkdir(parents=True)
+    (folder / "settings.json").write_text(json.dumps(SETTINGS))
+    for seed, (none_f1, context_f1) in enumerate(((10.0, 50.0), (20.0, 56.0))):
+        none = rp.oracle_result("none", seed, _Eval([_prediction("q1", ["A", "X"], ["X"], 3),
+                                                      _prediction("q2", ["C"], ["C"], 3),
+                                                      _prediction("q3", [], [], 3)], none_f1), examples, SETTINGS)
+        context = rp.oracle_result("context", seed, _Eval([_prediction("q1", ["A", "B"], ["A", "B"], 1),
+                                                            _prediction("q2", ["C"], ["C"], 1),
+                                                            _prediction("q3", [], [], 1)], context_f1),
+                                   examples, SETTINGS)
+        for name, res in (("none", none), ("context", context)):
+            ca.atomic_write_json(ca.result_path(folder, rp.oracle_row(name), seed), res)
+    # recall retrieved: (1/2 + 1) / 2 = 75; shown: (0 + 1) / 2 = 50; 3 LLM calls per question
+    assert (none["recall_retrieved"], none["recall_shown"], none["llm_calls"]) == (75.0, 50.0, 3.0)
+    section = rp.write_doc(tmp_path / "out", tmp_path / "doc.md", "runs/reproduce").split("## oracles:")[1]
+    assert "| `none` | 2 | 15.0 ± 7.1 | 25.0 ± 7.1 | 7.5 ± 3.5 | — | 75.0 ± 0.0 | 50.0 ± 0.0 | 3.00 ± 0.00 |" in section
+    # context − none per seed: 40, 36 → 38 ± 2.8
+    assert ("| `context` | 2 | 53.0 ± 4.2 | 63.0 ± 4.2 | 26.5 ± 2.1 | 38.0 ± 2.8 | 100.0 ± 0.0 | 100.0 ± 0.0 | "
+            "1.00 ± 0.00 |") in section
+    assert "| `reranker` | 0 |" in section and "--table oracles --seeds 0,1" in section
+
+
+def test_oracles_run_on_the_warm_start_of_a_tiny_model(tiny_model_dir, world, tmp_path, monkeypatch):
+    from helpers import train_overrides
+
+    fixed = ("sampler=", "output_dir=", "steps=", "eval_every=", "save_every=", "val_limit=")
+    common = [kv for kv in train_overrides(tiny_model_dir, world, tmp_path / "unused") if not kv.startswith(fixed)]
+    common += ["warm_start.steps=1", "warm_start.batch_size=2", "warm_start.limit=4", "precision=fp32",
+               "search.snippet_words=8", "search.max_candidates=4"]
+    folder = tmp_path / "out" / "synthetic"
+    settings = ca.settings_of(0.0, "cpu", 3, common)
+
+    def in_process(jobs, parallel, log):  # the warm start and the warm row, here instead of in subprocesses
+        return [ca.run_warm_start(folder, 0, common) if job[0] == "--warm" else
+                ca.one("warm", 0, 0.0, "cpu", 3, folder, common) for job in jobs]
+    monkeypatch.setattr(ca, "run_all", in_process)
+    rp.run_oracles(folder, [0], settings, 1)
+    by_row = rp.collect(folder)
+    results = {name: by_row[rp.oracle_row(name)][0] for name in rp.ORACLES}
+    assert results["none"]["val_f1"] == by_row["warm"][0]["val_f1"]  # the same validation as the warm row
+    assert results["none"]["llm_calls"] == 3.0 and results["rewriter"]["llm_calls"] == 2.0
+    assert results["reranker"]["llm_calls"] == 2.0 and results["context"]["llm_calls"] == 1.0
+    assert results["context"]["recall_shown"] == 100.0 == results["context"]["recall_retrieved"]
+    assert all(r["val_n"] == 3 for r in results.values())

@@ -165,6 +165,8 @@ def _eval_config(args: argparse.Namespace):
     from mhgpo.run.evaluate import resumed_config
 
     overrides = flag_overrides(args, EVAL_FLAGS) + list(args.overrides)
+    if args.oracle is not None:
+        overrides.append(f"oracle=[{args.oracle}]")
     if not args.resume:
         return load_config(EvalConfig, args.config, overrides)
     folder = Path(args.resume)
@@ -265,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "finish)")
     ev.add_argument("--resume", metavar="DIR", help="continue the interrupted evaluation in DIR (same config; "
                     "finished questions are skipped)")
+    ev.add_argument("--oracle", metavar="ROLE[,ROLE]", help="roles that give their gold output instead of calling "
+                    "the model (rewriter, reranker; context: the gold paragraphs shown to the Answerer), to measure "
+                    "a role's headroom")
     ev.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     add_common_flags(ev)
     ev.set_defaults(func=cmd_eval)

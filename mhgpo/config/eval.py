@@ -151,11 +151,17 @@ class EvalConfig:
     search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)  # engine: hf | vllm
     team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
+    # Roles that give their gold output instead of calling the LLM (mhgpo/team/oracle.py): the team's roles but the
+    # final one, and `context` for the built-in team (the gold paragraphs shown to the Answerer). Checked against
+    # the team when it is built.
+    oracle: list[str] = dataclasses.field(default_factory=list)
 
     def validate(self) -> None:
         check_system(self.system, self.team)
         check_precision(self.precision)
         check_counts(self, ("batch_size", "gen_batch_size", "max_prompt_tokens"), "limit")
+        if not all(isinstance(r, str) and r for r in self.oracle):
+            raise InputError(f"oracle: expected a list of role names, got {self.oracle!r}")
 
 
 BUILT_IN = SYSTEMS  # the built-in teams; any other `system` names a workflow class (mhgpo/team/loader.py)

@@ -24,6 +24,7 @@ from mhgpo.rl.evaluation import (CONFIG, METRICS, PREDICTIONS, EvalResult, evalu
 from mhgpo.run.rundir import RunLock, refuse_links
 from mhgpo.team.build import build_workflow, load_examples, resolve_team
 from mhgpo.team.loader import refuse_untrusted_code
+from mhgpo.team.oracle import with_oracles
 
 
 class EvalInterrupted(KeyboardInterrupt):
@@ -139,4 +140,4 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
 
 def _team(cfg: EvalConfig, workflow: Any) -> Any:
     team = resolve_team(cfg, workflow)
-    return build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
+    return with_oracles(build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section), cfg.oracle)

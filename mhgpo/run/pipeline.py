@@ -20,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from mhgpo.model.checkpoint import checkpoint_step, list_checkpoints
 from mhgpo.config import OptimConfig, SFTConfig, TrainConfig, dump_config
 from mhgpo.rl.evaluation import EvalResult
 from mhgpo.team.build import Team, resolve_team
+from mhgpo.team.oracle import with_oracles
 from mhgpo.run.rundir import RunLock, refuse_links, require_empty_run_dir
 from mhgpo.run.warm_start import resume_sft, run_sft
 from mhgpo.team.loader import require_demonstrations
@@ -136,9 +137,10 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from
                         from_step, "train", ranks, changed)
 
 
-def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval") -> EvalResult:
+def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval", oracle: Sequence[str] = ()) -> EvalResult:
     """Greedy validation (`val_data`, `val_limit` questions) of the model `cfg.model` as it is, loaded for
-    evaluation only (and released afterwards): the untrained team of a run, before anything trains."""
+    evaluation only (and released afterwards): the untrained team of a run, before anything trains. `oracle`:
+    roles that give their gold output instead (mhgpo/team/oracle.py)."""
     from mhgpo.rl.evaluation import evaluate_examples
     from mhgpo.model.generation import HFGenerator
     from mhgpo.model.pretrained import encode_chat
@@ -146,6 +148,7 @@ def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval") -> EvalR
     from mhgpo.model.precision import default_device, resolve_precision, weight_dtype
 
     _, val, _, val_workflow = load_team_data(cfg, with_val=True)
+    val_workflow = with_oracles(val_workflow, oracle)
     precision, _ = resolve_precision(cfg.precision, default_device())
     loaded = load_model(run_model_spec(cfg.model, run_dir), dtype=weight_dtype(precision, trainable=False))
     if cfg.generation.engine == "vllm" and loaded.select is None:  # (one adapter per agent: mhgpo's own loop)

@@ -18,6 +18,7 @@ import yaml
 from mhgpo.config import AgentSampling, SystemConfig
 from mhgpo.data.metrics import normalize_answer
 from mhgpo.data.records import Example, Passage
+from mhgpo.errors import InputError
 from mhgpo.team.workflow import State, StepResult, Workflow, breaks_format, mean_of
 
 REWRITER, RETRIEVER, RERANKER, ANSWERER = "rewriter", "retriever", "reranker", "answerer"
@@ -219,6 +220,10 @@ class SearchSystem(Workflow):
     agents = (REWRITER, RERANKER, ANSWERER)
     tools = (RETRIEVER,)
     config_class = SystemConfig
+    # The gold-context oracle (`oracle=[context]`, mhgpo/team/oracle.py): the tool it replaces and the roles whose
+    # gold outputs pass the gold paragraphs through unchanged.
+    retrieval_tool = RETRIEVER
+    context_oracle_roles = (REWRITER, RERANKER)
 
     def next_agent(self, state: State) -> str | None:
         if "queries" not in state:
@@ -287,6 +292,23 @@ class SearchSystem(Workflow):
                     {"ids": [p.id for p in candidates], "titles": [p.title for p in candidates]},
                 )
             )
+        return results
+
+    def gold_context_results(self, states: list[State]) -> list[StepResult]:
+        """The retriever's step under the gold-context oracle: each question's gold paragraphs (the first
+        paragraph of its record's `context` that counts as each gold one) as the candidates."""
+        results = []
+        for s in states:
+            example = s.example
+            indices = [found[0] for found in example.supporting_context if found]
+            if not indices:
+                raise InputError(f"oracle=context: question {example.id!r} has no gold paragraphs in its record's "
+                                 f"context (the oracle needs records that carry their paragraphs: HotpotQA, "
+                                 f"2WikiMultihopQA, MuSiQue)")
+            gold = tuple(Passage(id=f"{example.id}:gold{j}", title=example.context[j][0], text=example.context[j][1])
+                         for j in dict.fromkeys(indices))
+            results.append(StepResult(s.with_values(candidates=gold), 0.0,
+                                      {"ids": [p.id for p in gold], "titles": [p.title for p in gold]}))
         return results
 
     def final_answer(self, state: State) -> str:
