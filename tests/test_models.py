@@ -191,3 +191,16 @@ def test_default_gguf_model_loads_and_generates() -> None:
     [generation] = HFGenerator(loaded.model, tok).generate([ids], SamplingParams(max_new_tokens=12, temperature=0.0))
     assert 1 <= len(generation.output_ids) <= 12 and generation.text
     assert "Paris" in generation.text
+
+
+def test_the_default_gguf_loads_in_bfloat16_as_float32_cast_without_the_packed_kernel_warning(capfd) -> None:
+    import torch
+
+    from mhgpo.model.pretrained import load_pretrained
+
+    bf16 = load_pretrained(DEFAULT_MODEL, device="cpu", dtype=torch.bfloat16).model
+    assert "GGUF checkpoint with its weights packed" not in capfd.readouterr().err
+    fp32 = load_pretrained(DEFAULT_MODEL, device="cpu", dtype=torch.float32).model
+    assert bf16.dtype == bf16.config.dtype == torch.bfloat16 and fp32.dtype == torch.float32
+    a, b = bf16.state_dict(), fp32.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k].to(torch.bfloat16)) for k in a)

@@ -251,8 +251,16 @@ def _from_pretrained(source: ModelSource, dtype: Any) -> tuple[Any, Any]:
     if source.kind == "hub" and source.cached:
         kwargs["local_files_only"] = True
     tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
+    # A GGUF file is de-quantised in float32 and then cast: the same weights as asking for `dtype` (checked bit for
+    # bit for bfloat16), without transformers' warning that packed GGUF kernels want float32.
+    import torch
+
+    load_dtype = torch.float32 if source.kind == "gguf" else dtype  # (`dtype`: a torch dtype, device_and_dtype)
     with _quiet_tqdm():  # the GGUF de-quantisation bar says nothing the caller's own status line doesn't
-        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=load_dtype, **kwargs)
+    if load_dtype != dtype:
+        model = model.to(dtype)
+        model.config.dtype = model.dtype
     return model, tokenizer
 
 
