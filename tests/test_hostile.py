@@ -358,6 +358,27 @@ def test_ranks_exchange_records_as_json_and_decoding_runs_nothing(tmp_path) -> N
         dumps({"info": Payload()})
 
 
+def test_only_registered_record_classes_cross_between_ranks() -> None:
+    import dataclasses
+
+    from mhgpo.model import wire
+
+    @dataclasses.dataclass
+    class Node:  # a class of the same name as the rollout's, not registered
+        node_id: int
+
+    with pytest.raises(wire.WireError, match=r"a .*Node cannot be sent between ranks"):
+        wire.dumps(Node(1))
+    with pytest.raises(ValueError, match="another record type is registered as 'Node'"):
+        wire.register(Node)
+    with pytest.raises(TypeError, match="is not a dataclass"):
+        wire.register(int)
+    from mhgpo.rl.rollout import Node as RolloutNode
+
+    wire.register(RolloutNode)  # registering the same class again is harmless
+    assert wire.DATACLASSES["Node"] is RolloutNode
+
+
 def dataclasses_equal(a, b) -> bool:
     import dataclasses
     import math

@@ -4,32 +4,39 @@ which runs whatever a peer's bytes name).
 Plain JSON values travel as they are (lists of numbers or strings untouched, which keeps token ids fast); the rest
 with tags, as in :mod:`mhgpo.model.statecodec`: ``{"$tuple": [...]}``, ``{"$map": [[key, value], ...]}``,
 ``{"$ndarray": {...}}``, and ``{"$dataclass": NAME, "fields": {...}}`` for the few record types the trainer gathers
-(rollout nodes and batches, examples, evaluation results, workflow failures). A NAME outside `DATACLASSES` is
-refused, so a peer can make the decoder build nothing but these records. A value of another type (a workflow's
+(rollout nodes and batches, examples, evaluation results, workflow failures), which their own modules
+`register`. A NAME that is not registered is refused, so a peer can make the decoder build nothing but these
+records. A value of another type (a workflow's
 `info` holding an object of its own, say) cannot be sent: the ranks stop with an error naming its type.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-# The record types that may cross between ranks: name → the module that defines it (imported by name on decoding:
-# these modules are mhgpo's own and are loaded already wherever records are gathered).
-DATACLASSES = {
-    "Node": "mhgpo.rl.rollout",
-    "RolloutBatch": "mhgpo.rl.rollout",
-    "EvalResult": "mhgpo.rl.evaluation",
-    "RolloutFailure": "mhgpo.team.loader",
-    "Example": "mhgpo.data.records",
-    "Passage": "mhgpo.data.records",
-}
+from mhgpo.data.records import Example, Passage
+
+# The record types that may cross between ranks, by class name: the modules that define them register them when
+# they are imported (the data records here; the rollout, evaluation and workflow records in theirs).
+DATACLASSES: dict[str, type] = {}
 TAG = "$dataclass"
+
+
+def register(*classes: type) -> None:
+    """Let the ranks exchange these dataclasses (a name registered twice must be the same class)."""
+    for cls in classes:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{cls!r} is not a dataclass")
+        if DATACLASSES.setdefault(cls.__name__, cls) is not cls:
+            raise ValueError(f"another record type is registered as {cls.__name__!r}")
+
+
+register(Example, Passage)
 
 
 class WireError(ValueError):
@@ -63,7 +70,7 @@ def _encode(obj: Any) -> Any:
         return obj.item()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         name = type(obj).__name__
-        if DATACLASSES.get(name) != type(obj).__module__:
+        if DATACLASSES.get(name) is not type(obj):
             raise WireError(f"a {type(obj).__module__}.{name} cannot be sent between ranks")
         return {TAG: name, "fields": {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
     raise WireError(f"a {type(obj).__name__} cannot be sent between ranks (JSON-like values only)")
@@ -102,7 +109,7 @@ def _decode(obj: Any) -> Any:
 def _record(name: Any, fields: Any) -> Any:
     if name not in DATACLASSES or not isinstance(fields, dict):
         raise WireError(f"unknown record type {name!r} from another rank")
-    cls = getattr(importlib.import_module(DATACLASSES[name]), name)
+    cls = DATACLASSES[name]
     if set(fields) != {f.name for f in dataclasses.fields(cls) if f.init}:
         raise WireError(f"malformed {name} record from another rank")
     return cls(**{k: _decode(v) for k, v in fields.items()})

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mhgpo.rl.behaviour import agent_behaviour, call_record
+from mhgpo.model import wire
 from mhgpo.model.generation import Generator
 from mhgpo.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 from mhgpo.data.metrics import score
@@ -37,6 +38,9 @@ class EvalResult:
     predictions: list[dict[str, Any]]
     failures: list[Any] = field(default_factory=list)  # RolloutFailure of questions left out (on_error="skip")
     complete_before: bool = False  # resumed, with nothing left to do: metrics are the saved ones
+
+
+wire.register(EvalResult)  # (gathered from the ranks of a data-parallel validation)
 
 
 def chain_record(example: Example, chain: list[Node]) -> dict[str, Any]:

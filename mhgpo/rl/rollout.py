@@ -38,6 +38,7 @@ import numpy as np
 from mhgpo.rl.advantages import regroup_singletons, rr_pool_keys
 from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.config.eval import MAX_PROMPT_TOKENS
+from mhgpo.model import wire
 from mhgpo.model.generation import Generator, SamplingParams
 from mhgpo.data.records import Example
 from mhgpo.errors import ServiceError
@@ -103,6 +104,9 @@ class RolloutBatch:
 
     def leaves(self) -> list[Node]:
         return [n for n in self.nodes if n.final_answer is not None]
+
+
+wire.register(Node, RolloutBatch)  # (gathered from the ranks of a data-parallel run)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mhgpo.errors import InputError
+from mhgpo.model import wire
 from mhgpo.team.workflow import Workflow
 
 
@@ -217,6 +218,9 @@ class RolloutFailure:
 
     def record(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+wire.register(RolloutFailure)  # (gathered from the ranks of a data-parallel run)
 
 
 def failure(workflow: Workflow, method: str, question_id: str | None, agent: str | None = None,
