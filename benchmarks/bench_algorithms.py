@@ -1,5 +1,6 @@
 """Seconds per training step and peak memory of MHGPO-FoF, MHGPO-RR, MHGPO-IS and MAPPO, and their ratios to MAPPO
-(and of MHGPO-FoF(os) with `--algos fof_os`).
+(and of MHGPO-FoF(os) with `--algos fof_os`; of MAPPO whose critic has a frozen base of its own, the paper's two
+models, with `--algos mappo_own`).
 
 Every algorithm runs `--steps` steps with the demo settings (`mhgpo/config/demo.yaml`: the default model, LoRA, 4 questions
 per step, G = 4, short generations) on the same questions, each in its own process so that its peak memory is its
@@ -26,8 +27,10 @@ ALGOS = {  # name -> overrides
     "is": ["algo=mhgpo", "sampler=is"],
     "fof_os": ["algo=mhgpo", "sampler=fof_os"],
     "mappo": ["algo=mappo", "sampler=chains", "critic.warmup_steps=0"],
+    "mappo_own": ["algo=mappo", "sampler=chains", "critic.warmup_steps=0", "critic.own_base=true"],
 }
-LABELS = {"fof": "MHGPO-FoF", "rr": "MHGPO-RR", "is": "MHGPO-IS", "fof_os": "MHGPO-FoF(os)", "mappo": "MAPPO"}
+LABELS = {"fof": "MHGPO-FoF", "rr": "MHGPO-RR", "is": "MHGPO-IS", "fof_os": "MHGPO-FoF(os)", "mappo": "MAPPO",
+          "mappo_own": "MAPPO (critic's own base)"}
 
 
 def one(name: str, steps: int, overrides: list[str]) -> dict:
@@ -82,7 +85,7 @@ def main() -> None:
     base = next((r for r in results if r["algo"] == "mappo"), None)
     extra = f", {' '.join(args.overrides)}" if args.overrides else ""
     print(f"\nper step, mean of {args.steps} steps (demo settings{extra})")
-    print(f"{'algorithm':10} {'rollout s':>10} {'update s':>9} {'step s':>7} {'CPU s':>7} {'LLM calls':>10} "
+    print(f"{'algorithm':25} {'rollout s':>10} {'update s':>9} {'step s':>7} {'CPU s':>7} {'LLM calls':>10} "
           f"{'samples':>8} {'peak MB':>8}   ratios to MAPPO: step s, CPU s, peak MB")
     for r in results:
         step = r["seconds/rollout"] + r["seconds/train"]
@@ -91,7 +94,7 @@ def main() -> None:
             base_step = base["seconds/rollout"] + base["seconds/train"]
             ratios = (f"{step / base_step:6.2f} {r['cpu_s'] / base['cpu_s']:6.2f} "
                       f"{r['peak_mb'] / base['peak_mb']:6.2f}")
-        print(f"{LABELS[r['algo']]:10} {r['seconds/rollout']:10.1f} {r['seconds/train']:9.1f} {step:7.1f} "
+        print(f"{LABELS[r['algo']]:25} {r['seconds/rollout']:10.1f} {r['seconds/train']:9.1f} {step:7.1f} "
               f"{r['cpu_s']:7.1f} {r['llm_calls']:10.1f} {r['samples']:8.1f} {r['peak_mb']:8.0f}   {ratios}")
 
 

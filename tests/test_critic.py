@@ -70,6 +70,22 @@ def test_lora_critic_shares_the_base_weights_and_trains_only_its_adapter_and_hea
     assert shared_bytes == sum(p.numel() for n, p in model.named_parameters() if n.startswith("model."))
 
 
+def test_lora_critic_with_a_base_of_its_own_copies_it_frozen_and_computes_the_same_values(model) -> None:
+    shared = build_value_model(model, LoraConfig(r=4))
+    own = build_value_model(model, LoraConfig(r=4), own_base=True)
+    base = {p.data_ptr() for p in model.parameters()}
+    assert not {p.data_ptr() for p in own.parameters()} & base  # a copy: the memory of one more model
+    assert {n for n, p in own.named_parameters() if p.requires_grad} == {
+        n for n, p in shared.named_parameters() if p.requires_grad}  # the same adapter and head train
+    own.load_state_dict(shared.state_dict())  # the same adapter and head weights: the same values
+    prompts, outputs = ragged()
+    with torch.no_grad():
+        a, mask = shared.values(prompts, outputs, pad_id=0)
+        b, _ = own.values(prompts, outputs, pad_id=0)
+    assert torch.equal(a[mask], b[mask])
+    assert load_config(TrainConfig, None, ["critic.own_base=true"]).critic.own_base
+
+
 def test_full_critic_is_an_independent_copy(model) -> None:
     critic = build_value_model(model, LoraConfig(enabled=False))
     assert all(p.requires_grad for p in critic.parameters())

@@ -109,6 +109,9 @@ class CriticConfig:
     lam: float = 0.95  # GAE lambda
     value_clip: float = 0.2  # clip range of the value loss around the rollout-time values
     whiten: bool = True  # normalise the step's advantages to mean 0, std 1 over its trained tokens
+    # Under LoRA: false, the critic's decoder shares the actor's frozen base tensors (one model in memory); true, it
+    # has a copy of its own, as the paper's MAPPO (actor and critic two models: the memory of one more model).
+    own_base: bool = False
 
     def validate(self) -> None:
         if self.lr is not None and self.lr <= 0:

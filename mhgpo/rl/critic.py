@@ -7,7 +7,8 @@ PPO is the same thing on the single-agent system (`system=llm`). What this modul
 - Architecture: the actor's decoder with a scalar value head, ``V = w^T h + b`` on the final hidden state h.
   Under LoRA (the default) the critic's decoder *shares the actor's frozen base weights* (the same tensors, no
   second copy of the model) and has its own LoRA adapter (the actor's rank and target modules) and the value
-  head: the extra memory is two adapters' worth plus activations. Under full fine-tuning it is a full copy of
+  head: the extra memory is two adapters' worth plus activations. ``critic.own_base`` gives it a copy of the
+  frozen base instead, as the paper's two models (for its memory comparison). Under full fine-tuning it is a full copy of
   the decoder, as in the paper ("the same backbone LLM architecture as the actor"): one more model and its
   optimiser state. Both start from the initial actor weights; LoRA B starts at 0, the value head's weights
   ~ N(0, 1/(H+1)) and its bias 0.
@@ -84,9 +85,11 @@ class ValueModel(torch.nn.Module):
         return values.masked_scatter(mask, flat), mask  # (B, T), row-major order as `hidden`
 
 
-def build_value_model(model: torch.nn.Module, lora: LoraConfig, precision: str = "fp32") -> ValueModel:
+def build_value_model(model: torch.nn.Module, lora: LoraConfig, precision: str = "fp32",
+                      own_base: bool = False) -> ValueModel:
     """The critic for the actor ``model`` (call it before the actor is wrapped with its own LoRA adapter); its
-    trainable weights in :func:`mhgpo.model.precision.weight_dtype` ``(precision, trainable=True)``."""
+    trainable weights in :func:`mhgpo.model.precision.weight_dtype` ``(precision, trainable=True)``. Under LoRA its
+    frozen base is the actor's tensors, or with ``own_base`` a copy of its own (``critic.own_base``)."""
     if hasattr(model, "peft_config"):
         raise ValueError("build the critic from the plain model, before the policy adds its LoRA adapter")
     backbone, _ = backbone_and_head(model)
@@ -94,7 +97,7 @@ def build_value_model(model: torch.nn.Module, lora: LoraConfig, precision: str =
     if lora.enabled:
         from peft import inject_adapter_in_model
 
-        shared = {id(p): p for p in backbone.parameters()}  # deepcopy keeps these: the base weights are shared
+        shared = {} if own_base else {id(p): p for p in backbone.parameters()}  # deepcopy keeps these: shared
         critic_backbone = copy.deepcopy(backbone, memo=shared)
         peft_cfg = peft_lora_config(lora, critic_backbone)
         inject_adapter_in_model(peft_cfg, critic_backbone, adapter_name=CRITIC_ADAPTER)  # base frozen, adapter trains
@@ -116,7 +119,7 @@ class Critic:
                  precision: str = "fp32"):
         self.cfg, self.optim, self.pad_id, self.precision = cfg, optim, pad_id, precision
         self.ranks: Single = Single()  # the ranks of a data-parallel run (set by the trainer)
-        self.model = build_value_model(model, lora, precision)
+        self.model = build_value_model(model, lora, precision, cfg.own_base)
         if optim.gradient_checkpointing:
             enable_gradient_checkpointing(self.model.backbone)
         params = [p for p in self.model.parameters() if p.requires_grad]
