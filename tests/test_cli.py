@@ -170,6 +170,22 @@ def test_eval_without_corpus_searches_the_records_paragraphs(cli, dev_file, tiny
     assert list((cli.cache / "indexes").glob("context-*"))
 
 
+def test_eval_with_the_gold_context_oracle_shows_the_answerer_the_gold_paragraphs(cli, dev_file, tiny_model_dir,
+                                                                                   tmp_path) -> None:
+    out = tmp_path / "eval-oracle"
+    res = cli("eval", "--data", f"hotpotqa:{dev_file}", "--model", tiny_model_dir, "--limit", 2, "--oracle", "context",
+              "--output-dir", out, *SMALL_SEARCH)
+    assert res.returncode == 0, res.stderr
+    assert "oracle:\n- context" in (out / "eval_config.yaml").read_text()
+    questions = load_hotpotqa(dev_file)[:2]
+    for p, q in zip(read_jsonl(out / "predictions.jsonl"), questions):
+        assert p["trace"]["selected_titles"] == list(dict.fromkeys(q.supporting_titles))
+        assert [s["agent"] for s in p["trace"]["steps"] if "tool" not in s] == ["answerer"]  # one LLM call
+    bad = cli("eval", "--data", f"hotpotqa:{dev_file}", "--model", tiny_model_dir, "--limit", 2, "--oracle",
+              "answerer", *SMALL_SEARCH)
+    assert bad.returncode == 2 and "oracle: answerer is the final agent" in bad.stderr
+
+
 # ---------------------------------------------------------------------------------------------------- errors
 
 
