@@ -6,8 +6,8 @@ with tags, as in :mod:`mhgpo.model.statecodec`: ``{"$tuple": [...]}``, ``{"$map"
 ``{"$ndarray": {...}}``, and ``{"$dataclass": NAME, "fields": {...}}`` for the few record types the trainer gathers
 (rollout nodes and batches, examples, evaluation results, workflow failures), which their own modules
 `register`. A NAME that is not registered is refused, so a peer can make the decoder build nothing but these
-records. A value of another type (a workflow's
-`info` holding an object of its own, say) cannot be sent: the ranks stop with an error naming its type.
+records. A value of another type (a workflow's `info` holding an object of its own, say) cannot be sent: the ranks
+stop with an error naming its type.
 """
 
 from __future__ import annotations

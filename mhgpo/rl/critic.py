@@ -8,8 +8,8 @@ PPO is the same thing on the single-agent system (`system=llm`). What this modul
   Under LoRA (the default) the critic's decoder *shares the actor's frozen base weights* (the same tensors, no
   second copy of the model) and has its own LoRA adapter (the actor's rank and target modules) and the value
   head: the extra memory is two adapters' worth plus activations. ``critic.own_base`` gives it a copy of the
-  frozen base instead, as the paper's two models (for its memory comparison). Under full fine-tuning it is a full copy of
-  the decoder, as in the paper ("the same backbone LLM architecture as the actor"): one more model and its
+  frozen base instead, as the paper's two models (for its memory comparison). Under full fine-tuning it is a full
+  copy of the decoder, as in the paper ("the same backbone LLM architecture as the actor"): one more model and its
   optimiser state. Both start from the initial actor weights; LoRA B starts at 0, the value head's weights
   ~ N(0, 1/(H+1)) and its bias 0.
 - Values at output positions: ``V_t`` is read at position ``len(prompt) - 1 + t``, the state before output token
