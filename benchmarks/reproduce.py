@@ -246,7 +246,8 @@ def oracle_markdown(by_data: list[dict[str, dict[int, dict]]], out: str) -> str:
              "Each seed's warm-started team validated with roles replaced by their gold output (`mhgpo eval "
              "--oracle ROLE`; docs/learning.md): " + "; ".join(f"`{n}`: {text}" for n, (_, text) in ORACLES.items())
              + ". Gold recall: the share of a question's gold paragraphs among those retrieved and among those "
-             "the Answerer was shown, mean over questions.", ""]
+             "the Answerer was shown, mean over questions. `context` needs validation records that carry their "
+             "paragraphs (HotpotQA, 2WikiMultihopQA, MuSiQue; not the synthetic world).", ""]
     ran = [by_row for by_row in by_data if any(by_row.get(oracle_row(n)) for n in ORACLES)]
     if not ran:
         return "\n".join(lines + ["**Not run.** Command:", "", f"    {command(ORACLE_TABLE, None, None, out)}", ""])
@@ -345,6 +346,16 @@ def oracle_result(name: str, seed: int, result, examples: dict, settings: dict) 
             "machine": ca.machine(), "settings": settings}
 
 
+def has_gold_paragraphs(settings: dict) -> bool:
+    """Whether the validation records of `settings` carry their gold paragraphs (the `context` oracle needs them;
+    the synthetic world's records do not: its paragraphs are only in its corpus)."""
+    from mhgpo.config import TrainConfig, demo_config_path, load_config
+    from mhgpo.data.spec import load_data
+
+    cfg = load_config(TrainConfig, demo_config_path(), settings["overrides"])
+    return any(any(found) for e in load_data(cfg.val_data)[: settings["val_limit"]] for found in e.supporting_context)
+
+
 def run_oracles(folder: Path, seeds: list[int], settings: dict, parallel: int) -> None:
     """Each seed's warm start (trained first where missing) validated under each oracle, in this process; a
     finished oracle is not run again."""
@@ -357,6 +368,9 @@ def run_oracles(folder: Path, seeds: list[int], settings: dict, parallel: int) -
         for name, (roles, _) in ORACLES.items():
             path = ca.result_path(folder, oracle_row(name), seed)
             if ca.load_result(path, settings) is not None:
+                continue
+            if "context" in roles and not has_gold_paragraphs(settings):
+                print(f"oracle {name}: left out, the validation records carry no paragraphs", flush=True)
                 continue
             with tempfile.TemporaryDirectory() as run_dir:
                 cfg = load_config(TrainConfig, demo_config_path(),

@@ -308,3 +308,14 @@ def test_oracles_run_on_the_warm_start_of_a_tiny_model(tiny_model_dir, world, tm
     assert results["reranker"]["llm_calls"] == 2.0 and results["context"]["llm_calls"] == 1.0
     assert results["context"]["recall_shown"] == 100.0 == results["context"]["recall_retrieved"]
     assert all(r["val_n"] == 3 for r in results.values())
+
+
+def test_the_context_oracle_needs_records_that_carry_their_paragraphs(world, tmp_path):
+    rows = [json.loads(line) for line in (world / "dev.jsonl").read_text(encoding="utf-8").splitlines()]
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps({**r, "context": []}) + "\n" for r in rows), encoding="utf-8")
+
+    def settings(val: Path) -> dict:
+        return {**SETTINGS, "overrides": [f"data=hotpotqa:{world / 'train.jsonl'}", f"val_data=hotpotqa:{val}"]}
+    assert rp.has_gold_paragraphs(settings(world / "dev.jsonl"))
+    assert not rp.has_gold_paragraphs(settings(bare))
