@@ -288,8 +288,9 @@ command that runs it; a partly run one names what is missing. A table run on sev
 world; a HotpotQA split with `--data hotpotqa:TRAIN --val-data hotpotqa:VAL`) has one part per data set, each with
 its command, the machine it ran on, its seeds and budget. Budgets are CPU time per process: rows that shared the
 machine with other work ran the same amount of training, only their seconds per step grew. The last table,
-`oracles`, is not a claim of the paper: it shows where the warm-started team's headroom is. (A smoke test writes
-its page elsewhere: `--doc FILE`.)
+`oracles`, is not a claim of the paper: it shows where the warm-started team's headroom is. The HotpotQA parts use
+the 300-record dev sample split by `mhgpo data split --data hotpotqa:PATH/hotpotqa_dev.jsonl --out data/hotpotqa
+--sizes 200,100 --seed 0`. (A smoke test writes its page elsewhere: `--doc FILE`.)
 """
 
 
