@@ -8,6 +8,7 @@ it loads in well under a second, produces (nonsense) text and emits ``<|im_end|>
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,18 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
     cfg = make_config(tiny_model_dir, world, out)
     trainer = train(cfg, progress=False)
     return cfg, out, trainer
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    """A real 2 MiB file system (tmpfs), to be filled up; skipped where it cannot be mounted (needs root; the
+    patched-write tests cover a full disk elsewhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

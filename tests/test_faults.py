@@ -230,37 +230,30 @@ def test_full_disk_during_a_checkpoint_stops_the_run_and_keeps_the_previous_one(
     assert_same_run(out, reference)
 
 
-def test_full_disk_on_a_real_tmpfs(reference_run, tiny_model_dir, world, tmp_path, capsys) -> None:  # noqa: F811
+def test_full_disk_on_a_real_tmpfs(reference_run, tiny_model_dir, world, tmpfs, capsys) -> None:  # noqa: F811
     """The same on a real file system: a 2 MiB tmpfs that is filled up while the run goes on."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root); the patched-write test covers a full disk")
-    try:
-        _, reference, _ = reference_run
-        out = disk / "run"
-        rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, out, steps=2))
-        assert rc == 0, err
-        stat = os.statvfs(disk)
-        filler = disk / "filler"
-        filler.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 12 * 1024))  # leave 12 KiB
-        rc, _, err = cli(capsys, "train", "--resume", out, "steps=4")
-        lines = err.strip().splitlines()
-        assert rc == 2 and "Traceback" not in err, err
-        assert lines[-1].startswith("mhgpo: error: ") and "No space left on device" in lines[-1], err
-        with capsys.disabled():
-            print(f"\ntmpfs full: {lines[-1]}")
-        for p in list_checkpoints(out):
-            check_checkpoint(p)
-        assert list_checkpoints(out)[-1].name == "step_2"
-        assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")] == []
-        filler.unlink()
-        rc, _, err = cli(capsys, "train", "--resume", out, "steps=4")
-        assert rc == 0, err
-        assert_same_run(out, reference)
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    disk = tmpfs
+    _, reference, _ = reference_run
+    out = disk / "run"
+    rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, out, steps=2))
+    assert rc == 0, err
+    stat = os.statvfs(disk)
+    filler = disk / "filler"
+    filler.write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - 12 * 1024))  # leave 12 KiB
+    rc, _, err = cli(capsys, "train", "--resume", out, "steps=4")
+    lines = err.strip().splitlines()
+    assert rc == 2 and "Traceback" not in err, err
+    assert lines[-1].startswith("mhgpo: error: ") and "No space left on device" in lines[-1], err
+    with capsys.disabled():
+        print(f"\ntmpfs full: {lines[-1]}")
+    for p in list_checkpoints(out):
+        check_checkpoint(p)
+    assert list_checkpoints(out)[-1].name == "step_2"
+    assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")] == []
+    filler.unlink()
+    rc, _, err = cli(capsys, "train", "--resume", out, "steps=4")
+    assert rc == 0, err
+    assert_same_run(out, reference)
 
 
 # ---------------------------------------------------------------------------------------- crafted checkpoints

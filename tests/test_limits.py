@@ -126,20 +126,6 @@ def test_the_warm_start_refuses_a_non_finite_loss_before_its_optimiser_step(tiny
 # ------------------------------------------------------------------------------------------------ durability
 
 
-@pytest.fixture
-def tmpfs(tmp_path: Path):
-    """A real 2 MiB file system (tmpfs), to be filled up; skipped where it cannot be mounted (needs root)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
 def fill(disk: Path, leave: int) -> None:
     stat = os.statvfs(disk)
     (disk / "filler").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - leave))
