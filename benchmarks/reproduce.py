@@ -152,9 +152,14 @@ def verdict(direction: str, diffs: list[float]) -> str:
 
 # ---- the document -----------------------------------------------------------------------------------------------
 
+def data_specs(overrides: list[str]) -> dict[str, str]:
+    """The `data` and `val_data` of a result's settings (empty for the synthetic world)."""
+    return {k: v for k, _, v in (kv.partition("=") for kv in overrides) if k in ("data", "val_data")}
+
+
 def data_flags(overrides: list[str]) -> tuple[str, list[str]]:
     """(`--data ... --val-data ...` or "", the other overrides) of a result's settings."""
-    data = {k: v for k, _, v in (kv.partition("=") for kv in overrides) if k in ("data", "val_data")}
+    data = data_specs(overrides)
     rest = [kv for kv in overrides if kv.partition("=")[0] not in ("data", "val_data")]
     flags = f" --data {data['data']} --val-data {data['val_data']}" if len(data) == 2 else ""
     return flags, rest
@@ -174,7 +179,7 @@ def command(table: str, settings: dict | None, seeds: list[int] | None, out: str
 
 def data_title(settings: dict) -> str:
     """The data a folder's results were trained and validated on, in words."""
-    data = dict(kv.split("=", 1) for kv in settings["overrides"] if kv.partition("=")[0] in ("data", "val_data"))
+    data = data_specs(settings["overrides"])
     if not data:
         return "synthetic world (synthetic:train, validated on synthetic:dev)"
     return f"{data.get('data')}, validated on {data.get('val_data')}"
