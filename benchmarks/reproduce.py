@@ -9,6 +9,8 @@ time from that seed's warm start (shared by every row and table that starts from
 `--data` and `--val-data`); a rerun skips what is finished and reruns what was cut short. A row shared by several
 tables runs once.
 
+The `groups` table is not the paper's claim either: MHGPO's advantage groups against two peer systems' schemes
+(`advantage=agent`, `advantage=prompt_agent_turn`) on MHGPO-RR's rollouts.
 The `oracles` table is not a claim of the paper but where a team's headroom is: each seed's warm-started team
 validated with per-role oracles (`mhgpo eval --oracle`): the Rewriter's gold queries, the Reranker keeping the
 retrieved gold paragraphs, both, and the gold paragraphs shown to the Answerer (`context`).
@@ -94,6 +96,12 @@ TABLES = {t.name: t for t in (
            *(f"warm+fof@frozen_roles=[{r}]" for r in ROLES)),
           (*(Claim("warm+fof", "≥", f"warm+fof@train_roles=[{r}]", f"all roles ≥ {r} alone") for r in ROLES),
            *(Claim("warm+fof", "≥", f"warm+fof@frozen_roles=[{r}]", f"all roles ≥ {r} frozen") for r in ROLES))),
+    Table("groups", "Advantage groups on MHGPO-RR's rollouts: MHGPO's heterogeneous groups against two peer schemes "
+          "(agent-wise normalisation as Dr.MAS; (prompt, agent, turn) groups as AT-GRPO)", "warm+rr",
+          ("warm+rr", "warm+rr@advantage=agent", "warm+rr@advantage=prompt_agent_turn"),
+          (Claim("warm+rr", "≥", "warm+rr@advantage=agent", "(not the paper's) MHGPO groups ≥ agent-wise"),
+           Claim("warm+rr", "≥", "warm+rr@advantage=prompt_agent_turn",
+                 "(not the paper's) MHGPO groups ≥ (prompt, agent, turn)"))),
 )}
 
 
@@ -292,8 +300,11 @@ only with within noise. Fewer than 2 seeds: n/a. A table without results is list
 command that runs it; a partly run one names what is missing. A table run on several data sets (the synthetic
 world; a HotpotQA split with `--data hotpotqa:TRAIN --val-data hotpotqa:VAL`) has one part per data set, each with
 its command, the machine it ran on, its seeds and budget. Budgets are CPU time per process: rows that shared the
-machine with other work ran the same amount of training, only their seconds per step grew. The last table,
-`oracles`, is not a claim of the paper: it shows where the warm-started team's headroom is. The HotpotQA parts use
+machine with other work ran the same amount of training, only their seconds per step grew. Two tables are not
+claims of the paper: `groups` sets MHGPO's heterogeneous advantage groups against two peer systems' schemes on the
+same sampler (`advantage=agent`: one group per agent across the step, as Dr.MAS normalises; `prompt_agent_turn`:
+samples sharing prompt, agent and visit, as AT-GRPO groups); the last, `oracles`, shows where the warm-started
+team's headroom is. The HotpotQA parts use
 the 300-record dev sample split by `mhgpo data split --data hotpotqa:PATH/hotpotqa_dev.jsonl --out data/hotpotqa
 --sizes 200,100 --seed 0`. (A smoke test writes its page elsewhere: `--doc FILE`.)
 """

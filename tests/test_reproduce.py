@@ -51,6 +51,7 @@ def test_table_rows_load_as_train_configs(tmp_path, name):
         assert cfg.reward.penalties == (own.get("reward.penalties") != "false")
         assert cfg.train_roles == ([own["train_roles"][1:-1]] if "train_roles" in own else None)
         assert cfg.frozen_roles == ([own["frozen_roles"][1:-1]] if "frozen_roles" in own else [])
+        assert cfg.advantage == own.get("advantage", "mhgpo")
 
 
 def test_table_rows_shared_once_and_unknown_table_refused(capsys):
@@ -113,13 +114,17 @@ def test_document_numbers_from_fixture_results(tmp_path):
     assert "| mean aggr ≥ max | `warm+rr` ≥ `warm+rr@reward.aggr=max` (val F1) | 4.00 ± 6.00 | agrees |" in section
     assert "| mean aggr ≥ min | `warm+rr` ≥ `warm+rr@reward.aggr=min` (val F1) | 20.00 ± 0.00 | agrees |" in section
     assert "| mean aggr ≥ rand | `warm+rr` ≥ `warm+rr@reward.aggr=rand` (val F1) | -10.33 ± 0.58 | disagrees |" in section
-    roles = text.split("## roles:")[1]  # no results (the cut-short warm+fof file is not one): not run
+    roles = text.split("## roles:")[1].split("\n## ")[0]  # no results (the cut-short warm+fof file is not one): not run
     assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
     assert "±" not in roles
     for name in ("algorithms", "reward"):  # they share warm+rr only: partial, the missing rows named
         other = text.split(f"## {name}:")[1].split("\n## ")[0]
         assert "**Partial**: missing " in other and "warm+mappo seed 0, warm+mappo seed 1, warm+mappo seed 2" in other
         assert "| `warm+rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 |" in other and "warm+rr seed" not in other
+    groups = text.split("## groups:")[1].split("\n## ")[0]  # warm+rr shared, the peer schemes missing
+    assert "**Partial**: missing warm+rr@advantage=agent seed 0, warm+rr@advantage=agent seed 1" in groups
+    assert ("| (not the paper's) MHGPO groups ≥ agent-wise | `warm+rr` ≥ `warm+rr@advantage=agent` (val F1) | — | "
+            "not run |") in groups
 
 
 def test_verdict_rule():
