@@ -22,7 +22,8 @@ retrieved gold paragraphs, both, and the gold paragraphs shown to the Answerer (
 
 The document (default docs/reproduction.md) holds every table, per data set: run ones with their numbers, the
 others as "not run" with the command that runs them. Agreement rule (`verdict`): per seed, d = row − compared row;
-with n ≥ 2 seeds, the difference is *within noise* when |mean d| ≤ std d (sample std), otherwise its sign is our
+with n ≥ 2 seeds, the difference is *within noise* when |mean d| ≤ std d (sample std) or ≤ what one validation
+question can move the metric (100 / questions validated), otherwise its sign is our
 direction; `>` / `<` agree with that sign, `≥` / `≤` also with within noise, `≈` only with within noise; one seed
 gives no noise estimate (`n/a`).
 """
@@ -147,12 +148,22 @@ def paired(by_row: dict[str, dict[int, dict]], row: str, than: str, key: str = "
     return [x - y for x, y in diffs if x is not None and y is not None]
 
 
-def verdict(direction: str, diffs: list[float]) -> str:
-    """agrees / disagrees / within noise (|mean| ≤ std of the paired differences) / n/a (fewer than 2 seeds)."""
+def resolution(by_row: dict[str, dict[int, dict]], claim: Claim) -> float:
+    """The most one validation question moves a claim's validation metric (F1, Acc: 100 / questions validated, on
+    the fewest any of its two rows validated); 0 for a cost metric."""
+    if claim.metric == "llm_calls":
+        return 0.0
+    ns = [r["val_n"] for row in (claim.row, claim.than) for r in by_row.get(row, {}).values() if r.get("val_n")]
+    return 100.0 / min(ns) if ns else 0.0
+
+
+def verdict(direction: str, diffs: list[float], resolution: float = 0.0) -> str:
+    """agrees / disagrees / within noise (|mean| ≤ the larger of the paired differences' std and `resolution`, the
+    most one validation question can move the metric) / n/a (fewer than 2 seeds)."""
     if len(diffs) < 2:
         return "n/a (1 seed)" if diffs else "not run"
     m, s = ca.mean_std(diffs)
-    ours = "≈" if abs(m) <= s else (">" if m > 0 else "<")
+    ours = "≈" if abs(m) <= max(s, resolution) else (">" if m > 0 else "<")
     if ours in AGREES[direction]:
         return "agrees"
     return "within noise" if ours == "≈" else "disagrees"
@@ -244,7 +255,7 @@ def _table_body(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> l
     for c in table.claims:
         diffs = paired(by_row, c.row, c.than, c.metric)
         lines.append(f"| {c.paper} | `{c.row}` {c.direction} `{c.than}` ({METRICS[c.metric]}) | "
-                     f"{ca.fmt(diffs, 2)} | {verdict(c.direction, diffs)} |")
+                     f"{ca.fmt(diffs, 2)} | {verdict(c.direction, diffs, resolution(by_row, c))} |")
     return lines + [""]
 
 
@@ -294,8 +305,8 @@ mean ± sample std over seeds. Δ: per-seed (paired) differences against the tab
 s / step: rollout + update seconds per RL step; peak MB: the row process's peak resident memory (on a GPU, its
 peak allocated GPU memory); LLM calls and trained samples per training question, from the steps' metrics.
 
-Verdict rule: with n ≥ 2 seeds, a paired difference is *within noise* when |mean| ≤ std; otherwise its sign is our
-direction. The paper's `>` / `<` agree with that sign; `≥` / `≤` agree with it or with within noise; `≈` agrees
+Verdict rule: with n ≥ 2 seeds, a paired difference is *within noise* when |mean| ≤ std, or when it is no larger
+than one validation question can make it (1 point of F1 on 100 questions); otherwise its sign is our direction. The paper's `>` / `<` agree with that sign; `≥` / `≤` agree with it or with within noise; `≈` agrees
 only with within noise. Fewer than 2 seeds: n/a. A table without results is listed as "not run" with the
 command that runs it; a partly run one names what is missing. A table run on several data sets (the synthetic
 world; a HotpotQA split with `--data hotpotqa:TRAIN --val-data hotpotqa:VAL`) has one part per data set, each with

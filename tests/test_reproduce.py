@@ -67,7 +67,7 @@ def test_table_rows_shared_once_and_unknown_table_refused(capsys):
 
 def _result(row: str, seed: int, f1: float, acc: float = 50.0, steps: list[dict] | None = None,
             peak: float = 1000.0) -> dict:
-    return {"row": row, "seed": seed, "steps": len(steps or []), "val_f1": f1, "val_acc": acc, "val_n": 4,
+    return {"row": row, "seed": seed, "steps": len(steps or []), "val_f1": f1, "val_acc": acc, "val_n": 100,
             "questions_per_step": 4, "peak_mb": peak, "settings": SETTINGS, "steps_metrics": steps or [],
             "machine": {"cpu": "Test CPU 9000", "cores": 2, "gpu": None}}
 
@@ -136,6 +136,13 @@ def test_verdict_rule():
     assert rp.verdict("≥", [-3.0, -5.0]) == "disagrees"
     assert rp.verdict(">", [1.0, 1.0]) == "agrees"  # std 0, mean 1
     assert rp.verdict(">", [4.0]) == "n/a (1 seed)" and rp.verdict(">", []) == "not run"
+    # one question of 100 moves F1 by at most 1 point: a smaller mean difference decides nothing, whatever its std
+    assert rp.verdict(">", [-0.9, -1.0], resolution=1.0) == "within noise"
+    assert rp.verdict(">", [-2.0, -2.2], resolution=1.0) == "disagrees"
+    claim = rp.Claim("a", ">", "b", "p")
+    by_row = {"a": {0: {"val_n": 100}, 1: {"val_n": 100}}, "b": {0: {"val_n": 50}}}
+    assert rp.resolution(by_row, claim) == 2.0 and rp.resolution({}, claim) == 0.0
+    assert rp.resolution(by_row, rp.Claim("a", "<", "b", "p", "llm_calls")) == 0.0
 
 
 def _fake_runner(out: Path, calls: list[list[list[str]]]):
