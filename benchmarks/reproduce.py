@@ -9,11 +9,11 @@ time from that seed's warm start (shared by every row and table that starts from
 `--data` and `--val-data`); a rerun skips what is finished and reruns what was cut short. A row shared by several
 tables runs once.
 
-The `groups` table is not the paper's claim either: MHGPO's advantage groups against two peer systems' schemes
-(`advantage=agent`, `advantage=prompt_agent_turn`) on MHGPO-RR's rollouts.
 The `oracles` table is not a claim of the paper but where a team's headroom is: each seed's warm-started team
 validated with per-role oracles (`mhgpo eval --oracle`): the Rewriter's gold queries, the Reranker keeping the
-retrieved gold paragraphs, both, and the gold paragraphs shown to the Answerer (`context`).
+retrieved gold paragraphs, both, and the gold paragraphs shown to the Answerer (`context`). The `groups` table is
+not the paper's claim either: MHGPO's advantage groups against two peer systems' schemes (`advantage=agent`,
+`advantage=prompt_agent_turn`) on MHGPO-RR's rollouts.
 
     python benchmarks/reproduce.py --table algorithms,aggregators --seeds 0,1,2 --minutes 10 [--parallel 2] \\
         [--data synthetic | --data hotpotqa:TRAIN --val-data hotpotqa:VAL] [--val-limit 100] [--out DIR] [--doc FILE] \\
@@ -23,9 +23,9 @@ retrieved gold paragraphs, both, and the gold paragraphs shown to the Answerer (
 The document (default docs/reproduction.md) holds every table, per data set: run ones with their numbers, the
 others as "not run" with the command that runs them. Agreement rule (`verdict`): per seed, d = row − compared row;
 with n ≥ 2 seeds, the difference is *within noise* when |mean d| ≤ std d (sample std) or ≤ what one validation
-question can move the metric (100 / questions validated), otherwise its sign is our
-direction; `>` / `<` agree with that sign, `≥` / `≤` also with within noise, `≈` only with within noise; one seed
-gives no noise estimate (`n/a`).
+question can move the metric (100 / questions validated), otherwise its sign is our direction; `>` / `<` agree
+with that sign, `≥` / `≤` also with within noise, `≈` only with within noise; one seed gives no noise estimate
+(`n/a`).
 """
 
 from __future__ import annotations
@@ -306,8 +306,9 @@ s / step: rollout + update seconds per RL step; peak MB: the row process's peak 
 peak allocated GPU memory); LLM calls and trained samples per training question, from the steps' metrics.
 
 Verdict rule: with n ≥ 2 seeds, a paired difference is *within noise* when |mean| ≤ std, or when it is no larger
-than one validation question can make it (1 point of F1 on 100 questions); otherwise its sign is our direction. The paper's `>` / `<` agree with that sign; `≥` / `≤` agree with it or with within noise; `≈` agrees
-only with within noise. Fewer than 2 seeds: n/a. A table without results is listed as "not run" with the
+than one validation question can make it (1 point of F1 on 100 questions); otherwise its sign is our direction.
+The paper's `>` / `<` agree with that sign; `≥` / `≤` agree with it or with within noise; `≈` agrees only with
+within noise. Fewer than 2 seeds: n/a. A table without results is listed as "not run" with the
 command that runs it; a partly run one names what is missing. A table run on several data sets (the synthetic
 world; a HotpotQA split with `--data hotpotqa:TRAIN --val-data hotpotqa:VAL`) has one part per data set, each with
 its command, the machine it ran on, its seeds and budget. Budgets are CPU time per process: rows that shared the
@@ -315,9 +316,9 @@ machine with other work ran the same amount of training, only their seconds per 
 claims of the paper: `groups` sets MHGPO's heterogeneous advantage groups against two peer systems' schemes on the
 same sampler (`advantage=agent`: one group per agent across the step, as Dr.MAS normalises; `prompt_agent_turn`:
 samples sharing prompt, agent and visit, as AT-GRPO groups); the last, `oracles`, shows where the warm-started
-team's headroom is. The HotpotQA parts use
-the 300-record dev sample split by `mhgpo data split --data hotpotqa:PATH/hotpotqa_dev.jsonl --out data/hotpotqa
---sizes 200,100 --seed 0`. (A smoke test writes its page elsewhere: `--doc FILE`.)
+team's headroom is. The HotpotQA parts use the 300-record dev sample split by `mhgpo data split --data
+hotpotqa:PATH/hotpotqa_dev.jsonl --out data/hotpotqa --sizes 200,100 --seed 0`. (A smoke test writes its page
+elsewhere: `--doc FILE`.)
 """
 
 
