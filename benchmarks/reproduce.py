@@ -163,7 +163,7 @@ def verdict(direction: str, diffs: list[float], resolution: float = 0.0) -> str:
     if len(diffs) < 2:
         return "n/a (1 seed)" if diffs else "not run"
     m, s = ca.mean_std(diffs)
-    ours = "≈" if abs(m) <= max(s, resolution) else (">" if m > 0 else "<")
+    ours = "≈" if abs(m) <= max(s, resolution) + 1e-9 else (">" if m > 0 else "<")  # F1s are sums of floats
     if ours in AGREES[direction]:
         return "agrees"
     return "within noise" if ours == "≈" else "disagrees"

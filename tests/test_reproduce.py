@@ -139,6 +139,9 @@ def test_verdict_rule():
     # one question of 100 moves F1 by at most 1 point: a smaller mean difference decides nothing, whatever its std
     assert rp.verdict(">", [-0.9, -1.0], resolution=1.0) == "within noise"
     assert rp.verdict(">", [-2.0, -2.2], resolution=1.0) == "disagrees"
+    # a mean exactly at the bound, as F1s summed in floating point give it, is at the bound
+    assert rp.verdict(">", [57.33333333333333 - 57.33333333333333, 49.33333333333333 - 50.33333333333334,
+                            17.333333333333336 - 19.333333333333332], resolution=1.0) == "within noise"
     claim = rp.Claim("a", ">", "b", "p")
     by_row = {"a": {0: {"val_n": 100}, 1: {"val_n": 100}}, "b": {0: {"val_n": 50}}}
     assert rp.resolution(by_row, claim) == 2.0 and rp.resolution({}, claim) == 0.0
