@@ -393,12 +393,14 @@ def run_oracles(folder: Path, seeds: list[int], settings: dict, parallel: int) -
     from mhgpo.run.pipeline import evaluate_model
 
     ca.run_rows(["warm"], seeds, folder, settings, parallel)
+    carries_paragraphs = has_gold_paragraphs(settings)  # the same validation records for every seed
+    examples: dict | None = None
     for seed in seeds:
         for name, (roles, _) in ORACLES.items():
             path = ca.result_path(folder, oracle_row(name), seed)
             if ca.load_result(path, settings) is not None:
                 continue
-            if "context" in roles and not has_gold_paragraphs(settings):
+            if "context" in roles and not carries_paragraphs:
                 print(f"oracle {name}: left out, the validation records carry no paragraphs", flush=True)
                 continue
             with tempfile.TemporaryDirectory() as run_dir:
@@ -406,7 +408,7 @@ def run_oracles(folder: Path, seeds: list[int], settings: dict, parallel: int) -
                                   ca.row_settings("warm", seed, settings["val_limit"], folder, settings["overrides"],
                                                   run_dir))
                 result = evaluate_model(cfg, Path(run_dir), desc=f"oracle {name} seed {seed}", oracle=roles)
-            examples = {e.id: e for e in load_data(cfg.val_data)}
+            examples = examples or {e.id: e for e in load_data(cfg.val_data)}
             atomic_write_json(path, oracle_result(name, seed, result, examples, settings))
             print(f"oracle {name} seed {seed}: F1 {result.metrics['f1']:.1f}", flush=True)
 
