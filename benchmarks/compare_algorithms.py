@@ -8,7 +8,8 @@ row takes the demo's settings (`mhgpo/config/demo.yaml`, its `warm_start` sectio
 `key=value` overrides; for each seed the warm start is trained once (its own time is reported, not counted in the
 rows' budget) and shared by the rows that start from it. An RL row trains for `--minutes` of its process's CPU time
 (`--clock cpu`, the default: fair when runs share the machine; one thread each) or wall time, a step being started
-only if the mean step so far still fits; then the team answers `--val-limit` validation questions greedily.
+only if the mean step so far still fits (a row's own `budget=M` gives it M minutes instead: `warm+rr@budget=30`);
+then the team answers `--val-limit` validation questions greedily.
 `--parallel N` runs N processes at a time, one thread each.
 
 Each (row, seed) is written atomically to OUT/ROW-seedS.json with the settings it ran under (budget, clock,
@@ -47,9 +48,26 @@ LABELS = {"rr": "MHGPO-RR", "fof": "MHGPO-FoF", "is": "MHGPO-IS", "fof_os": "MHG
 RESULT_KEYS = ("row", "seed", "steps", "val_f1", "val_acc", "settings")
 
 
+BUDGET = "budget"  # a row's own training minutes (`warm+rr@budget=30`), not a config key
+
+
 def row_overrides(row: str) -> list[str]:
-    """A row's own `key=value` settings: `warm+rr@optim.lr=3e-5,group_size=8`."""
-    return [kv for kv in row.partition("@")[2].split(",") if kv]
+    """A row's own `key=value` settings: `warm+rr@optim.lr=3e-5,group_size=8` (its `budget=M` left out)."""
+    return [kv for kv in row.partition("@")[2].split(",") if kv and kv.partition("=")[0] != BUDGET]
+
+
+def row_minutes(row: str, minutes: float) -> float:
+    """A row's training budget: its own `budget=M` (minutes of the comparison's clock), else the comparison's."""
+    own = [kv.partition("=")[2] for kv in row.partition("@")[2].split(",") if kv.partition("=")[0] == BUDGET]
+    if not own:
+        return minutes
+    try:
+        value = float(own[-1])
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"bad row {row!r}: {BUDGET}={own[-1]} is not a positive number of minutes")
+    return value
 
 
 def parse_row(row: str) -> tuple[bool, str | None, list[str]]:
@@ -62,6 +80,8 @@ def parse_row(row: str) -> tuple[bool, str | None, list[str]]:
     if unknown or len(algos) > 1 or (options and not algos) or (row == "untrained") != ("untrained" in parts):
         raise ValueError(f"bad row {row!r}: untrained, warm, or [warm+]ALGO[+OPTION...] with ALGO in "
                          f"{', '.join(ALGOS)} and OPTION in {', '.join(OPTIONS)}")
+    if row_minutes(row, 0.0) and not algos:
+        raise ValueError(f"bad row {row!r}: {BUDGET}= is the training minutes of an RL row; this row trains nothing")
     return warm, (algos[0] if algos else None), options
 
 
@@ -69,7 +89,8 @@ def label(row: str) -> str:
     warm, algo, options = parse_row(row)
     if algo is None:
         return "warm start only" if warm else "untrained team"
-    extra = f" [{', '.join(row_overrides(row))}]" if row_overrides(row) else ""
+    own = ([f"{row_minutes(row, 0):g} min"] if row_minutes(row, 0) else []) + row_overrides(row)
+    extra = f" [{', '.join(own)}]" if own else ""
     return ("warm start + " if warm else "") + LABELS[algo] + "".join(f" ({o.replace('_', '-')})" for o in options) + extra
 
 
@@ -168,6 +189,7 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
     from mhgpo.rl.trainer import Trainer, build_team
 
     _, algo, _ = parse_row(row)
+    budget = row_minutes(row, minutes)
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = load_config(TrainConfig, demo_config_path(), row_settings(row, seed, val_limit, out, overrides, run_dir))
         rows: list[dict] = []
@@ -182,7 +204,7 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
             start = now()
             while True:
                 elapsed = now() - start
-                if rows and elapsed + elapsed / len(rows) > minutes * 60:
+                if rows and elapsed + elapsed / len(rows) > budget * 60:
                     break
                 rows.append({**trainer.train_step(), "memory/peak_mb": peak_memory_mb()})
                 print(f"{row} seed {seed} step {len(rows)}: reward {rows[-1].get('reward/mean', 0):.3f} "
@@ -190,7 +212,7 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
                       f"{(time.process_time() - start_cpu) / 60:.1f} min CPU)", file=sys.stderr, flush=True)
             train_wall, train_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
             res = trainer.validate()
-    result = {"row": row, "seed": seed, "system": cfg.system, "steps": len(rows),
+    result = {"row": row, "seed": seed, "system": cfg.system, "steps": len(rows), "budget_minutes": budget,
               "questions_per_step": cfg.questions_per_step,
               "train_minutes": train_wall / 60, "train_cpu_minutes": train_cpu / 60,
               "val_f1": res.metrics["f1"], "val_em": res.metrics["em"], "val_acc": res.metrics["acc"],

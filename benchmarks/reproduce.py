@@ -13,7 +13,8 @@ The `oracles` table is not a claim of the paper but where a team's headroom is: 
 validated with per-role oracles (`mhgpo eval --oracle`): the Rewriter's gold queries, the Reranker keeping the
 retrieved gold paragraphs, both, and the gold paragraphs shown to the Answerer (`context`). The `groups` table is
 not the paper's claim either: MHGPO's advantage groups against two peer systems' schemes (`advantage=agent`,
-`advantage=prompt_agent_turn`) on MHGPO-RR's rollouts.
+`advantage=prompt_agent_turn`) on MHGPO-RR's rollouts. Nor is `recipes`: RL aimed at the role the oracles find the
+headroom in (the Reranker trained alone, its row's own `budget=30` minutes).
 
     python benchmarks/reproduce.py --table algorithms,aggregators --seeds 0,1,2 --minutes 10 [--parallel 2] \\
         [--data synthetic | --data hotpotqa:TRAIN --val-data hotpotqa:VAL] [--val-limit 100] [--out DIR] [--doc FILE] \\
@@ -72,6 +73,9 @@ class Table:
     claims: tuple[Claim, ...]
 
 
+RERANKER_RECIPE = "warm+rr@budget=30,train_roles=[reranker]"
+
+
 def _rl_beats(rows: list[str], than: str, paper: str) -> tuple[Claim, ...]:
     return tuple(Claim(r, ">", than, paper) for r in rows)
 
@@ -103,6 +107,11 @@ TABLES = {t.name: t for t in (
           (Claim("warm+rr", "≥", "warm+rr@advantage=agent", "(not the paper's) MHGPO groups ≥ agent-wise"),
            Claim("warm+rr", "≥", "warm+rr@advantage=prompt_agent_turn",
                  "(not the paper's) MHGPO groups ≥ (prompt, agent, turn)"))),
+    Table("recipes", "RL aimed at the role with the headroom (the oracles' Reranker): MHGPO-RR training the Reranker "
+          "alone for 30 CPU minutes, against the warm start and 10 minutes of every role (not the paper's)", "warm",
+          ("warm", "warm+rr", RERANKER_RECIPE),
+          (Claim(RERANKER_RECIPE, ">", "warm", "(not the paper's) RL aimed at the Reranker improves on the warm start"),
+           Claim(RERANKER_RECIPE, ">", "warm+rr", "(not the paper's) ... and on 10 minutes of every role"))),
 )}
 
 
@@ -216,7 +225,8 @@ def table_markdown(table: Table, by_data: list[dict[str, dict[int, dict]]], out:
     the reference), the paper's directions beside ours, and the command, machine, seeds and budget; or "not run"
     and the command."""
     lines = [f"## {table.name}: {table.title}", ""]
-    ran = [by_row for by_row in by_data if any(by_row.get(r) for r in table.rows)]
+    own = own_rows(table)
+    ran = [by_row for by_row in by_data if any(by_row.get(r) for r in own)]
     if not ran:
         lines += ["**Not run.** Command:", "", f"    {command(table.name, None, None, out)}", ""]
         lines += ["Paper's directions: " + "; ".join(f"{c.paper} (`{c.row}` {c.direction} `{c.than}`)"
@@ -224,7 +234,22 @@ def table_markdown(table: Table, by_data: list[dict[str, dict[int, dict]]], out:
         return "\n".join(lines)
     for by_row in ran:
         lines += _table_body(table, by_row, out)
+    not_ran = [data_title(_settings(by_row)) for by_row in by_data if by_row not in ran and _settings(by_row)]
+    if not_ran:
+        lines += [f"Not run on {'; '.join(not_ran)} (its rows of other tables aside).", ""]
     return "\n".join(lines)
+
+
+def own_rows(table: Table) -> list[str]:
+    """The rows `table` adds to the tables before it (a data set's part is shown where one of them ran)."""
+    names = list(TABLES)
+    earlier = {r for name in names[: names.index(table.name)] for r in TABLES[name].rows}
+    return [r for r in table.rows if r not in earlier]
+
+
+def _settings(by_row: dict[str, dict[int, dict]]) -> dict | None:
+    """The settings a data folder's results ran under (None for a folder without results)."""
+    return next((res["settings"] for results in by_row.values() for res in results.values()), None)
 
 
 def _table_body(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> list[str]:
@@ -233,7 +258,9 @@ def _table_body(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> l
     seeds = sorted({res["seed"] for res in found})
     missing = [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
     lines = _header(found, settings, seeds, command(table.name, settings, seeds, out),
-                    f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row, "
+                    f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row"
+                    + "".join(f" (`{r}`: {ca.row_minutes(r, 0):g})" for r in table.rows if ca.row_minutes(r, 0))
+                    + ", "
                     f"{settings['val_limit']} validation questions."
                     + (f" **Partial**: missing {', '.join(missing)}." if missing else ""))
     lines += ["", f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
@@ -310,13 +337,14 @@ than one validation question can make it (1 point of F1 on 100 questions); other
 The paper's `>` / `<` agree with that sign; `≥` / `≤` agree with it or with within noise; `≈` agrees only with
 within noise. Fewer than 2 seeds: n/a. A table without results is listed as "not run" with the
 command that runs it; a partly run one names what is missing. A table run on several data sets (the synthetic
-world; a HotpotQA split with `--data hotpotqa:TRAIN --val-data hotpotqa:VAL`) has one part per data set, each with
-its command, the machine it ran on, its seeds and budget. Budgets are CPU time per process: rows that shared the
-machine with other work ran the same amount of training, only their seconds per step grew. Two tables are not
-claims of the paper: `groups` sets MHGPO's heterogeneous advantage groups against two peer systems' schemes on the
-same sampler (`advantage=agent`: one group per agent across the step, as Dr.MAS normalises; `prompt_agent_turn`:
-samples sharing prompt, agent and visit, as AT-GRPO groups); the last, `oracles`, shows where the warm-started
-team's headroom is. The HotpotQA parts use the 300-record dev sample split by `mhgpo data split --data
+world; a HotpotQA split with `--data hotpotqa:TRAIN --val-data hotpotqa:VAL`) has one part per data set where a row
+of its own ran (not only rows it shares with an earlier table), each with its command, the machine it ran on, its
+seeds and budget. Budgets are CPU time per process: rows that shared the machine with other work ran the same amount
+of training, only their seconds per step grew; a row named with `budget=M` trains M minutes instead. Three tables are
+not claims of the paper: `groups` sets MHGPO's heterogeneous advantage groups against two peer systems' schemes on
+the same sampler (`advantage=agent`: one group per agent across the step, as Dr.MAS normalises;
+`prompt_agent_turn`: samples sharing prompt, agent and visit, as AT-GRPO groups); `recipes` aims RL at the role the
+oracles find the headroom in; the last, `oracles`, shows where the warm-started team's headroom is. The HotpotQA parts use the 300-record dev sample split by `mhgpo data split --data
 hotpotqa:PATH/hotpotqa_dev.jsonl --out data/hotpotqa --sizes 200,100 --seed 0`. (A smoke test writes its page
 elsewhere: `--doc FILE`.)
 """
@@ -435,7 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     names_all = [*TABLES, ORACLE_TABLE]
     parser.add_argument("--table", default=",".join(names_all), help=f"comma-separated: {', '.join(names_all)}")
-    parser.add_argument("--rows", help="run only these of the tables' rows (comma-separated; e.g. a smoke test)")
+    parser.add_argument("--rows", nargs="+", help="run only these of the tables' rows (comma- or space-separated; a "
+                        "row with its own settings after @ is one item; e.g. a smoke test)")
     parser.add_argument("--seeds", default=DEFAULTS["seeds"])
     parser.add_argument("--minutes", type=float, default=DEFAULTS["minutes"])
     parser.add_argument("--clock", choices=["cpu", "wall"], default=DEFAULTS["clock"])
@@ -463,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
         folder = out / data_tag(args.data, args.val_data)
         rows = table_rows([n for n in names if n != ORACLE_TABLE])
         if args.rows:
-            only = args.rows.split(",")
+            only = ca.split_rows(args.rows)
             if any(r not in rows for r in only):
                 parser.error(f"--rows: {', '.join(r for r in only if r not in rows)} not in the tables' rows")
             rows = [r for r in rows if r in only]

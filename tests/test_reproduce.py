@@ -117,14 +117,45 @@ def test_document_numbers_from_fixture_results(tmp_path):
     roles = text.split("## roles:")[1].split("\n## ")[0]  # no results (the cut-short warm+fof file is not one): not run
     assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
     assert "±" not in roles
-    for name in ("algorithms", "reward"):  # they share warm+rr only: partial, the missing rows named
+    algorithms = text.split("## algorithms:")[1].split("\n## ")[0]  # warm+rr is its own row: partial, the rest named
+    assert "**Partial**: missing " in algorithms and "warm+mappo seed 0, warm+mappo seed 1, warm+mappo seed 2" in algorithms
+    assert "| `warm+rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 |" in algorithms and "warm+rr seed" not in algorithms
+    assert ("| MHGPO > MAPPO | `warm+rr` > `warm+mappo` (val F1) | — | not run |") in algorithms
+    for name in ("reward", "groups", "recipes"):  # they share warm+rr with an earlier table, none of their own ran
         other = text.split(f"## {name}:")[1].split("\n## ")[0]
-        assert "**Partial**: missing " in other and "warm+mappo seed 0, warm+mappo seed 1, warm+mappo seed 2" in other
-        assert "| `warm+rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 |" in other and "warm+rr seed" not in other
-    groups = text.split("## groups:")[1].split("\n## ")[0]  # warm+rr shared, the peer schemes missing
-    assert "**Partial**: missing warm+rr@advantage=agent seed 0, warm+rr@advantage=agent seed 1" in groups
-    assert ("| (not the paper's) MHGPO groups ≥ agent-wise | `warm+rr` ≥ `warm+rr@advantage=agent` (val F1) | — | "
-            "not run |") in groups
+        assert "**Not run.**" in other and "±" not in other and f"--table {name} --seeds 0,1,2" in other
+    assert [rp.own_rows(rp.TABLES[n]) for n in ("reward", "recipes")] == [
+        ["warm+rr@reward.penalties=false", "warm+mappo@reward.penalties=false"], [rp.RERANKER_RECIPE]]
+    assert rp.own_rows(rp.TABLES["algorithms"]) == list(rp.TABLES["algorithms"].rows)
+
+
+def test_a_row_s_own_budget():
+    assert ca.row_minutes(rp.RERANKER_RECIPE, 10.0) == 30.0 and ca.row_minutes("warm+rr", 10.0) == 10.0
+    assert ca.row_overrides(rp.RERANKER_RECIPE) == ["train_roles=[reranker]"]  # not a config key
+    assert ca.label(rp.RERANKER_RECIPE) == "warm start + MHGPO-RR [30 min, train_roles=[reranker]]"
+    for bad, match in (("warm+rr@budget=soon", "budget=soon is not a positive number"),
+                       ("warm+rr@budget=0", "budget=0 is not a positive number"),
+                       ("warm@budget=30", "this row trains nothing")):
+        with pytest.raises(ValueError, match=match):
+            ca.parse_row(bad)
+    assert ca.split_rows([f"warm,{rp.RERANKER_RECIPE}"]) == [f"warm,{rp.RERANKER_RECIPE}"]  # one item with @: one row
+    assert ca.split_rows(["warm,warm+rr", rp.RERANKER_RECIPE]) == ["warm", "warm+rr", rp.RERANKER_RECIPE]
+
+
+def test_a_budget_row_s_part_names_its_minutes(tmp_path):
+    out = tmp_path / "out"
+    (out / "synthetic").mkdir(parents=True)
+    (out / "synthetic" / "settings.json").write_text(json.dumps(SETTINGS))
+    for row, f1 in (("warm", [20.0, 24.0]), ("warm+rr", [22.0, 25.0]), (rp.RERANKER_RECIPE, [26.0, 30.0])):
+        for seed, v in enumerate(f1):
+            ca.result_path(out / "synthetic", row, seed).write_text(json.dumps(_result(row, seed, v)))
+    text = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce")
+    recipes = text.split("## recipes:")[1].split("\n## ")[0]
+    assert f"Budget: 0.5 cpu minutes of training per row (`{rp.RERANKER_RECIPE}`: 30), 4 validation" in recipes
+    # recipe − warm: 6, 6 → 6 ± 0 (>: agrees); recipe − warm+rr: 4, 5 → 4.5 ± 0.71
+    assert (f"| `{rp.RERANKER_RECIPE}` | 2 | 0.0 ± 0.0 | 28.0 ± 2.8 | 50.0 ± 0.0 | 6.0 ± 0.0 |") in recipes
+    assert f"`{rp.RERANKER_RECIPE}` > `warm+rr` (val F1) | 4.50 ± 0.71 | agrees |" in recipes
+    assert "Not run on" not in recipes
 
 
 def test_verdict_rule():
@@ -228,8 +259,10 @@ def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_mode
     assert not (partial / "leftover").exists() and (partial / "checkpoints").is_dir()
     assert json.loads((partial / "done.json").read_text()) == warm and warm["system"] == "llm"
     assert ca.run_warm_start(out, 0, common, "llm") == warm  # finished: not trained again
-    result = ca.one("warm+grpo", 0, 0.0, "cpu", 2, out, common)  # a zero budget still takes one step
-    saved = ca.load_result(ca.result_path(out, "warm+grpo", 0), ca.settings_of(0.0, "cpu", 2, common))
+    # the row's own budget (a millisecond) rules, not the comparison's hour; the first step is always taken
+    result = ca.one("warm+grpo@budget=1e-5", 0, 60.0, "cpu", 2, out, common)
+    saved = ca.load_result(ca.result_path(out, "warm+grpo@budget=1e-5", 0), ca.settings_of(60.0, "cpu", 2, common))
+    assert saved["budget_minutes"] == 1e-5
     assert saved == {**result, "steps_metrics": saved["steps_metrics"]}
     assert (saved["system"], saved["steps"], saved["val_n"], saved["questions_per_step"]) == ("llm", 1, 2, 2)
     (step,) = saved["steps_metrics"]
@@ -252,7 +285,7 @@ def test_data_folders_and_their_commands(tmp_path):
                                                                            "settings": settings}))
     (out / "stray").mkdir()  # no settings.json: not a data folder
     assert [p.name for p in rp.data_folders(out)] == ["synthetic", tag]
-    section = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce").split("## aggregators")[1].split("\n## ")[0]
+    section = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce").split("## algorithms")[1].split("\n## ")[0]
     synthetic, real_part = section.split("### ")[1:]
     assert synthetic.startswith("synthetic world") and "| `warm+rr` | 2 | 0.0 ± 0.0 | 42.0 ± 2.8 |" in synthetic
     assert real_part.startswith("hotpotqa:a/train.jsonl, validated on hotpotqa:a/val.jsonl")
