@@ -344,8 +344,9 @@ of training, only their seconds per step grew; a row named with `budget=M` train
 not claims of the paper: `groups` sets MHGPO's heterogeneous advantage groups against two peer systems' schemes on
 the same sampler (`advantage=agent`: one group per agent across the step, as Dr.MAS normalises;
 `prompt_agent_turn`: samples sharing prompt, agent and visit, as AT-GRPO groups); `recipes` aims RL at the role the
-oracles find the headroom in; the last, `oracles`, shows where the warm-started team's headroom is. The HotpotQA parts use the 300-record dev sample split by `mhgpo data split --data
-hotpotqa:PATH/hotpotqa_dev.jsonl --out data/hotpotqa --sizes 200,100 --seed 0`. (A smoke test writes its page
+oracles find the headroom in; the last, `oracles`, shows where the warm-started team's headroom is. The HotpotQA
+parts use the 300-record dev sample split by `mhgpo data split --data hotpotqa:PATH/hotpotqa_dev.jsonl --out
+data/hotpotqa --sizes 200,100 --seed 0`. (A smoke test writes its page
 elsewhere: `--doc FILE`.)
 """
 
