@@ -51,16 +51,20 @@ RESULT_KEYS = ("row", "seed", "steps", "val_f1", "val_acc", "settings")
 BUDGET = "budget"  # a row's own training minutes (`warm+rr@budget=30`), not a config key
 
 
+def _own_items(row: str) -> list[str]:
+    return [kv for kv in row.partition("@")[2].split(",") if kv]
+
+
 def row_overrides(row: str) -> list[str]:
     """A row's own `key=value` settings: `warm+rr@optim.lr=3e-5,group_size=8` (its `budget=M` left out)."""
-    return [kv for kv in row.partition("@")[2].split(",") if kv and kv.partition("=")[0] != BUDGET]
+    return [kv for kv in _own_items(row) if kv.partition("=")[0] != BUDGET]
 
 
-def row_minutes(row: str, minutes: float) -> float:
-    """A row's training budget: its own `budget=M` (minutes of the comparison's clock), else the comparison's."""
-    own = [kv.partition("=")[2] for kv in row.partition("@")[2].split(",") if kv.partition("=")[0] == BUDGET]
+def row_budget(row: str) -> float | None:
+    """A row's own training minutes (`budget=M`, minutes of the comparison's clock), or None."""
+    own = [v for k, _, v in (kv.partition("=") for kv in _own_items(row)) if k == BUDGET]
     if not own:
-        return minutes
+        return None
     try:
         value = float(own[-1])
     except ValueError:
@@ -68,6 +72,12 @@ def row_minutes(row: str, minutes: float) -> float:
     if not value > 0:
         raise ValueError(f"bad row {row!r}: {BUDGET}={own[-1]} is not a positive number of minutes")
     return value
+
+
+def row_minutes(row: str, minutes: float) -> float:
+    """A row's training budget: its own `budget=M`, else the comparison's `minutes`."""
+    budget = row_budget(row)
+    return minutes if budget is None else budget
 
 
 def parse_row(row: str) -> tuple[bool, str | None, list[str]]:
@@ -80,7 +90,7 @@ def parse_row(row: str) -> tuple[bool, str | None, list[str]]:
     if unknown or len(algos) > 1 or (options and not algos) or (row == "untrained") != ("untrained" in parts):
         raise ValueError(f"bad row {row!r}: untrained, warm, or [warm+]ALGO[+OPTION...] with ALGO in "
                          f"{', '.join(ALGOS)} and OPTION in {', '.join(OPTIONS)}")
-    if row_minutes(row, 0.0) and not algos:
+    if row_budget(row) is not None and not algos:
         raise ValueError(f"bad row {row!r}: {BUDGET}= is the training minutes of an RL row; this row trains nothing")
     return warm, (algos[0] if algos else None), options
 
@@ -89,7 +99,8 @@ def label(row: str) -> str:
     warm, algo, options = parse_row(row)
     if algo is None:
         return "warm start only" if warm else "untrained team"
-    own = ([f"{row_minutes(row, 0):g} min"] if row_minutes(row, 0) else []) + row_overrides(row)
+    budget = row_budget(row)
+    own = ([f"{budget:g} min"] if budget is not None else []) + row_overrides(row)
     extra = f" [{', '.join(own)}]" if own else ""
     return ("warm start + " if warm else "") + LABELS[algo] + "".join(f" ({o.replace('_', '-')})" for o in options) + extra
 

@@ -234,7 +234,8 @@ def table_markdown(table: Table, by_data: list[dict[str, dict[int, dict]]], out:
         return "\n".join(lines)
     for by_row in ran:
         lines += _table_body(table, by_row, out)
-    not_ran = [data_title(_settings(by_row)) for by_row in by_data if by_row not in ran and _settings(by_row)]
+    not_ran = [data_title(_settings(by_row)) for by_row in by_data
+               if not any(by_row.get(r) for r in own) and _settings(by_row)]
     if not_ran:
         lines += [f"Not run on {'; '.join(not_ran)} (its rows of other tables aside).", ""]
     return "\n".join(lines)
@@ -259,7 +260,7 @@ def _table_body(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> l
     missing = [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
     lines = _header(found, settings, seeds, command(table.name, settings, seeds, out),
                     f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row"
-                    + "".join(f" (`{r}`: {ca.row_minutes(r, 0):g})" for r in table.rows if ca.row_minutes(r, 0))
+                    + "".join(f" (`{r}`: {ca.row_budget(r):g})" for r in table.rows if ca.row_budget(r))
                     + ", "
                     f"{settings['val_limit']} validation questions."
                     + (f" **Partial**: missing {', '.join(missing)}." if missing else ""))
@@ -346,8 +347,7 @@ the same sampler (`advantage=agent`: one group per agent across the step, as Dr.
 `prompt_agent_turn`: samples sharing prompt, agent and visit, as AT-GRPO groups); `recipes` aims RL at the role the
 oracles find the headroom in; the last, `oracles`, shows where the warm-started team's headroom is. The HotpotQA
 parts use the 300-record dev sample split by `mhgpo data split --data hotpotqa:PATH/hotpotqa_dev.jsonl --out
-data/hotpotqa --sizes 200,100 --seed 0`. (A smoke test writes its page
-elsewhere: `--doc FILE`.)
+data/hotpotqa --sizes 200,100 --seed 0`. (A smoke test writes its page elsewhere: `--doc FILE`.)
 """
 
 
