@@ -285,14 +285,17 @@ def summary(results: list[dict], minutes: float, clock: str) -> str:
     by_row: dict[str, list[dict]] = {}
     for r in results:
         by_row.setdefault(r["row"], []).append(r)
-    lines = [f"validation after {minutes:g} {clock} min of training each (demo settings, "
+    lines = [f"validation after {minutes:g} {clock} min of training each, or a row's own budget (demo settings, "
              f"{results[0]['val_n']} questions; mean ± std over seeds)", "",
-             "| run | seeds | steps | val F1 | val EM | val Acc | answers starting 'Document' | Rewriter penalty rate |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| run | {clock} min | seeds | steps | val F1 | val EM | val Acc | answers starting 'Document' | "
+             "Rewriter penalty rate |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row, rs in by_row.items():
         def ms(key: str, scale: float = 1.0) -> str:
             return fmt([r.get(key, float("nan")) * scale for r in rs])
-        lines.append(f"| {label(row)} | {len(rs)} | {np.mean([r['steps'] for r in rs]):.1f} | {ms('val_f1')} | "
+        trained = f"{row_minutes(row, minutes):g}" if parse_row(row)[1] else "—"
+        lines.append(f"| {label(row)} | {trained} | {len(rs)} | {np.mean([r['steps'] for r in rs]):.1f} | "
+                     f"{ms('val_f1')} | "
                      f"{ms('val_em')} | {ms('val_acc')} | {ms('answerer/starts_with_document', 100)}% | "
                      f"{ms('rewriter/penalty_rate', 100)}% |")
     return "\n".join(lines)

@@ -143,6 +143,18 @@ def test_a_row_s_own_budget():
     assert ca.split_rows(["warm,warm+rr", rp.RERANKER_RECIPE]) == ["warm", "warm+rr", rp.RERANKER_RECIPE]
 
 
+def test_compare_summary_names_each_row_s_training_minutes():
+    results = [_result("warm", 0, 20.0), _result("warm+rr", 0, 22.0), _result(rp.RERANKER_RECIPE, 0, 26.0)]
+    for r in results:
+        r["val_em"] = 10.0
+    lines = ca.summary(results, 10.0, "cpu").splitlines()
+    assert lines[0].startswith("validation after 10 cpu min of training each, or a row's own budget")
+    assert lines[2].startswith("| run | cpu min | seeds | steps | val F1 |")
+    assert lines[4].startswith("| warm start only | — | 1 | 0.0 | 20.0 | 10.0 | 50.0 |")
+    assert lines[5].startswith("| warm start + MHGPO-RR | 10 | 1 |")
+    assert lines[6].startswith("| warm start + MHGPO-RR [30 min, train_roles=[reranker]] | 30 | 1 |")
+
+
 def test_a_budget_row_s_part_names_its_minutes(tmp_path):
     out = tmp_path / "out"
     (out / "synthetic").mkdir(parents=True)
