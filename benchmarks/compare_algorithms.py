@@ -230,7 +230,8 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
               "val_n": res.metrics["n"], "peak_mb": peak_memory_mb(), "machine": machine(),
               "settings": settings_of(minutes, clock, val_limit, overrides),
               **{k: v for k, v in res.metrics.items() if "/" in k}}
-    atomic_write_json(result_path(out, row, seed), {**result, "steps_metrics": rows})
+    per_question = [{"id": p["id"], "f1": p["f1"], "acc": p["acc"]} for p in res.predictions]  # for paired tests
+    atomic_write_json(result_path(out, row, seed), {**result, "steps_metrics": rows, "val_questions": per_question})
     return result
 
 

@@ -276,7 +276,12 @@ def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_mode
     result = ca.one("warm+grpo@budget=1e-5", 0, 60.0, "cpu", 2, out, common)
     saved = ca.load_result(ca.result_path(out, "warm+grpo@budget=1e-5", 0), ca.settings_of(60.0, "cpu", 2, common))
     assert saved["budget_minutes"] == 1e-5
-    assert saved == {**result, "steps_metrics": saved["steps_metrics"]}
+    assert saved == {**result, "steps_metrics": saved["steps_metrics"], "val_questions": saved["val_questions"]}
+    # each validation question's score, for tests paired by question; they average to the row's F1 / Acc
+    questions = saved["val_questions"]
+    assert len(questions) == 2 and len({q["id"] for q in questions}) == 2
+    assert sum(q["f1"] for q in questions) / 2 * 100 == pytest.approx(saved["val_f1"], abs=1e-9)
+    assert sum(q["acc"] for q in questions) / 2 * 100 == pytest.approx(saved["val_acc"], abs=1e-9)
     assert (saved["system"], saved["steps"], saved["val_n"], saved["questions_per_step"]) == ("llm", 1, 2, 2)
     (step,) = saved["steps_metrics"]
     # one agent, FoF: group_size (2) answers of each of the step's 2 questions, every one trained
