@@ -329,8 +329,9 @@ INTRO = """# Reproduction of the paper's comparisons
 `benchmarks/reproduce.py` runs each of the paper's comparisons as a table of rows trained for the same CPU time
 from the same per-seed warm start (the demo's settings: `mhgpo/config/demo.yaml`), validated greedily, over seeds;
 this page is written by it from the results it finds (`--doc-only` rewrites it without running anything). Numbers:
-mean ± sample std over seeds. Δ: per-seed (paired) differences against the table's reference row, mean ± std.
-s / step: rollout + update seconds per RL step; peak MB: the row process's peak resident memory (on a GPU, its
+mean ± sample std over seeds. Δ: per-seed (paired) differences against the table's reference row, mean ± std,
+over the seeds both ran (a row run on fewer seeds than its reference is read by its Δ, not by the means).
+s / step: rollout + update wall seconds per RL step; peak MB: the row process's peak resident memory (on a GPU, its
 peak allocated GPU memory); LLM calls and trained samples per training question, from the steps' metrics.
 
 Verdict rule: with n ≥ 2 seeds, a paired difference is *within noise* when |mean| ≤ std, or when it is no larger
