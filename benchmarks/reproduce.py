@@ -88,10 +88,14 @@ TABLES = {t.name: t for t in (
            Claim("warm+rr", ">", "warm+grpo", "the trained team > single-agent GRPO"),
            Claim("warm+fof", "≈", "warm+is", "FoF ≈ IS in quality ..."),
            Claim("warm+fof", "<", "warm+is", "... at lower cost", "llm_calls"))),
-    Table("aggregators", "Aggr of backward reward propagation (MHGPO-RR): mean against max, min, rand", "warm+rr",
-          ("warm+rr", "warm+rr@reward.aggr=max", "warm+rr@reward.aggr=min", "warm+rr@reward.aggr=rand"),
-          tuple(Claim("warm+rr", "≥", f"warm+rr@reward.aggr={a}", f"mean aggr ≥ {a}")
-                for a in ("max", "min", "rand"))),
+    # the paper's two branched samplers; under RR only prefix singletons carry an aggregated reward, and at 4
+    # questions a step they seldom fill a regrouped group, so FoF(os) (every prefix node aggregated) is the test
+    Table("aggregators", "Aggr of backward reward propagation (MHGPO-RR and MHGPO-FoF(os)): mean against max, min, "
+          "rand", "warm+rr",
+          tuple(f"{s}{a}" for s in ("warm+rr", "warm+fof_os") for a in ("", "@reward.aggr=max", "@reward.aggr=min",
+                                                                         "@reward.aggr=rand")),
+          tuple(Claim(s, "≥", f"{s}@reward.aggr={a}", f"mean aggr ≥ {a} ({name})")
+                for s, name in (("warm+rr", "RR"), ("warm+fof_os", "FoF(os)")) for a in ("max", "min", "rand"))),
     Table("reward", "Composite reward (final + agent-specific penalties) against the final reward alone", "warm+rr",
           ("warm+rr", "warm+rr@reward.penalties=false", "warm+mappo", "warm+mappo@reward.penalties=false"),
           (Claim("warm+rr", ">", "warm+rr@reward.penalties=false", "composite > final-only (MHGPO-RR)"),

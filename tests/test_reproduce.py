@@ -111,9 +111,9 @@ def test_document_numbers_from_fixture_results(tmp_path):
             "1100 ± 100 | 5.00 ± 0.00 | 1.67 ± 0.00 |") in section
     # mean − max: 10, −2, 4 → 4 ± 6, |4| ≤ 6: within noise, which ≥ accepts; mean − min 20 ± 0: >, agrees;
     # mean − rand: −10, −10, −11 → −10.33 ± 0.58: <, disagrees
-    assert "| mean aggr ≥ max | `warm+rr` ≥ `warm+rr@reward.aggr=max` (val F1) | 4.00 ± 6.00 | agrees |" in section
-    assert "| mean aggr ≥ min | `warm+rr` ≥ `warm+rr@reward.aggr=min` (val F1) | 20.00 ± 0.00 | agrees |" in section
-    assert "| mean aggr ≥ rand | `warm+rr` ≥ `warm+rr@reward.aggr=rand` (val F1) | -10.33 ± 0.58 | disagrees |" in section
+    assert "| mean aggr ≥ max (RR) | `warm+rr` ≥ `warm+rr@reward.aggr=max` (val F1) | 4.00 ± 6.00 | agrees |" in section
+    assert "| mean aggr ≥ min (RR) | `warm+rr` ≥ `warm+rr@reward.aggr=min` (val F1) | 20.00 ± 0.00 | agrees |" in section
+    assert "| mean aggr ≥ rand (RR) | `warm+rr` ≥ `warm+rr@reward.aggr=rand` (val F1) | -10.33 ± 0.58 | disagrees |" in section
     roles = text.split("## roles:")[1].split("\n## ")[0]  # no results (the cut-short warm+fof file is not one): not run
     assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
     assert "±" not in roles
