@@ -7,6 +7,7 @@ import pytest
 
 from mhgpo.rl.advantages import (
     AGGREGATORS,
+    aggregated,
     drop_zero_variance,
     drop_zero_variance_reference,
     gae,
@@ -90,6 +91,16 @@ def test_rand_is_uniform_over_children():
     picks = [propagate_rewards(LOOP_PARENTS, LOOP_TERMINAL, "rand", rng=rng)[7] for _ in range(6000)]
     freq = [np.mean(np.isclose(picks, v)) for v in (0.0, 0.3, 0.6)]
     np.testing.assert_allclose(freq, [1 / 3] * 3, atol=0.03)
+
+
+def test_aggregated_marks_the_nodes_above_differing_leaves():
+    np.testing.assert_array_equal(aggregated(CHAIN_PARENTS, CHAIN_TERMINAL), np.zeros(16, dtype=bool))
+    np.testing.assert_array_equal(aggregated(OS_PARENTS, OS_TERMINAL), [True] * 6 + [False] * 8)
+    np.testing.assert_array_equal(aggregated(LOOP_PARENTS, LOOP_TERMINAL),
+                                  [True, True, False, True, False, True, False, True] + [False] * 4)
+    same = OS_TERMINAL.copy()
+    same[10:] = 0.4  # the second Reranker's Answerers agree: its branch is the same under every aggregator
+    np.testing.assert_array_equal(aggregated(OS_PARENTS, same), [True, False, True, False, True, False] + [False] * 8)
 
 
 def _random_forest(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -569,6 +569,22 @@ def test_step_metrics_on_a_real_batch():
         assert m[f"{agent}/advantage_abs"] == float(np.mean([abs(n.advantage) for n in mine]))
     # rewriter outputs cycle: block ok, no block, five queries -> 8 of 12 penalised
     assert m["rewriter/penalty_rate"] == 8 / 12
+    assert m["aggregated_samples"] == 0.0  # FoF forks once per question: every sample has one leaf below it
+
+
+def test_aggregated_samples_count_the_trained_samples_above_differing_answers():
+    batch, system, _ = rollout("fof_os", n_questions=2)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    kids = children(batch)
+
+    def leaves_below(n):
+        return [n.terminal] if not kids[n.node_id] else [t for k in kids[n.node_id] for t in leaves_below(k)]
+
+    expected = sum(len(set(leaves_below(n))) > 1 for n in batch.llm_nodes() if n.trained)
+    assert expected > 0  # the over-sampled Answerers disagree somewhere
+    assert step_metrics(batch, system)["aggregated_samples"] == float(expected)
+    apply_role_switches(batch, None, [REWRITER, RERANKER])  # only the Answerers, all leaves, stay trained
+    assert step_metrics(batch, system)["aggregated_samples"] == 0.0
 
 
 def test_format_breaks_are_counted_when_their_penalty_is_zero():

@@ -154,6 +154,12 @@ def propagate_rewards_reference(
     return np.array(shared, dtype=np.float64)
 
 
+def aggregated(parents: np.ndarray, terminal: np.ndarray) -> np.ndarray:
+    """(N,) bool: the nodes whose shared reward the aggregator decides, those whose leaves below hold different
+    terminal rewards (their max and min differ). Every aggregator gives the other nodes the same reward."""
+    return propagate_rewards(parents, terminal, "max") > propagate_rewards(parents, terminal, "min")
+
+
 def total_rewards(shared: np.ndarray, penalties: np.ndarray, use_penalties: bool = True) -> np.ndarray:
     """Composite reward ``R = R_shared + R_spe`` of paper Section 3.1 (after Eq. aggr).
 

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from mhgpo.model import sharding
-from mhgpo.rl.advantages import drop_zero_variance, group_advantages, propagate_rewards, scheme_groups, total_rewards
+from mhgpo.rl.advantages import (aggregated, drop_zero_variance, group_advantages, propagate_rewards, scheme_groups,
+                                 total_rewards)
 from mhgpo.rl.behaviour import agent_behaviour
 from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
 from mhgpo.config.samplers import sampler as sampler_entry
@@ -113,6 +114,11 @@ def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
         out[f"{agent}/advantage_abs"] = float(np.mean([abs(n.advantage) for n in trained])) if trained else 0.0
         out[f"{agent}/samples"] = float(len(trained))
     out.update(agent_behaviour(llm, workflow))
+    if leaves:  # the trained samples whose reward the aggregator (`reward.aggr`) decides
+        parents = np.array([n.parent_id for n in batch.nodes], dtype=np.int64)  # (N,)
+        terminal = np.array([n.terminal for n in batch.nodes], dtype=np.float64)  # (N,) NaN except at leaves
+        in_loss = np.array([n.kind == "llm" and n.trained for n in batch.nodes])  # (N,)
+        out["aggregated_samples"] = float((aggregated(parents, terminal) & in_loss).sum())
     return out
 
 
