@@ -71,9 +71,11 @@ class Table:
     reference: str  # the row every other row's paired differences are taken against
     rows: tuple[str, ...]
     claims: tuple[Claim, ...]
+    columns: tuple[tuple[str, str], ...] = ()  # (header, training metric): more columns, per question drawn
 
 
 RERANKER_RECIPE = "warm+rr@budget=30,train_roles=[reranker]"
+RECIPE_CONTROL = "warm+rr@budget=30"  # every role for the recipe's minutes: the budget's share of its gain
 
 
 def _rl_beats(rows: list[str], than: str, paper: str) -> tuple[Claim, ...]:
@@ -95,7 +97,8 @@ TABLES = {t.name: t for t in (
           tuple(f"{s}{a}" for s in ("warm+rr", "warm+fof_os") for a in ("", "@reward.aggr=max", "@reward.aggr=min",
                                                                          "@reward.aggr=rand")),
           tuple(Claim(s, "≥", f"{s}@reward.aggr={a}", f"mean aggr ≥ {a} ({name})")
-                for s, name in (("warm+rr", "RR"), ("warm+fof_os", "FoF(os)")) for a in ("max", "min", "rand"))),
+                for s, name in (("warm+rr", "RR"), ("warm+fof_os", "FoF(os)")) for a in ("max", "min", "rand")),
+          (("aggregated samples / question", "aggregated_samples"),)),
     Table("reward", "Composite reward (final + agent-specific penalties) against the final reward alone", "warm+rr",
           ("warm+rr", "warm+rr@reward.penalties=false", "warm+mappo", "warm+mappo@reward.penalties=false"),
           (Claim("warm+rr", ">", "warm+rr@reward.penalties=false", "composite > final-only (MHGPO-RR)"),
@@ -112,10 +115,11 @@ TABLES = {t.name: t for t in (
            Claim("warm+rr", "≥", "warm+rr@advantage=prompt_agent_turn",
                  "(not the paper's) MHGPO groups ≥ (prompt, agent, turn)"))),
     Table("recipes", "RL aimed at the role with the headroom (the oracles' Reranker): MHGPO-RR training the Reranker "
-          "alone for 30 CPU minutes, against the warm start and 10 minutes of every role (not the paper's)", "warm",
-          ("warm", "warm+rr", RERANKER_RECIPE),
+          "alone for 30 CPU minutes, against the warm start and 10 or 30 minutes of every role (not the paper's)",
+          "warm", ("warm", "warm+rr", RERANKER_RECIPE, RECIPE_CONTROL),
           (Claim(RERANKER_RECIPE, ">", "warm", "(not the paper's) RL aimed at the Reranker improves on the warm start"),
-           Claim(RERANKER_RECIPE, ">", "warm+rr", "(not the paper's) ... and on 10 minutes of every role"))),
+           Claim(RERANKER_RECIPE, ">", "warm+rr", "(not the paper's) ... and on 10 minutes of every role"),
+           Claim(RERANKER_RECIPE, ">", RECIPE_CONTROL, "(not the paper's) ... and on as many minutes of every role"))),
 )}
 
 
@@ -133,9 +137,10 @@ ORACLES = {
 # ---- numbers from results ---------------------------------------------------------------------------------------
 
 def per_question(result: dict, key: str) -> float | None:
-    """A training metric summed over the row's steps per question drawn (None for a row without steps)."""
+    """A training metric summed over the row's steps per question drawn (None for a row without steps or one run
+    before the metric was logged)."""
     steps = result.get("steps_metrics") or []
-    if not steps:
+    if not any(key in m for m in steps):
         return None
     questions = sum(m.get("filter/questions", result["questions_per_step"]) for m in steps)
     return sum(m.get(key, 0.0) for m in steps) / questions
@@ -262,15 +267,17 @@ def _table_body(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> l
     settings = found[0]["settings"]
     seeds = sorted({res["seed"] for res in found})
     missing = [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
+    own_budgets = [f"`{r}`: {ca.row_budget(r):g}" for r in table.rows if ca.row_budget(r)]
     lines = _header(found, settings, seeds, command(table.name, settings, seeds, out),
                     f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row"
-                    + "".join(f" (`{r}`: {ca.row_budget(r):g})" for r in table.rows if ca.row_budget(r))
+                    + (f" ({'; '.join(own_budgets)})" if own_budgets else "")
                     + ", "
                     f"{settings['val_limit']} validation questions."
                     + (f" **Partial**: missing {', '.join(missing)}." if missing else ""))
     lines += ["", f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
-              "peak MB | LLM calls / question | trained samples / question |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "peak MB | LLM calls / question | trained samples / question |"
+              + "".join(f" {header} |" for header, _ in table.columns),
+              "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(table.columns)]
     for row in table.rows:
         rs = list(by_row.get(row, {}).values())
         delta = "—" if row == table.reference else ca.fmt(paired(by_row, row, table.reference))
@@ -282,7 +289,8 @@ def _table_body(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> l
                      f"{ca.fmt([r['val_acc'] for r in rs])} | {delta} | {ca.fmt(values(seconds_per_step))} | "
                      f"{ca.fmt(values(lambda r: r.get('peak_mb')), 0)} | "
                      f"{ca.fmt(values(lambda r: per_question(r, 'llm_calls')), 2)} | "
-                     f"{ca.fmt(values(lambda r: per_question(r, 'samples')), 2)} |")
+                     f"{ca.fmt(values(lambda r: per_question(r, 'samples')), 2)} |"
+                     + "".join(f" {ca.fmt(values(lambda r: per_question(r, key)), 2)} |" for _, key in table.columns))
     lines += ["", "| paper | comparison | ours (paired, mean ± std) | verdict |", "|---|---|---|---|"]
     for c in table.claims:
         diffs = paired(by_row, c.row, c.than, c.metric)

@@ -74,6 +74,7 @@ def _result(row: str, seed: int, f1: float, acc: float = 50.0, steps: list[dict]
 
 STEPS = [{"llm_calls": 40.0, "samples": 30.0, "seconds/rollout": 2.0, "seconds/train": 1.0},
          {"llm_calls": 24.0, "samples": 18.0, "seconds/rollout": 4.0, "seconds/train": 1.0}]
+AGGREGATED = [{**m, "aggregated_samples": 4.0} for m in STEPS]  # a row run since the metric is logged
 FILTERED = [{"llm_calls": 60.0, "samples": 20.0, "filter/questions": 12.0, "seconds/rollout": 5.0,
              "seconds/train": 1.0}]
 
@@ -83,7 +84,7 @@ def _write_fixture(out: Path) -> None:
           "warm+rr@reward.aggr=min": [20, 30, 25], "warm+rr@reward.aggr=rand": [50, 60, 56]}
     for row, values in f1.items():
         for seed, v in enumerate(values):
-            steps = FILTERED if row.endswith("min") else STEPS
+            steps = FILTERED if row.endswith("min") else AGGREGATED if row.endswith("rand") else STEPS
             (ca.result_path(out, row, seed)).write_text(json.dumps(_result(row, seed, v, 40.0 + seed, steps,
                                                                             1000.0 + 100 * seed)))
     ca.result_path(out, "warm+fof", 0).write_text('{"row": "warm+fof", "seed": 0, "val_f')  # cut short
@@ -103,8 +104,11 @@ def test_document_numbers_from_fixture_results(tmp_path):
     assert "Machine: Test CPU 9000, 2 cores. Seeds: 0, 1, 2. Budget: 0.5 cpu minutes" in section
     # F1 40/50/45: 45 ± 5; Acc 40/41/42: 41 ± 1; steps 2; s/step (3 + 5)/2 = 4; peak 1000/1100/1200;
     # LLM calls (40 + 24) / (2 steps × 4 questions) = 8, samples 48 / 8 = 6
+    # aggregated samples: (4 + 4) / 8 = 1 on the rand row; — on the rows whose steps never logged them
+    assert "| trained samples / question | aggregated samples / question |" in section
     assert ("| `warm+rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | "
-            "6.00 ± 0.00 |") in section
+            "6.00 ± 0.00 | — |") in section
+    assert "| 8.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 |" in section.split("`warm+rr@reward.aggr=rand`")[1]
     # max − mean per seed: −10, 2, −4 → −4 ± 6; min: one filtered step of 12 questions: 60/12 = 5 calls, 20/12 samples
     assert "| `warm+rr@reward.aggr=max` | 3 | 2.0 ± 0.0 | 41.0 ± 11.0 | 41.0 ± 1.0 | -4.0 ± 6.0 |" in section
     assert ("| `warm+rr@reward.aggr=min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 | 6.0 ± 0.0 | "
@@ -126,7 +130,7 @@ def test_document_numbers_from_fixture_results(tmp_path):
         other = text.split(f"## {name}:")[1].split("\n## ")[0]
         assert "**Not run.**" in other and "±" not in other and f"--table {name} --seeds 0,1,2" in other
     assert [rp.own_rows(rp.TABLES[n]) for n in ("reward", "recipes")] == [
-        ["warm+rr@reward.penalties=false", "warm+mappo@reward.penalties=false"], [rp.RERANKER_RECIPE]]
+        ["warm+rr@reward.penalties=false", "warm+mappo@reward.penalties=false"], [rp.RERANKER_RECIPE, rp.RECIPE_CONTROL]]
     assert rp.own_rows(rp.TABLES["algorithms"]) == list(rp.TABLES["algorithms"].rows)
 
 
@@ -159,15 +163,19 @@ def test_a_budget_row_s_part_names_its_minutes(tmp_path):
     out = tmp_path / "out"
     (out / "synthetic").mkdir(parents=True)
     (out / "synthetic" / "settings.json").write_text(json.dumps(SETTINGS))
-    for row, f1 in (("warm", [20.0, 24.0]), ("warm+rr", [22.0, 25.0]), (rp.RERANKER_RECIPE, [26.0, 30.0])):
+    for row, f1 in (("warm", [20.0, 24.0]), ("warm+rr", [22.0, 25.0]), (rp.RERANKER_RECIPE, [26.0, 30.0]),
+                    (rp.RECIPE_CONTROL, [23.0, 28.0])):
         for seed, v in enumerate(f1):
             ca.result_path(out / "synthetic", row, seed).write_text(json.dumps(_result(row, seed, v)))
     text = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce")
     recipes = text.split("## recipes:")[1].split("\n## ")[0]
-    assert f"Budget: 0.5 cpu minutes of training per row (`{rp.RERANKER_RECIPE}`: 30), 4 validation" in recipes
+    assert (f"Budget: 0.5 cpu minutes of training per row (`{rp.RERANKER_RECIPE}`: 30; `{rp.RECIPE_CONTROL}`: 30), "
+            "4 validation") in recipes
     # recipe − warm: 6, 6 → 6 ± 0 (>: agrees); recipe − warm+rr: 4, 5 → 4.5 ± 0.71
     assert (f"| `{rp.RERANKER_RECIPE}` | 2 | 0.0 ± 0.0 | 28.0 ± 2.8 | 50.0 ± 0.0 | 6.0 ± 0.0 |") in recipes
     assert f"`{rp.RERANKER_RECIPE}` > `warm+rr` (val F1) | 4.50 ± 0.71 | agrees |" in recipes
+    # recipe − control: 3, 2 → 2.5 ± 0.71 (>: agrees)
+    assert f"`{rp.RERANKER_RECIPE}` > `{rp.RECIPE_CONTROL}` (val F1) | 2.50 ± 0.71 | agrees |" in recipes
     assert "Not run on" not in recipes
 
 
