@@ -97,11 +97,11 @@ def parse_row(row: str) -> tuple[bool, str | None, list[str]]:
 
 def label(row: str) -> str:
     warm, algo, options = parse_row(row)
-    if algo is None:
-        return "warm start only" if warm else "untrained team"
     budget = row_budget(row)
     own = ([f"{budget:g} min"] if budget is not None else []) + row_overrides(row)
     extra = f" [{', '.join(own)}]" if own else ""
+    if algo is None:
+        return ("warm start only" if warm else "untrained team") + extra
     return ("warm start + " if warm else "") + LABELS[algo] + "".join(f" ({o.replace('_', '-')})" for o in options) + extra
 
 

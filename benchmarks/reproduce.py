@@ -74,6 +74,7 @@ class Table:
     columns: tuple[tuple[str, str], ...] = ()  # (header, training metric): more columns, per question drawn
 
 
+SINGLE_WARM = "warm@system=llm"  # the model alone, from its own warm start: where single-agent GRPO starts
 RERANKER_RECIPE = "warm+rr@budget=30,train_roles=[reranker]"
 RECIPE_CONTROL = "warm+rr@budget=30"  # every role for the recipe's minutes: the budget's share of its gain
 
@@ -84,8 +85,10 @@ def _rl_beats(rows: list[str], than: str, paper: str) -> tuple[Claim, ...]:
 
 TABLES = {t.name: t for t in (
     Table("algorithms", "MHGPO (each sampler) against MAPPO and single-agent GRPO", "warm+mappo",
-          ("untrained", "warm", "warm+rr", "warm+fof", "warm+is", "warm+fof_os", "warm+mappo", "warm+grpo"),
+          ("untrained", "warm", "warm+rr", "warm+fof", "warm+is", "warm+fof_os", "warm+mappo", SINGLE_WARM,
+           "warm+grpo"),
           (Claim("warm+rr", ">", "warm", "RL improves on its starting point"),
+           Claim("warm+grpo", ">", SINGLE_WARM, "RL improves on its starting point (single agent)"),
            *_rl_beats(["warm+rr", "warm+fof", "warm+is", "warm+fof_os"], "warm+mappo", "MHGPO > MAPPO"),
            Claim("warm+rr", ">", "warm+grpo", "the trained team > single-agent GRPO"),
            Claim("warm+fof", "≈", "warm+is", "FoF ≈ IS in quality ..."),

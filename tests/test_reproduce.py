@@ -290,6 +290,10 @@ def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_mode
     assert len(questions) == 2 and len({q["id"] for q in questions}) == 2
     assert sum(q["f1"] for q in questions) / 2 * 100 == pytest.approx(saved["val_f1"], abs=1e-9)
     assert sum(q["acc"] for q in questions) / 2 * 100 == pytest.approx(saved["val_acc"], abs=1e-9)
+    # where GRPO started: the model alone from the same warm start, validated without training
+    start = ca.one(rp.SINGLE_WARM, 0, 60.0, "cpu", 2, out, common)
+    assert start["system"] == "llm" and start["steps"] == 0 and start["val_n"] == 2
+    assert ca.label(rp.SINGLE_WARM) == "warm start only [system=llm]"
     assert (saved["system"], saved["steps"], saved["val_n"], saved["questions_per_step"]) == ("llm", 1, 2, 2)
     (step,) = saved["steps_metrics"]
     # one agent, FoF: group_size (2) answers of each of the step's 2 questions, every one trained
