@@ -14,7 +14,7 @@ validated with per-role oracles (`mhgpo eval --oracle`): the Rewriter's gold que
 retrieved gold paragraphs, both, and the gold paragraphs shown to the Answerer (`context`). The `groups` table is
 not the paper's claim either: MHGPO's advantage groups against two peer systems' schemes (`advantage=agent`,
 `advantage=prompt_agent_turn`) on MHGPO-RR's rollouts. Nor is `recipes`: RL aimed at the role the oracles find the
-headroom in (the Reranker trained alone, its row's own `budget=30` minutes).
+headroom in (the Reranker trained alone, its row's own `budget=30` minutes), against as many minutes of every role.
 
     python benchmarks/reproduce.py --table algorithms,aggregators --seeds 0,1,2 --minutes 10 [--parallel 2] \\
         [--data synthetic | --data hotpotqa:TRAIN --val-data hotpotqa:VAL] [--val-limit 100] [--out DIR] [--doc FILE] \\
