@@ -24,6 +24,7 @@ validation size, overrides); a rerun into the same OUT skips the finished ones a
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -147,13 +148,22 @@ def load_result(path: Path, settings: dict) -> dict | None:
 
 def run_warm_start(out: Path, seed: int, overrides: list[str], system: str = "mas") -> dict:
     """Train (once) the warm start of `seed` and `system` into its `warm_start_dir`; its minutes. A folder without
-    its `done.json` was interrupted: it is removed and trained again."""
+    its `done.json` was interrupted: it is removed and trained again. Another comparison training the same warm
+    start (into the same OUT) holds `FOLDER.lock`: this one waits for it, then uses its warm start."""
+    folder = warm_start_dir(out, seed, system)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process ends
+        return _warm_start(folder, seed, overrides, system)
+
+
+def _warm_start(folder: Path, seed: int, overrides: list[str], system: str) -> dict:
     from mhgpo.config import TrainConfig, load_config
     from mhgpo.run.pipeline import warm_start_config
     from mhgpo.run.warm_start import run_sft
     from mhgpo.config import demo_config_path
 
-    folder = warm_start_dir(out, seed, system)
+    out = folder.parent
     done = load_result(folder / "done.json", {"overrides": overrides}) if folder.is_dir() else None
     if done is not None:
         return done

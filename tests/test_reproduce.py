@@ -265,6 +265,36 @@ def test_data_options():
         rp.data_overrides("hotpotqa:a.jsonl", None)
 
 
+def test_a_warm_start_being_trained_elsewhere_is_waited_for_not_removed(tmp_path, monkeypatch):
+    """Two comparisons into one OUT: the second waits on the first's lock, then takes its finished warm start
+    (before the lock, it found the folder without done.json, removed it and broke the first's training)."""
+    import fcntl
+    import threading
+
+    out, common = tmp_path / "out", ["precision=fp32"]
+    folder = ca.warm_start_dir(out, 0, "llm")
+    (folder / "checkpoints").mkdir(parents=True)  # the first comparison's warm start, still training
+    results: list[dict] = []
+    asked, flock = threading.Event(), fcntl.flock
+
+    def recorded(f, op):
+        if threading.current_thread() is not threading.main_thread():
+            asked.set()  # the second comparison asks for the lock
+        return flock(f, op)
+    monkeypatch.setattr(fcntl, "flock", recorded)
+    with open(folder.with_name(folder.name + ".lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        second = threading.Thread(target=lambda: results.append(ca.run_warm_start(out, 0, common, "llm")))
+        second.start()
+        assert asked.wait(timeout=30)
+        assert second.is_alive() and (folder / "checkpoints").is_dir()  # waiting, nothing removed
+        done = {"row": "warm_start", "seed": 0, "system": "llm", "steps": 1, "minutes": 0.1, "cpu_minutes": 0.1,
+                "val_f1": None, "val_acc": None, "settings": {"overrides": common}}
+        (folder / "done.json").write_text(json.dumps(done))  # the first finishes and lets go
+    second.join(timeout=30)
+    assert not second.is_alive() and results == [done] and (folder / "checkpoints").is_dir()
+
+
 def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_model_dir, world, tmp_path):
     from helpers import train_overrides
 
