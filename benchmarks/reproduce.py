@@ -347,7 +347,10 @@ this page is written by it from the results it finds (`--doc-only` rewrites it w
 mean ± sample std over seeds. Δ: per-seed (paired) differences against the table's reference row, mean ± std,
 over the seeds both ran (a row run on fewer seeds than its reference is read by its Δ, not by the means).
 s / step: rollout + update wall seconds per RL step; peak MB: the row process's peak resident memory (on a GPU, its
-peak allocated GPU memory); LLM calls and trained samples per training question, from the steps' metrics.
+peak allocated GPU memory); LLM calls and trained samples per training question, from the steps' metrics (the
+aggregators table adds the trained samples whose reward the aggregator decides: those above leaves with different
+rewards; — for results logged before the count was). `warm@system=llm` is the model alone from its own warm start,
+where single-agent GRPO starts.
 
 Verdict rule: with n ≥ 2 seeds, a paired difference is *within noise* when |mean| ≤ std, or when it is no larger
 than one validation question can make it (1 point of F1 on 100 questions); otherwise its sign is our direction.
