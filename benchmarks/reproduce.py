@@ -350,7 +350,9 @@ s / step: rollout + update wall seconds per RL step; peak MB: the row process's 
 peak allocated GPU memory); LLM calls and trained samples per training question, from the steps' metrics (the
 aggregators table adds the trained samples whose reward the aggregator decides: those above leaves with different
 rewards; — for results logged before the count was). `warm@system=llm` is the model alone from its own warm start,
-where single-agent GRPO starts.
+where single-agent GRPO starts. The peak MB column is each row's own process at its budget; the paper's memory
+claim, MHGPO against MAPPO with a critic of its own base, is measured step for step at equal work in
+[benchmarks.md](benchmarks.md#algorithms-step-time-and-memory) (`bench_algorithms.py --algos fof,rr,mappo,mappo_own`).
 
 Verdict rule: with n ≥ 2 seeds, a paired difference is *within noise* when |mean| ≤ std, or when it is no larger
 than one validation question can make it (1 point of F1 on 100 questions); otherwise its sign is our direction.
