@@ -29,14 +29,19 @@ ALGOS = {  # name -> overrides
     "mappo": ["algo=mappo", "sampler=chains", "critic.warmup_steps=0"],
     "mappo_own": ["algo=mappo", "sampler=chains", "critic.warmup_steps=0", "critic.own_base=true"],
 }
-LABELS = {"fof": "MHGPO-FoF", "rr": "MHGPO-RR", "is": "MHGPO-IS", "fof_os": "MHGPO-FoF(os)", "mappo": "MAPPO",
-          "mappo_own": "MAPPO (critic's own base)"}
+LABELS = {
+    "fof": "MHGPO-FoF",
+    "rr": "MHGPO-RR",
+    "is": "MHGPO-IS",
+    "fof_os": "MHGPO-FoF(os)",
+    "mappo": "MAPPO",
+    "mappo_own": "MAPPO (critic's own base)",
+}
 
 
 def one(name: str, steps: int, overrides: list[str]) -> dict:
-    from mhgpo.config import TrainConfig, load_config
+    from mhgpo.config import TrainConfig, demo_config_path, load_config
     from mhgpo.rl.policy import peak_memory_mb
-    from mhgpo.config import demo_config_path
     from mhgpo.rl.trainer import Trainer, build_team
 
     with tempfile.TemporaryDirectory() as run_dir:
@@ -76,26 +81,34 @@ def main() -> None:
             parser.error(f"unknown algorithm {name!r} (choose from {', '.join(ALGOS)})")
         proc = subprocess.run(
             [sys.executable, __file__, "--one", name, "--steps", str(args.steps), *args.overrides],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         r = results[-1]
-        print(f"{LABELS[name]}: {r['seconds/rollout']:.1f} s rollout + {r['seconds/train']:.1f} s update per step, "
-              f"peak {r['peak_mb']:.0f} MB", flush=True)
+        print(
+            f"{LABELS[name]}: {r['seconds/rollout']:.1f} s rollout + {r['seconds/train']:.1f} s update per step, "
+            f"peak {r['peak_mb']:.0f} MB",
+            flush=True,
+        )
     base = next((r for r in results if r["algo"] == "mappo"), None)
     extra = f", {' '.join(args.overrides)}" if args.overrides else ""
     print(f"\nper step, mean of {args.steps} steps (demo settings{extra})")
-    print(f"{'algorithm':25} {'rollout s':>10} {'update s':>9} {'step s':>7} {'CPU s':>7} {'LLM calls':>10} "
-          f"{'samples':>8} {'peak MB':>8}   ratios to MAPPO: step s, CPU s, peak MB")
+    print(
+        f"{'algorithm':25} {'rollout s':>10} {'update s':>9} {'step s':>7} {'CPU s':>7} {'LLM calls':>10} "
+        f"{'samples':>8} {'peak MB':>8}   ratios to MAPPO: step s, CPU s, peak MB"
+    )
     for r in results:
         step = r["seconds/rollout"] + r["seconds/train"]
         ratios = ""
         if base is not None:
             base_step = base["seconds/rollout"] + base["seconds/train"]
-            ratios = (f"{step / base_step:6.2f} {r['cpu_s'] / base['cpu_s']:6.2f} "
-                      f"{r['peak_mb'] / base['peak_mb']:6.2f}")
-        print(f"{LABELS[r['algo']]:25} {r['seconds/rollout']:10.1f} {r['seconds/train']:9.1f} {step:7.1f} "
-              f"{r['cpu_s']:7.1f} {r['llm_calls']:10.1f} {r['samples']:8.1f} {r['peak_mb']:8.0f}   {ratios}")
+            ratios = f"{step / base_step:6.2f} {r['cpu_s'] / base['cpu_s']:6.2f} {r['peak_mb'] / base['peak_mb']:6.2f}"
+        print(
+            f"{LABELS[r['algo']]:25} {r['seconds/rollout']:10.1f} {r['seconds/train']:9.1f} {step:7.1f} "
+            f"{r['cpu_s']:7.1f} {r['llm_calls']:10.1f} {r['samples']:8.1f} {r['peak_mb']:8.0f}   {ratios}"
+        )
 
 
 if __name__ == "__main__":

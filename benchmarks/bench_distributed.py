@@ -35,9 +35,14 @@ def run(label: str, command: list[str], out: Path, threads: int) -> dict[str, fl
         sys.exit(f"{label}: exit {done.returncode}\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:] or [{}]
     mean = lambda key: sum(r.get(key, 0.0) for r in rows) / len(rows)  # noqa: E731
-    return {"setting": label, "wall_s": wall, "rollout_s": mean("seconds/rollout"), "train_s": mean("seconds/train"),
-            "step_s": mean("seconds/rollout") + mean("seconds/train"),
-            "communication_s": mean("seconds/train_communication")}
+    return {
+        "setting": label,
+        "wall_s": wall,
+        "rollout_s": mean("seconds/rollout"),
+        "train_s": mean("seconds/train"),
+        "step_s": mean("seconds/rollout") + mean("seconds/train"),
+        "communication_s": mean("seconds/train_communication"),
+    }
 
 
 def main() -> None:
@@ -47,15 +52,32 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--questions", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=2)
-    ap.add_argument("--settings", default="one,threads,ranks",
-                    help="which of: one (1 process, 1 thread), threads (1 process, N threads), ranks (N ranks), "
-                         "fsdp (N ranks, FSDP)")
+    ap.add_argument(
+        "--settings",
+        default="one,threads,ranks",
+        help="which of: one (1 process, 1 thread), threads (1 process, N threads), ranks (N ranks), "
+        "fsdp (N ranks, FSDP)",
+    )
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_distributed_"))
-    train = ["-m", "mhgpo", "train", "--model", args.model, "--steps", str(args.steps), "--questions-per-step",
-             str(args.questions), "--group-size", str(args.group_size), "warm_start.enabled=false", "eval_every=0",
-             "save_every=0", *args.overrides]
+    train = [
+        "-m",
+        "mhgpo",
+        "train",
+        "--model",
+        args.model,
+        "--steps",
+        str(args.steps),
+        "--questions-per-step",
+        str(args.questions),
+        "--group-size",
+        str(args.group_size),
+        "warm_start.enabled=false",
+        "eval_every=0",
+        "save_every=0",
+        *args.overrides,
+    ]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(args.ranks), "--config_file"]
     ddp, fsdp = (str(REPO / "configs" / "accelerate" / name) for name in ("cpu_ddp.yaml", "cpu_fsdp.yaml"))
     settings = {
@@ -72,8 +94,10 @@ def main() -> None:
         print(json.dumps(results[-1]), flush=True)
     print(f"\n{'setting':<24}{'s/step':>9}{'rollout':>9}{'update':>9}{'all-reduce':>12}{'wall':>8}")
     for r in results:
-        print(f"{r['setting']:<24}{r['step_s']:>9.2f}{r['rollout_s']:>9.2f}{r['train_s']:>9.2f}"
-              f"{r['communication_s']:>12.3f}{r['wall_s']:>8.1f}")
+        print(
+            f"{r['setting']:<24}{r['step_s']:>9.2f}{r['rollout_s']:>9.2f}{r['train_s']:>9.2f}"
+            f"{r['communication_s']:>12.3f}{r['wall_s']:>8.1f}"
+        )
 
 
 if __name__ == "__main__":

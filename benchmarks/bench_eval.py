@@ -24,12 +24,12 @@ import time
 def one(precision: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from mhgpo.model.loading import load_generator
     from mhgpo.config import RetrievalConfig, SystemConfig
+    from mhgpo.model.generation import HFGenerator
+    from mhgpo.model.loading import load_generator
+    from mhgpo.model.precision import resolve_precision
     from mhgpo.rl.evaluation import evaluate_examples
     from mhgpo.team.build import build_workflow, load_examples
-    from mhgpo.model.generation import HFGenerator
-    from mhgpo.model.precision import resolve_precision
 
     precision, _ = resolve_precision(precision)
     examples = load_examples("synthetic:dev", args.questions)
@@ -38,8 +38,9 @@ def one(precision: str, args: argparse.Namespace) -> dict:
     out: dict = {"precision": precision, "threads": torch.get_num_threads()}
     results = {}
     for name, batch, gen_batch in (("one", 1, 1), ("batched", len(examples), args.gen_batch_size)):
-        generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=gen_batch, precision=precision,
-                                select=loaded.select)
+        generator = HFGenerator(
+            loaded.model, loaded.tokenizer, batch_size=gen_batch, precision=precision, select=loaded.select
+        )
 
         def run(generator: HFGenerator = generator, batch: int = batch):
             return evaluate_examples(examples, workflow, generator, encode, batch, progress=False)
@@ -85,20 +86,31 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one, args)))
         return
-    passed = ["--model", args.model, "--questions", str(args.questions), "--gen-batch-size",
-              str(args.gen_batch_size), "--repeats", str(args.repeats)]
+    passed = [
+        "--model",
+        args.model,
+        "--questions",
+        str(args.questions),
+        "--gen-batch-size",
+        str(args.gen_batch_size),
+        "--repeats",
+        str(args.repeats),
+    ]
     passed += [flag for flag, on in (("--warmup", args.warmup), ("--profile", args.profile)) if on]
     n = args.questions
-    print(f"`mhgpo eval` loop, {n} synthetic dev questions, default team, {args.model}, greedy; batched = all {n} "
-          f"questions breadth-first, gen_batch_size {args.gen_batch_size}; best of {args.repeats}; questions/s wall "
-          f"(CPU)\n")
-    print("| precision | threads | one at a time q/s | batched q/s | speed-up | identical predictions | "
-          "identical traces | F1 one / batched | output tokens |")
+    print(
+        f"`mhgpo eval` loop, {n} synthetic dev questions, default team, {args.model}, greedy; batched = all {n} "
+        f"questions breadth-first, gen_batch_size {args.gen_batch_size}; best of {args.repeats}; questions/s wall "
+        f"(CPU)\n"
+    )
+    print(
+        "| precision | threads | one at a time q/s | batched q/s | speed-up | identical predictions | "
+        "identical traces | F1 one / batched | output tokens |"
+    )
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
     for precision in args.precisions.split(","):
-        proc = subprocess.run([sys.executable, __file__, "--one", precision, *passed], capture_output=True,
-                              text=True)
+        proc = subprocess.run([sys.executable, __file__, "--one", precision, *passed], capture_output=True, text=True)
         if args.profile:
             print(proc.stderr, file=sys.stderr)
         if proc.returncode:
@@ -107,9 +119,12 @@ def main() -> None:
         rows.append(r)
         one_q, bat_q = n / r["one_wall"], n / r["batched_wall"]
         one_c, bat_c = n / r["one_cpu"], n / r["batched_cpu"]
-        print(f"| {r['precision']} | {r['threads']} | {one_q:.2f} ({one_c:.2f}) | {bat_q:.2f} ({bat_c:.2f}) | "
-              f"{bat_q / one_q:.1f}× ({bat_c / one_c:.1f}×) | {r['same_predictions']}/{n} | {r['same_traces']}/{n} | "
-              f"{r['f1_one']:.1f} / {r['f1_batched']:.1f} | {r['output_tokens']} |", flush=True)
+        print(
+            f"| {r['precision']} | {r['threads']} | {one_q:.2f} ({one_c:.2f}) | {bat_q:.2f} ({bat_c:.2f}) | "
+            f"{bat_q / one_q:.1f}× ({bat_c / one_c:.1f}×) | {r['same_predictions']}/{n} | {r['same_traces']}/{n} | "
+            f"{r['f1_one']:.1f} / {r['f1_batched']:.1f} | {r['output_tokens']} |",
+            flush=True,
+        )
     if args.check and any(r["same_traces"] != n for r in rows):
         sys.exit(1)
 

@@ -23,7 +23,8 @@ import ctypes.util
 import gc
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 import torch
@@ -55,7 +56,7 @@ class PeakRSS:
             self.peak = max(self.peak, self.process.memory_info().rss)
             time.sleep(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self.peak = self.process.memory_info().rss
         self._thread.start()
         return self
@@ -154,9 +155,17 @@ def bench_engines(engines: list[str], steps: int, overrides: list[str]) -> None:
 
     for engine in engines:
         out = tempfile.mkdtemp(prefix="bench-generation-")
-        cfg = load_config(TrainConfig, demo_config_path(), ["warm_start.enabled=false", "eval_every=0",
-                                                            f"output_dir={out}", f"generation.engine={engine}",
-                                                            *overrides])
+        cfg = load_config(
+            TrainConfig,
+            demo_config_path(),
+            [
+                "warm_start.enabled=false",
+                "eval_every=0",
+                f"output_dir={out}",
+                f"generation.engine={engine}",
+                *overrides,
+            ],
+        )
         start = time.perf_counter()
         trainer = Trainer(cfg, build_team(cfg), out, progress=False)
         trainer._engine_ready()  # the first adapters handed over (vLLM): not part of the rollouts
@@ -176,17 +185,27 @@ def bench_engines(engines: list[str], steps: int, overrides: list[str]) -> None:
                 from mhgpo.rl.policy import Sample
 
                 sampling = trainer.setup.workflow.sampling
-                samples = [Sample(n.prompt_ids, n.output_ids, list(n.logprobs), 0.0, n.agent,
-                                  sampling(n.agent).temperature) for n in nodes if n.trained]
+                samples = [
+                    Sample(n.prompt_ids, n.output_ids, list(n.logprobs), 0.0, n.agent, sampling(n.agent).temperature)
+                    for n in nodes
+                    if n.trained
+                ]
                 t = time.perf_counter()
                 gaps.append(old_logprobs(trainer.setup.policy, samples, "trainer")["engine/old_logprob_gap"])
                 recompute += time.perf_counter() - t
-        extra = (f", old log-probs recomputed by the trainer in {recompute:.1f} s (mean per-token gap to the "
-                 f"engine's {max(gaps):.2g})" if engine == "vllm" else "")
-        print(f"engine {engine} (precision {cfg.precision}): started in {ready:.1f} s; {steps} step(s) of demo "
-              f"rollouts, {calls:.0f} LLM calls: {seconds:.1f} s, {prompt:.0f} prompt tokens "
-              f"({prompt / seconds:.0f}/s), "
-              f"{new:.0f} new tokens ({new / seconds:.1f}/s){extra}", flush=True)
+        extra = (
+            f", old log-probs recomputed by the trainer in {recompute:.1f} s (mean per-token gap to the "
+            f"engine's {max(gaps):.2g})"
+            if engine == "vllm"
+            else ""
+        )
+        print(
+            f"engine {engine} (precision {cfg.precision}): started in {ready:.1f} s; {steps} step(s) of demo "
+            f"rollouts, {calls:.0f} LLM calls: {seconds:.1f} s, {prompt:.0f} prompt tokens "
+            f"({prompt / seconds:.0f}/s), "
+            f"{new:.0f} new tokens ({new / seconds:.1f}/s){extra}",
+            flush=True,
+        )
         del trainer
         release_freed_memory()
 
@@ -207,8 +226,10 @@ def main() -> None:
         return
     start = time.perf_counter()
     lm = load_model(args.model)
-    print(f"model {lm.name} on {lm.device} ({lm.dtype}), loaded in {time.perf_counter() - start:.1f} s, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"model {lm.name} on {lm.device} ({lm.dtype}), loaded in {time.perf_counter() - start:.1f} s, "
+        f"{torch.get_num_threads()} threads"
+    )
     bench_logprobs(lm, args.skip_full)
     bench_generation(lm, make_prompts(lm.tokenizer), (1, 4, 16))
 

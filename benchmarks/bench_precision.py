@@ -22,10 +22,10 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-
 from bench_generation import PeakRSS, make_prompts, release_freed_memory
 
 
@@ -46,14 +46,16 @@ def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
 def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
     from mhgpo.config import LoraConfig, OptimConfig
     from mhgpo.model.generation import HFGenerator, SamplingParams
+    from mhgpo.model.precision import weight_dtype
     from mhgpo.model.trained import load_model
     from mhgpo.rl.policy import Policy, Sample, no_dropout
-    from mhgpo.model.precision import weight_dtype
 
     with PeakRSS() as peak:
         loaded = load_model(args.model, dtype=weight_dtype(precision, trainable=False))  # LoRA: a frozen base
         optim = OptimConfig(micro_batch_tokens=args.batch * args.length, gradient_checkpointing=args.checkpointing)
-        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=args.lora_r), 10, precision=precision)
+        policy = Policy(
+            loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=args.lora_r), 10, precision=precision
+        )
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, loaded.model.config.vocab_size, (args.batch, args.length), generator=gen)  # (B, L)
         cut = args.length - args.output_len
@@ -74,7 +76,7 @@ def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
             generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=n, precision=precision)
             made: list[int] = []
 
-            def generate() -> None:
+            def generate(made=made, generator=generator, prompts=prompts) -> None:
                 torch.manual_seed(0)
                 made.append(sum(len(g.output_ids) for g in generator.generate(prompts, params)))
 
@@ -97,19 +99,24 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
 def in_own_processes(script: str, args: argparse.Namespace, passed: list[str]) -> list[dict[str, Any]]:
     """Run `script --one PRECISION` for each of `args.precisions`, each in a process of its own (its peak RSS its
     own), with the common options and `passed`; their results, in order."""
-    passed = passed + ["--model", args.model, "--lora-r", str(args.lora_r), "--repeats", str(args.repeats)] + (
-        [] if args.checkpointing else ["--no-gradient-checkpointing"])
+    passed = (
+        passed
+        + ["--model", args.model, "--lora-r", str(args.lora_r), "--repeats", str(args.repeats)]
+        + ([] if args.checkpointing else ["--no-gradient-checkpointing"])
+    )
     results = []
     for precision in args.precisions.split(","):
-        proc = subprocess.run([sys.executable, script, "--one", precision, *passed],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, script, "--one", precision, *passed], capture_output=True, text=True, check=True
+        )
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(f"{precision}: done", flush=True)
     return results
 
 
-def dispatch(script: str, args: argparse.Namespace, one: Callable[[str, argparse.Namespace], dict[str, Any]],
-             options: list[str]) -> list[dict[str, Any]] | None:
+def dispatch(
+    script: str, args: argparse.Namespace, one: Callable[[str, argparse.Namespace], dict[str, Any]], options: list[str]
+) -> list[dict[str, Any]] | None:
     """With `--one PRECISION`: print `one`'s result as JSON and return None (a child's run). Else run `script` once
     per precision in processes of their own, passing on the common options and the script's own `options` (flag
     names; list values joined by commas), and return their results."""
@@ -137,14 +144,17 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
     args.gen = [int(n) for n in str(args.gen).split(",")]
-    results = dispatch(__file__, args, one, ["--batch", "--length", "--output-len", "--gen", "--prompt-len",
-                                             "--new-tokens"])
+    results = dispatch(
+        __file__, args, one, ["--batch", "--length", "--output-len", "--gen", "--prompt-len", "--new-tokens"]
+    )
     if results is None:
         return
-    print(f"\n{args.model}, LoRA r={args.lora_r}, gradient checkpointing {'on' if args.checkpointing else 'off'}, "
-          f"{results[0]['threads']} thread(s); forward+backward and forward: {args.batch} x {args.length} tokens "
-          f"({args.output_len} output tokens each); generation: {args.new_tokens} new tokens per sequence, "
-          f"prompts of ~{args.prompt_len} tokens. Each cell: wall / CPU (seconds, or new tokens per second)")
+    print(
+        f"\n{args.model}, LoRA r={args.lora_r}, gradient checkpointing {'on' if args.checkpointing else 'off'}, "
+        f"{results[0]['threads']} thread(s); forward+backward and forward: {args.batch} x {args.length} tokens "
+        f"({args.output_len} output tokens each); generation: {args.new_tokens} new tokens per sequence, "
+        f"prompts of ~{args.prompt_len} tokens. Each cell: wall / CPU (seconds, or new tokens per second)"
+    )
     columns = [("fwd+bwd s", "fwd_bwd"), ("forward s", "forward")] + [(f"gen x{n} tok/s", f"gen{n}") for n in args.gen]
     print(f"{'precision':11} " + " ".join(f"{name:>15}" for name, _ in columns) + f" {'peak MB':>8}")
     for r in results:

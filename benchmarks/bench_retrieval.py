@@ -64,11 +64,13 @@ def plain_bm25s(layout: str, path: Path) -> dict:
     questions, golds, corpus = _plain_questions(layout, path)
     started = time.perf_counter()
     retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize([f"{t} {x}" for t, x in corpus], stopwords="en", show_progress=False),
-                    show_progress=False)
+    retriever.index(
+        bm25s.tokenize([f"{t} {x}" for t, x in corpus], stopwords="en", show_progress=False), show_progress=False
+    )
     build_s = time.perf_counter() - started
-    docs, _ = retriever.retrieve(bm25s.tokenize(questions, stopwords="en", show_progress=False), k=max(KS),
-                                 show_progress=False)
+    docs, _ = retriever.retrieve(
+        bm25s.tokenize(questions, stopwords="en", show_progress=False), k=max(KS), show_progress=False
+    )
     out = {"n": len(questions), "corpus_size": len(corpus), "build_s": build_s}
     for k in KS:
         found = [[bool(unit & {corpus[d] for d in row[:k]}) for unit in gold] for row, gold in zip(docs, golds)]
@@ -100,8 +102,12 @@ def mhgpo_recall(spec: str, dense: bool) -> dict[str, dict]:
         build_s, build_cpu_s = time.perf_counter() - started, time.process_time() - cpu
         started = time.perf_counter()
         metrics = evaluate_retrieval(examples, retriever, KS).metrics
-        results[name] = {**metrics, "build_s": build_s, "build_cpu_s": build_cpu_s,
-                         "search_s": time.perf_counter() - started}
+        results[name] = {
+            **metrics,
+            "build_s": build_s,
+            "build_cpu_s": build_cpu_s,
+            "search_s": time.perf_counter() - started,
+        }
     return results
 
 
@@ -123,10 +129,12 @@ def main() -> None:
         plain = plain_bm25s(layout, Path(path).expanduser())
         ours = mhgpo_recall(spec, dense=not args.no_dense)
         rows[layout] = {"plain_bm25s": plain, **ours}
-        print(f"{layout}: {plain['n']} questions, corpus {plain['corpus_size']} passages (mhgpo: "
-              f"{ours['bm25']['corpus_size']}); build s: plain bm25s {plain['build_s']:.2f}, "
-              + ", ".join(f"{name} {m['build_s']:.2f} ({m['build_cpu_s']:.2f} CPU s)" for name, m in ours.items()),
-              flush=True)
+        print(
+            f"{layout}: {plain['n']} questions, corpus {plain['corpus_size']} passages (mhgpo: "
+            f"{ours['bm25']['corpus_size']}); build s: plain bm25s {plain['build_s']:.2f}, "
+            + ", ".join(f"{name} {m['build_s']:.2f} ({m['build_cpu_s']:.2f} CPU s)" for name, m in ours.items()),
+            flush=True,
+        )
 
     names = ["plain_bm25s", "bm25"] + ([] if args.no_dense else ["dense"])
     print()
@@ -134,8 +142,11 @@ def main() -> None:
     print(f"| data | n | corpus | {' | '.join(names)} |")
     print("|---|---|---|" + "---|" * len(names))
     for layout, r in rows.items():
-        print(f"| {layout} | {r['bm25']['n']} | {r['bm25']['corpus_size']} | "
-              + " | ".join(_cell(r[name]) for name in names) + " |")
+        print(
+            f"| {layout} | {r['bm25']['n']} | {r['bm25']['corpus_size']} | "
+            + " | ".join(_cell(r[name]) for name in names)
+            + " |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
 

@@ -70,7 +70,7 @@ def main() -> int:
     total = args.clients * args.requests
     if len(questions) < total * args.queries:
         raise SystemExit(f"bench_serve: {len(questions)} distinct questions for {total * args.queries} queries")
-    batches = [questions[i * args.queries:(i + 1) * args.queries] for i in range(total)]
+    batches = [questions[i * args.queries : (i + 1) * args.queries] for i in range(total)]
     expected = [[[document(p) for p in hits] for hits in local.search_batch(b, args.topk)] for b in batches]
 
     port = free_port()
@@ -109,17 +109,32 @@ def main() -> int:
         proc.wait(timeout=30)
 
     ms = np.asarray(latencies) * 1000
-    figures = {"clients": args.clients, "requests": total, "queries_per_request": args.queries, "topk": args.topk,
-               "passages": len(local), **outcome, "p50_ms": float(np.percentile(ms, 50)),
-               "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
-               "max_ms": float(ms.max()), "seconds": wall, "requests_per_s": total / wall,
-               "queries_per_s": total * args.queries / wall, "cpus": os.cpu_count()}
-    print(f"{total} requests ({args.clients} clients x {args.requests}, {args.queries} queries each, topk "
-          f"{args.topk}, BM25 over {len(local)} passages): {outcome['correct']} correct, {outcome['wrong']} wrong, "
-          f"{outcome['lost']} lost")
-    print(f"latency p50 {figures['p50_ms']:.1f} ms, p90 {figures['p90_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms "
-          f"(max {figures['max_ms']:.1f}); {figures['requests_per_s']:.1f} requests/s, "
-          f"{figures['queries_per_s']:.1f} queries/s in {wall:.2f} s on {os.cpu_count()} CPUs")
+    figures = {
+        "clients": args.clients,
+        "requests": total,
+        "queries_per_request": args.queries,
+        "topk": args.topk,
+        "passages": len(local),
+        **outcome,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+        "seconds": wall,
+        "requests_per_s": total / wall,
+        "queries_per_s": total * args.queries / wall,
+        "cpus": os.cpu_count(),
+    }
+    print(
+        f"{total} requests ({args.clients} clients x {args.requests}, {args.queries} queries each, topk "
+        f"{args.topk}, BM25 over {len(local)} passages): {outcome['correct']} correct, {outcome['wrong']} wrong, "
+        f"{outcome['lost']} lost"
+    )
+    print(
+        f"latency p50 {figures['p50_ms']:.1f} ms, p90 {figures['p90_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms "
+        f"(max {figures['max_ms']:.1f}); {figures['requests_per_s']:.1f} requests/s, "
+        f"{figures['queries_per_s']:.1f} queries/s in {wall:.2f} s on {os.cpu_count()} CPUs"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     return 0 if outcome["correct"] == total else 1

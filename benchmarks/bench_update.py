@@ -22,24 +22,25 @@ import argparse
 from typing import Any
 
 import torch
-
 from bench_generation import PeakRSS
 from bench_precision import best_of, common_arguments, dispatch
 
 
 def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
     from mhgpo.config import LoraConfig, OptimConfig
+    from mhgpo.model.precision import weight_dtype
     from mhgpo.model.trained import load_model
     from mhgpo.rl.policy import Policy, Sample, no_dropout
-    from mhgpo.model.precision import weight_dtype
 
     with PeakRSS() as peak:
         loaded = load_model(args.model, dtype=weight_dtype(precision, trainable=False))  # LoRA: a frozen base
         rows = args.groups * args.group_size
-        optim = OptimConfig(micro_batch_tokens=rows * (args.prompt_len + args.output_len),
-                            gradient_checkpointing=args.checkpointing)
-        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=args.lora_r), 10,
-                        precision=precision)
+        optim = OptimConfig(
+            micro_batch_tokens=rows * (args.prompt_len + args.output_len), gradient_checkpointing=args.checkpointing
+        )
+        policy = Policy(
+            loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=args.lora_r), 10, precision=precision
+        )
         gen = torch.Generator().manual_seed(0)
         vocab = loaded.model.config.vocab_size
         samples = []
@@ -62,7 +63,8 @@ def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
             key = "shared" if share else "alone"
             out[f"{key}_fwd_bwd_wall"], out[f"{key}_fwd_bwd_cpu"] = best_of(forward_backward, args.repeats)
             out[f"{key}_forward_wall"], out[f"{key}_forward_cpu"] = best_of(
-                lambda: policy.reference_logprobs(samples), args.repeats)
+                lambda: policy.reference_logprobs(samples), args.repeats
+            )
             refs[key] = policy.reference_logprobs(samples)
         out["max_gap"] = max(float((a - b).abs().max()) for a, b in zip(refs["shared"], refs["alone"]))
     out["peak_mb"] = peak.peak / 2**20
@@ -83,17 +85,21 @@ def main() -> None:
     results = dispatch(__file__, args, one, ["--groups", "--group-size", "--prompt-len", "--output-len"])
     if results is None:
         return
-    print(f"\n{args.model}, LoRA r={args.lora_r}, gradient checkpointing {'on' if args.checkpointing else 'off'}, "
-          f"{results[0]['threads']} thread(s); one micro-batch of {args.groups} group(s) x {args.group_size} samples, "
-          f"prompts of {args.prompt_len} tokens, outputs of {args.output_len}. Each cell: wall / CPU seconds")
+    print(
+        f"\n{args.model}, LoRA r={args.lora_r}, gradient checkpointing {'on' if args.checkpointing else 'off'}, "
+        f"{results[0]['threads']} thread(s); one micro-batch of {args.groups} group(s) x {args.group_size} samples, "
+        f"prompts of {args.prompt_len} tokens, outputs of {args.output_len}. Each cell: wall / CPU seconds"
+    )
     print(f"{'precision':11} {'prompts':7} {'fwd+bwd s':>15} {'forward s':>15}")
     for r in results:
         for key in ("alone", "shared"):
             cells = [f"{r[f'{key}_{what}_wall']:.2f} / {r[f'{key}_{what}_cpu']:.2f}" for what in ("fwd_bwd", "forward")]
             print(f"{r['precision']:11} {key:7} {cells[0]:>15} {cells[1]:>15}")
         speed = [r[f"alone_{what}_wall"] / r[f"shared_{what}_wall"] for what in ("fwd_bwd", "forward")]
-        print(f"{r['precision']:11} speed-up of sharing (wall): fwd+bwd {speed[0]:.2f}x, forward {speed[1]:.2f}x; "
-              f"largest log-prob gap {r['max_gap']:.2e}; peak {r['peak_mb']:.0f} MB")
+        print(
+            f"{r['precision']:11} speed-up of sharing (wall): fwd+bwd {speed[0]:.2f}x, forward {speed[1]:.2f}x; "
+            f"largest log-prob gap {r['max_gap']:.2e}; peak {r['peak_mb']:.0f} MB"
+        )
 
 
 if __name__ == "__main__":

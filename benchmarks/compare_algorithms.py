@@ -32,19 +32,30 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from mhgpo.io import atomic_write_json
 
-ALGOS = {"rr": ["algo=mhgpo", "sampler=rr"], "fof": ["algo=mhgpo", "sampler=fof"], "is": ["algo=mhgpo", "sampler=is"],
-         "fof_os": ["algo=mhgpo", "sampler=fof_os"], "mappo": ["algo=mappo", "sampler=chains"],
-         "grpo": ["algo=grpo", "system=llm", "sampler=fof"]}
+ALGOS = {
+    "rr": ["algo=mhgpo", "sampler=rr"],
+    "fof": ["algo=mhgpo", "sampler=fof"],
+    "is": ["algo=mhgpo", "sampler=is"],
+    "fof_os": ["algo=mhgpo", "sampler=fof_os"],
+    "mappo": ["algo=mappo", "sampler=chains"],
+    "grpo": ["algo=grpo", "system=llm", "sampler=fof"],
+}
 OPTIONS = {"per_role": ["lora.per_role=true"], "filter": ["filter_zero_variance=true"]}
-LABELS = {"rr": "MHGPO-RR", "fof": "MHGPO-FoF", "is": "MHGPO-IS", "fof_os": "MHGPO-FoF(os)", "mappo": "MAPPO",
-          "grpo": "single-agent GRPO"}
+LABELS = {
+    "rr": "MHGPO-RR",
+    "fof": "MHGPO-FoF",
+    "is": "MHGPO-IS",
+    "fof_os": "MHGPO-FoF(os)",
+    "mappo": "MAPPO",
+    "grpo": "single-agent GRPO",
+}
 # What a finished result must hold; a file without them (or not JSON) was cut short and is run again.
 RESULT_KEYS = ("row", "seed", "steps", "val_f1", "val_acc", "settings")
 
@@ -89,8 +100,10 @@ def parse_row(row: str) -> tuple[bool, str | None, list[str]]:
     options = [p for p in parts if p in OPTIONS]
     unknown = [p for p in parts if p not in ALGOS and p not in OPTIONS and p not in ("warm", "untrained")]
     if unknown or len(algos) > 1 or (options and not algos) or (row == "untrained") != ("untrained" in parts):
-        raise ValueError(f"bad row {row!r}: untrained, warm, or [warm+]ALGO[+OPTION...] with ALGO in "
-                         f"{', '.join(ALGOS)} and OPTION in {', '.join(OPTIONS)}")
+        raise ValueError(
+            f"bad row {row!r}: untrained, warm, or [warm+]ALGO[+OPTION...] with ALGO in "
+            f"{', '.join(ALGOS)} and OPTION in {', '.join(OPTIONS)}"
+        )
     if row_budget(row) is not None and not algos:
         raise ValueError(f"bad row {row!r}: {BUDGET}= is the training minutes of an RL row; this row trains nothing")
     return warm, (algos[0] if algos else None), options
@@ -103,12 +116,13 @@ def label(row: str) -> str:
     extra = f" [{', '.join(own)}]" if own else ""
     if algo is None:
         return ("warm start only" if warm else "untrained team") + extra
-    return ("warm start + " if warm else "") + LABELS[algo] + "".join(f" ({o.replace('_', '-')})" for o in options) + extra
+    return (
+        ("warm start + " if warm else "") + LABELS[algo] + "".join(f" ({o.replace('_', '-')})" for o in options) + extra
+    )
 
 
 def demo_tree(overrides: list[str]) -> dict:
-    from mhgpo.config import TrainConfig, load_config, to_dict
-    from mhgpo.config import demo_config_path
+    from mhgpo.config import TrainConfig, demo_config_path, load_config, to_dict
 
     return to_dict(load_config(TrainConfig, demo_config_path(), overrides))
 
@@ -141,8 +155,10 @@ def load_result(path: Path, settings: dict) -> dict | None:
     if not isinstance(result, dict) or any(k not in result for k in RESULT_KEYS):
         return None
     if result["settings"] != settings:
-        raise SystemExit(f"{path}: ran with {json.dumps(result['settings'])}, not {json.dumps(settings)}; "
-                         f"use another --out (or remove it)")
+        raise SystemExit(
+            f"{path}: ran with {json.dumps(result['settings'])}, not {json.dumps(settings)}; "
+            f"use another --out (or remove it)"
+        )
     return result
 
 
@@ -158,10 +174,9 @@ def run_warm_start(out: Path, seed: int, overrides: list[str], system: str = "ma
 
 
 def _warm_start(folder: Path, seed: int, overrides: list[str], system: str) -> dict:
-    from mhgpo.config import TrainConfig, load_config
+    from mhgpo.config import TrainConfig, demo_config_path, load_config
     from mhgpo.run.pipeline import warm_start_config
     from mhgpo.run.warm_start import run_sft
-    from mhgpo.config import demo_config_path
 
     out = folder.parent
     done = load_result(folder / "done.json", {"overrides": overrides}) if folder.is_dir() else None
@@ -169,13 +184,22 @@ def _warm_start(folder: Path, seed: int, overrides: list[str], system: str) -> d
         return done
     if folder.exists():
         shutil.rmtree(folder)
-    cfg = load_config(TrainConfig, demo_config_path(), overrides + [f"system={system}", f"seed={seed}",
-                                                                   f"output_dir={out / 'x'}"])
+    cfg = load_config(
+        TrainConfig, demo_config_path(), overrides + [f"system={system}", f"seed={seed}", f"output_dir={out / 'x'}"]
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     run_sft(warm_start_config(cfg, folder), progress=False)
-    result = {"row": "warm_start", "seed": seed, "system": system, "steps": cfg.warm_start.steps,
-              "minutes": (time.perf_counter() - t0) / 60, "cpu_minutes": (time.process_time() - c0) / 60,
-              "val_f1": None, "val_acc": None, "settings": {"overrides": overrides}}
+    result = {
+        "row": "warm_start",
+        "seed": seed,
+        "system": system,
+        "steps": cfg.warm_start.steps,
+        "minutes": (time.perf_counter() - t0) / 60,
+        "cpu_minutes": (time.process_time() - c0) / 60,
+        "val_f1": None,
+        "val_acc": None,
+        "settings": {"overrides": overrides},
+    }
     atomic_write_json(folder / "done.json", result)
     return result
 
@@ -185,17 +209,40 @@ def row_settings(row: str, seed: int, val_limit: int, out: Path, overrides: list
     options, common overrides, the row's own, its warm start as the model, the comparison's fixed keys)."""
     warm, algo, options = parse_row(row)
     model = [f"model={warm_start_dir(out, seed, row_system(row)).resolve()}"] if warm else []
-    return (ALGOS.get(algo, []) + [x for o in options for x in OPTIONS[o]] + overrides + row_overrides(row) + model
-            + [f"seed={seed}", "steps=100000", "eval_every=0", "save_every=0", f"val_limit={val_limit}",
-               "warm_start.enabled=false", f"output_dir={run_dir}"])
+    return (
+        ALGOS.get(algo, [])
+        + [x for o in options for x in OPTIONS[o]]
+        + overrides
+        + row_overrides(row)
+        + model
+        + [
+            f"seed={seed}",
+            "steps=100000",
+            "eval_every=0",
+            "save_every=0",
+            f"val_limit={val_limit}",
+            "warm_start.enabled=false",
+            f"output_dir={run_dir}",
+        ]
+    )
 
 
 def machine() -> dict:
     """The CPU model and core count (and the GPU, if any) a result was measured on."""
     import torch
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").is_file() else "unknown"
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "unknown",
+        )
+        if Path("/proc/cpuinfo").is_file()
+        else "unknown"
+    )
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu": model, "cores": os.cpu_count(), "gpu": gpu}
 
@@ -203,11 +250,10 @@ def machine() -> dict:
 def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Path, overrides: list[str]) -> dict:
     """Train one row for the budget and validate it; the result (also written to OUT/ROW-seedS.json, with each
     step's metrics and its process's peak memory so far)."""
-    from mhgpo.config import TrainConfig, load_config
-    from mhgpo.run.pipeline import evaluate_model
-    from mhgpo.config import demo_config_path
+    from mhgpo.config import TrainConfig, demo_config_path, load_config
     from mhgpo.rl.policy import peak_memory_mb
     from mhgpo.rl.trainer import Trainer, build_team
+    from mhgpo.run.pipeline import evaluate_model
 
     _, algo, _ = parse_row(row)
     budget = row_minutes(row, minutes)
@@ -228,18 +274,33 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
                 if rows and elapsed + elapsed / len(rows) > budget * 60:
                     break
                 rows.append({**trainer.train_step(), "memory/peak_mb": peak_memory_mb()})
-                print(f"{row} seed {seed} step {len(rows)}: reward {rows[-1].get('reward/mean', 0):.3f} "
-                      f"({(time.perf_counter() - start_wall) / 60:.1f} min wall, "
-                      f"{(time.process_time() - start_cpu) / 60:.1f} min CPU)", file=sys.stderr, flush=True)
+                print(
+                    f"{row} seed {seed} step {len(rows)}: reward {rows[-1].get('reward/mean', 0):.3f} "
+                    f"({(time.perf_counter() - start_wall) / 60:.1f} min wall, "
+                    f"{(time.process_time() - start_cpu) / 60:.1f} min CPU)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             train_wall, train_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
             res = trainer.validate()
-    result = {"row": row, "seed": seed, "system": cfg.system, "steps": len(rows), "budget_minutes": budget,
-              "questions_per_step": cfg.questions_per_step,
-              "train_minutes": train_wall / 60, "train_cpu_minutes": train_cpu / 60,
-              "val_f1": res.metrics["f1"], "val_em": res.metrics["em"], "val_acc": res.metrics["acc"],
-              "val_n": res.metrics["n"], "peak_mb": peak_memory_mb(), "machine": machine(),
-              "settings": settings_of(minutes, clock, val_limit, overrides),
-              **{k: v for k, v in res.metrics.items() if "/" in k}}
+    result = {
+        "row": row,
+        "seed": seed,
+        "system": cfg.system,
+        "steps": len(rows),
+        "budget_minutes": budget,
+        "questions_per_step": cfg.questions_per_step,
+        "train_minutes": train_wall / 60,
+        "train_cpu_minutes": train_cpu / 60,
+        "val_f1": res.metrics["f1"],
+        "val_em": res.metrics["em"],
+        "val_acc": res.metrics["acc"],
+        "val_n": res.metrics["n"],
+        "peak_mb": peak_memory_mb(),
+        "machine": machine(),
+        "settings": settings_of(minutes, clock, val_limit, overrides),
+        **{k: v for k, v in res.metrics.items() if "/" in k},
+    }
     per_question = [{"id": p["id"], "f1": p["f1"], "acc": p["acc"]} for p in res.predictions]  # for paired tests
     atomic_write_json(result_path(out, row, seed), {**result, "steps_metrics": rows, "val_questions": per_question})
     return result
@@ -252,8 +313,9 @@ def settings_of(minutes: float, clock: str, val_limit: int, overrides: list[str]
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=log.open("a"),
-                            text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=log.open("a"), text=True, env=env
+    )
 
 
 def run_all(jobs: list[list[str]], parallel: int, log: Path) -> list[dict]:
@@ -296,55 +358,87 @@ def summary(results: list[dict], minutes: float, clock: str) -> str:
     by_row: dict[str, list[dict]] = {}
     for r in results:
         by_row.setdefault(r["row"], []).append(r)
-    lines = [f"validation after {minutes:g} {clock} min of training each, or a row's own budget (demo settings, "
-             f"{results[0]['val_n']} questions; mean ± std over seeds)", "",
-             f"| run | {clock} min | seeds | steps | val F1 | val EM | val Acc | answers starting 'Document' | "
-             "Rewriter penalty rate |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"validation after {minutes:g} {clock} min of training each, or a row's own budget (demo settings, "
+        f"{results[0]['val_n']} questions; mean ± std over seeds)",
+        "",
+        f"| run | {clock} min | seeds | steps | val F1 | val EM | val Acc | answers starting 'Document' | "
+        "Rewriter penalty rate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row, rs in by_row.items():
-        def ms(key: str, scale: float = 1.0) -> str:
+
+        def ms(key: str, scale: float = 1.0, rs=rs) -> str:
             return fmt([r.get(key, float("nan")) * scale for r in rs])
+
         trained = f"{row_minutes(row, minutes):g}" if parse_row(row)[1] else "—"
-        lines.append(f"| {label(row)} | {trained} | {len(rs)} | {np.mean([r['steps'] for r in rs]):.1f} | "
-                     f"{ms('val_f1')} | "
-                     f"{ms('val_em')} | {ms('val_acc')} | {ms('answerer/starts_with_document', 100)}% | "
-                     f"{ms('rewriter/penalty_rate', 100)}% |")
+        lines.append(
+            f"| {label(row)} | {trained} | {len(rs)} | {np.mean([r['steps'] for r in rs]):.1f} | "
+            f"{ms('val_f1')} | "
+            f"{ms('val_em')} | {ms('val_acc')} | {ms('answerer/starts_with_document', 100)}% | "
+            f"{ms('rewriter/penalty_rate', 100)}% |"
+        )
     return "\n".join(lines)
 
 
-def plan(rows: list[str], seeds: list[int], out: Path, settings: dict) -> tuple[list[tuple[int, str]],
-                                                                                 list[tuple[str, int]]]:
+def plan(
+    rows: list[str], seeds: list[int], out: Path, settings: dict
+) -> tuple[list[tuple[int, str]], list[tuple[str, int]]]:
     """What is still to run: the warm starts (seed, system) that unfinished rows start from, and the (row, seed)
     results without a finished file."""
     todo = [(r, s) for r in rows for s in seeds if load_result(result_path(out, r, s), settings) is None]
     needed = sorted({(s, row_system(r)) for r, s in todo if parse_row(r)[0]})
-    warm = [(s, system) for s, system in needed
-            if load_result(warm_start_dir(out, s, system) / "done.json", {"overrides": settings["overrides"]}) is None]
+    warm = [
+        (s, system)
+        for s, system in needed
+        if load_result(warm_start_dir(out, s, system) / "done.json", {"overrides": settings["overrides"]}) is None
+    ]
     return warm, todo
 
 
-def run_rows(rows: list[str], seeds: list[int], out: Path, settings: dict, parallel: int,
-             runner: Callable[[list[list[str]], int, Path], list[dict]] | None = None) -> list[dict]:
+def run_rows(
+    rows: list[str],
+    seeds: list[int],
+    out: Path,
+    settings: dict,
+    parallel: int,
+    runner: Callable[[list[list[str]], int, Path], list[dict]] | None = None,
+) -> list[dict]:
     """Every (row, seed) result under `settings` (see `settings_of`), row by row: the finished ones read from OUT,
     the others run (their warm starts first), `parallel` processes at a time, by `runner` (default `run_all`)."""
     runner = runner or run_all
     out.mkdir(parents=True, exist_ok=True)
     log = out / "log.txt"
-    common = ["--out", str(out), "--minutes", str(settings["minutes"]), "--clock", settings["clock"],
-              "--val-limit", str(settings["val_limit"])]
+    common = [
+        "--out",
+        str(out),
+        "--minutes",
+        str(settings["minutes"]),
+        "--clock",
+        settings["clock"],
+        "--val-limit",
+        str(settings["val_limit"]),
+    ]
     pinned = out / "settings.json"  # one OUT, one budget: every result in it comparable with the others
     if pinned.is_file() and json.loads(pinned.read_text(encoding="utf-8")) != settings:
-        raise SystemExit(f"{out} holds results run with {pinned.read_text(encoding='utf-8').strip()}, not "
-                         f"{json.dumps(settings)}; use another --out")
+        raise SystemExit(
+            f"{out} holds results run with {pinned.read_text(encoding='utf-8').strip()}, not "
+            f"{json.dumps(settings)}; use another --out"
+        )
     warm, todo = plan(rows, seeds, out, settings)  # (refuses results that ran under other settings)
     atomic_write_json(pinned, settings)
     if len(todo) < len(rows) * len(seeds):
         print(f"{len(rows) * len(seeds) - len(todo)} finished results in {out} reused", flush=True)
     if warm:
-        done = runner([["--warm", "--seed", str(s), "--system", system, *common, *settings["overrides"]]
-                       for s, system in warm], parallel, log)
-        print("warm start: " + ", ".join(f"seed {w['seed']} ({w['system']}) {w['minutes']:.1f} min" for w in done),
-              flush=True)
+        done = runner(
+            [["--warm", "--seed", str(s), "--system", system, *common, *settings["overrides"]] for s, system in warm],
+            parallel,
+            log,
+        )
+        print(
+            "warm start: " + ", ".join(f"seed {w['seed']} ({w['system']}) {w['minutes']:.1f} min" for w in done),
+            flush=True,
+        )
     if todo:
         runner([["--one", r, "--seed", str(s), *common, *settings["overrides"]] for r, s in todo], parallel, log)
     results = [load_result(result_path(out, r, s), settings) for r in rows for s in seeds]
@@ -361,8 +455,12 @@ def split_rows(items: list[str]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", nargs="+", default=["untrained,warm,warm+rr,warm+mappo"],
-                        help="rows, comma- or space-separated; a row's own settings after @: warm+rr@optim.lr=3e-5")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=["untrained,warm,warm+rr,warm+mappo"],
+        help="rows, comma- or space-separated; a row's own settings after @: warm+rr@optim.lr=3e-5",
+    )
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="cpu")
@@ -381,8 +479,11 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        result = run_warm_start(out, args.seed, args.overrides, args.system) if args.warm else \
-            one(args.one, args.seed, args.minutes, args.clock, args.val_limit, out, args.overrides)
+        result = (
+            run_warm_start(out, args.seed, args.overrides, args.system)
+            if args.warm
+            else one(args.one, args.seed, args.minutes, args.clock, args.val_limit, out, args.overrides)
+        )
         print(json.dumps(result))
         return
     rows = split_rows(args.rows)
@@ -392,8 +493,9 @@ def main() -> None:
         except ValueError as e:
             parser.error(str(e))
     seeds = [int(s) for s in args.seeds.split(",")]
-    results = run_rows(rows, seeds, out, settings_of(args.minutes, args.clock, args.val_limit, args.overrides),
-                       args.parallel)
+    results = run_rows(
+        rows, seeds, out, settings_of(args.minutes, args.clock, args.val_limit, args.overrides), args.parallel
+    )
     table = summary(results, args.minutes, args.clock)
     (out / "summary.md").write_text(table + "\n")
     print("\n" + table)

@@ -57,6 +57,7 @@ METRICS = {"val_f1": "val F1", "llm_calls": "LLM calls / question"}
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """The paper's direction of `row` against `than` on `metric` (`val_f1`, or `llm_calls` per question)."""
+
     row: str
     direction: str  # > ≥ ≈ < ≤
     than: str
@@ -84,46 +85,102 @@ def _rl_beats(rows: list[str], than: str, paper: str) -> tuple[Claim, ...]:
     return tuple(Claim(r, ">", than, paper) for r in rows)
 
 
-TABLES = {t.name: t for t in (
-    Table("algorithms", "MHGPO (each sampler) against MAPPO and single-agent GRPO", "warm+mappo",
-          ("untrained", "warm", *MHGPO_ROWS, "warm+mappo", SINGLE_WARM, "warm+grpo"),
-          (*_rl_beats(MHGPO_ROWS, "warm", "RL improves on its starting point"),
-           Claim("warm+grpo", ">", SINGLE_WARM, "RL improves on its starting point (single agent)"),
-           *_rl_beats(MHGPO_ROWS, "warm+mappo", "MHGPO > MAPPO"),
-           *_rl_beats(MHGPO_ROWS, "warm+grpo", "the trained team > single-agent GRPO"),
-           Claim("warm+fof", "≈", "warm+is", "FoF ≈ IS in quality ..."),
-           Claim("warm+fof", "<", "warm+is", "... at lower cost", "llm_calls"))),
-    # the paper's two branched samplers; under RR only prefix singletons carry an aggregated reward, and at 4
-    # questions a step they seldom fill a regrouped group, so FoF(os) (every prefix node aggregated) is the test
-    Table("aggregators", "Aggr of backward reward propagation (MHGPO-RR and MHGPO-FoF(os)): mean against max, min, "
-          "rand", "warm+rr",
-          tuple(f"{s}{a}" for s in ("warm+rr", "warm+fof_os") for a in ("", "@reward.aggr=max", "@reward.aggr=min",
-                                                                         "@reward.aggr=rand")),
-          tuple(Claim(s, "≥", f"{s}@reward.aggr={a}", f"mean aggr ≥ {a} ({name})")
-                for s, name in (("warm+rr", "RR"), ("warm+fof_os", "FoF(os)")) for a in ("max", "min", "rand")),
-          (("aggregated samples / question", "aggregated_samples"),)),
-    Table("reward", "Composite reward (final + agent-specific penalties) against the final reward alone", "warm+rr",
-          ("warm+rr", "warm+rr@reward.penalties=false", "warm+mappo", "warm+mappo@reward.penalties=false"),
-          (Claim("warm+rr", ">", "warm+rr@reward.penalties=false", "composite > final-only (MHGPO-RR)"),
-           Claim("warm+mappo", ">", "warm+mappo@reward.penalties=false", "composite > final-only (MAPPO)"))),
-    Table("roles", "Role-wise training (MHGPO-FoF): every role against one role alone or one role frozen", "warm+fof",
-          ("warm+fof", *(f"warm+fof@train_roles=[{r}]" for r in ROLES),
-           *(f"warm+fof@frozen_roles=[{r}]" for r in ROLES)),
-          (*(Claim("warm+fof", "≥", f"warm+fof@train_roles=[{r}]", f"all roles ≥ {r} alone") for r in ROLES),
-           *(Claim("warm+fof", "≥", f"warm+fof@frozen_roles=[{r}]", f"all roles ≥ {r} frozen") for r in ROLES))),
-    Table("groups", "Advantage groups on MHGPO-RR's rollouts: MHGPO's heterogeneous groups against two peer schemes "
-          "(agent-wise normalisation as Dr.MAS; (prompt, agent, turn) groups as AT-GRPO)", "warm+rr",
-          ("warm+rr", "warm+rr@advantage=agent", "warm+rr@advantage=prompt_agent_turn"),
-          (Claim("warm+rr", "≥", "warm+rr@advantage=agent", "(not the paper's) MHGPO groups ≥ agent-wise"),
-           Claim("warm+rr", "≥", "warm+rr@advantage=prompt_agent_turn",
-                 "(not the paper's) MHGPO groups ≥ (prompt, agent, turn)"))),
-    Table("recipes", "RL aimed at the role with the headroom (the oracles' Reranker): MHGPO-RR training the Reranker "
-          "alone for 30 CPU minutes, against the warm start and 10 or 30 minutes of every role (not the paper's)",
-          "warm", ("warm", "warm+rr", RERANKER_RECIPE, RECIPE_CONTROL),
-          (Claim(RERANKER_RECIPE, ">", "warm", "(not the paper's) RL aimed at the Reranker improves on the warm start"),
-           Claim(RERANKER_RECIPE, ">", "warm+rr", "(not the paper's) ... and on 10 minutes of every role"),
-           Claim(RERANKER_RECIPE, ">", RECIPE_CONTROL, "(not the paper's) ... and on as many minutes of every role"))),
-)}
+TABLES = {
+    t.name: t
+    for t in (
+        Table(
+            "algorithms",
+            "MHGPO (each sampler) against MAPPO and single-agent GRPO",
+            "warm+mappo",
+            ("untrained", "warm", *MHGPO_ROWS, "warm+mappo", SINGLE_WARM, "warm+grpo"),
+            (
+                *_rl_beats(MHGPO_ROWS, "warm", "RL improves on its starting point"),
+                Claim("warm+grpo", ">", SINGLE_WARM, "RL improves on its starting point (single agent)"),
+                *_rl_beats(MHGPO_ROWS, "warm+mappo", "MHGPO > MAPPO"),
+                *_rl_beats(MHGPO_ROWS, "warm+grpo", "the trained team > single-agent GRPO"),
+                Claim("warm+fof", "≈", "warm+is", "FoF ≈ IS in quality ..."),
+                Claim("warm+fof", "<", "warm+is", "... at lower cost", "llm_calls"),
+            ),
+        ),
+        # the paper's two branched samplers; under RR only prefix singletons carry an aggregated reward, and at 4
+        # questions a step they seldom fill a regrouped group, so FoF(os) (every prefix node aggregated) is the test
+        Table(
+            "aggregators",
+            "Aggr of backward reward propagation (MHGPO-RR and MHGPO-FoF(os)): mean against max, min, rand",
+            "warm+rr",
+            tuple(
+                f"{s}{a}"
+                for s in ("warm+rr", "warm+fof_os")
+                for a in ("", "@reward.aggr=max", "@reward.aggr=min", "@reward.aggr=rand")
+            ),
+            tuple(
+                Claim(s, "≥", f"{s}@reward.aggr={a}", f"mean aggr ≥ {a} ({name})")
+                for s, name in (("warm+rr", "RR"), ("warm+fof_os", "FoF(os)"))
+                for a in ("max", "min", "rand")
+            ),
+            (("aggregated samples / question", "aggregated_samples"),),
+        ),
+        Table(
+            "reward",
+            "Composite reward (final + agent-specific penalties) against the final reward alone",
+            "warm+rr",
+            ("warm+rr", "warm+rr@reward.penalties=false", "warm+mappo", "warm+mappo@reward.penalties=false"),
+            (
+                Claim("warm+rr", ">", "warm+rr@reward.penalties=false", "composite > final-only (MHGPO-RR)"),
+                Claim("warm+mappo", ">", "warm+mappo@reward.penalties=false", "composite > final-only (MAPPO)"),
+            ),
+        ),
+        Table(
+            "roles",
+            "Role-wise training (MHGPO-FoF): every role against one role alone or one role frozen",
+            "warm+fof",
+            (
+                "warm+fof",
+                *(f"warm+fof@train_roles=[{r}]" for r in ROLES),
+                *(f"warm+fof@frozen_roles=[{r}]" for r in ROLES),
+            ),
+            (
+                *(Claim("warm+fof", "≥", f"warm+fof@train_roles=[{r}]", f"all roles ≥ {r} alone") for r in ROLES),
+                *(Claim("warm+fof", "≥", f"warm+fof@frozen_roles=[{r}]", f"all roles ≥ {r} frozen") for r in ROLES),
+            ),
+        ),
+        Table(
+            "groups",
+            "Advantage groups on MHGPO-RR's rollouts: MHGPO's heterogeneous groups against two peer schemes "
+            "(agent-wise normalisation as Dr.MAS; (prompt, agent, turn) groups as AT-GRPO)",
+            "warm+rr",
+            ("warm+rr", "warm+rr@advantage=agent", "warm+rr@advantage=prompt_agent_turn"),
+            (
+                Claim("warm+rr", "≥", "warm+rr@advantage=agent", "(not the paper's) MHGPO groups ≥ agent-wise"),
+                Claim(
+                    "warm+rr",
+                    "≥",
+                    "warm+rr@advantage=prompt_agent_turn",
+                    "(not the paper's) MHGPO groups ≥ (prompt, agent, turn)",
+                ),
+            ),
+        ),
+        Table(
+            "recipes",
+            "RL aimed at the role with the headroom (the oracles' Reranker): MHGPO-RR training the Reranker "
+            "alone for 30 CPU minutes, against the warm start and 10 or 30 minutes of every role (not the paper's)",
+            "warm",
+            ("warm", "warm+rr", RERANKER_RECIPE, RECIPE_CONTROL),
+            (
+                Claim(
+                    RERANKER_RECIPE,
+                    ">",
+                    "warm",
+                    "(not the paper's) RL aimed at the Reranker improves on the warm start",
+                ),
+                Claim(RERANKER_RECIPE, ">", "warm+rr", "(not the paper's) ... and on 10 minutes of every role"),
+                Claim(
+                    RERANKER_RECIPE, ">", RECIPE_CONTROL, "(not the paper's) ... and on as many minutes of every role"
+                ),
+            ),
+        ),
+    )
+}
 
 
 ORACLE_TABLE = "oracles"
@@ -138,6 +195,7 @@ ORACLES = {
 
 
 # ---- numbers from results ---------------------------------------------------------------------------------------
+
 
 def per_question(result: dict, key: str) -> float | None:
     """A training metric summed over the row's steps per question drawn (None for a row without steps or one run
@@ -192,6 +250,7 @@ def verdict(direction: str, diffs: list[float], resolution: float = 0.0) -> str:
 
 # ---- the document -----------------------------------------------------------------------------------------------
 
+
 def data_specs(overrides: list[str]) -> dict[str, str]:
     """The `data` and `val_data` of a result's settings (empty for the synthetic world)."""
     return {k: v for k, _, v in (kv.partition("=") for kv in overrides) if k in ("data", "val_data")}
@@ -207,14 +266,20 @@ def data_flags(overrides: list[str]) -> tuple[str, list[str]]:
 
 def command(table: str, settings: dict | None, seeds: list[int] | None, out: str) -> str:
     """The command that (re)runs `table` under `settings` (the defaults for a table not run)."""
-    s = settings or {"minutes": DEFAULTS["minutes"], "clock": DEFAULTS["clock"], "val_limit": DEFAULTS["val_limit"],
-                     "overrides": []}
+    s = settings or {
+        "minutes": DEFAULTS["minutes"],
+        "clock": DEFAULTS["clock"],
+        "val_limit": DEFAULTS["val_limit"],
+        "overrides": [],
+    }
     seeds_text = ",".join(map(str, seeds)) if seeds else DEFAULTS["seeds"]
     flags, rest = data_flags(s["overrides"])
     extra = "".join(f" {kv}" for kv in rest)
-    return (f"python benchmarks/reproduce.py --table {table} --seeds {seeds_text} --minutes {s['minutes']:g} "
-            f"--clock {s['clock']} --val-limit {s['val_limit']} --parallel {DEFAULTS['parallel']}{flags} "
-            f"--out {out}{extra}")
+    return (
+        f"python benchmarks/reproduce.py --table {table} --seeds {seeds_text} --minutes {s['minutes']:g} "
+        f"--clock {s['clock']} --val-limit {s['val_limit']} --parallel {DEFAULTS['parallel']}{flags} "
+        f"--out {out}{extra}"
+    )
 
 
 def data_title(settings: dict) -> str:
@@ -227,9 +292,16 @@ def data_title(settings: dict) -> str:
 
 def _header(found: list[dict], settings: dict, seeds: list[int], command_text: str, budget: str) -> list[str]:
     mach = found[0].get("machine") or {}
-    return [f"### {data_title(settings)}", "", f"Command: `{command_text}`", "",
-            f"Machine: {mach.get('cpu', 'unknown')}, {mach.get('cores', '?')} cores"
-            + (f", {mach['gpu']}" if mach.get("gpu") else "") + f". Seeds: {', '.join(map(str, seeds))}. " + budget]
+    return [
+        f"### {data_title(settings)}",
+        "",
+        f"Command: `{command_text}`",
+        "",
+        f"Machine: {mach.get('cpu', 'unknown')}, {mach.get('cores', '?')} cores"
+        + (f", {mach['gpu']}" if mach.get("gpu") else "")
+        + f". Seeds: {', '.join(map(str, seeds))}. "
+        + budget,
+    ]
 
 
 def table_markdown(table: Table, by_data: list[dict[str, dict[int, dict]]], out: str) -> str:
@@ -241,13 +313,18 @@ def table_markdown(table: Table, by_data: list[dict[str, dict[int, dict]]], out:
     ran = [by_row for by_row in by_data if any(by_row.get(r) for r in own)]
     if not ran:
         lines += ["**Not run.** Command:", "", f"    {command(table.name, None, None, out)}", ""]
-        lines += ["Paper's directions: " + "; ".join(f"{c.paper} (`{c.row}` {c.direction} `{c.than}`)"
-                                                    for c in table.claims) + ".", ""]
+        lines += [
+            "Paper's directions: "
+            + "; ".join(f"{c.paper} (`{c.row}` {c.direction} `{c.than}`)" for c in table.claims)
+            + ".",
+            "",
+        ]
         return "\n".join(lines)
     for by_row in ran:
         lines += _table_body(table, by_row, out)
-    not_ran = [data_title(_settings(by_row)) for by_row in by_data
-               if not any(by_row.get(r) for r in own) and _settings(by_row)]
+    not_ran = [
+        data_title(_settings(by_row)) for by_row in by_data if not any(by_row.get(r) for r in own) and _settings(by_row)
+    ]
     if not_ran:
         lines += [f"Not run on {'; '.join(not_ran)} (its rows of other tables aside).", ""]
     return "\n".join(lines)
@@ -271,34 +348,47 @@ def _table_body(table: Table, by_row: dict[str, dict[int, dict]], out: str) -> l
     seeds = sorted({res["seed"] for res in found})
     missing = [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
     own_budgets = [f"`{r}`: {ca.row_budget(r):g}" for r in table.rows if ca.row_budget(r)]
-    lines = _header(found, settings, seeds, command(table.name, settings, seeds, out),
-                    f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row"
-                    + (f" ({'; '.join(own_budgets)})" if own_budgets else "")
-                    + ", "
-                    f"{settings['val_limit']} validation questions."
-                    + (f" **Partial**: missing {', '.join(missing)}." if missing else ""))
-    lines += ["", f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
-              "peak MB | LLM calls / question | trained samples / question |"
-              + "".join(f" {header} |" for header, _ in table.columns),
-              "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(table.columns)]
+    lines = _header(
+        found,
+        settings,
+        seeds,
+        command(table.name, settings, seeds, out),
+        f"Budget: {settings['minutes']:g} {settings['clock']} minutes of training per row"
+        + (f" ({'; '.join(own_budgets)})" if own_budgets else "")
+        + ", "
+        f"{settings['val_limit']} validation questions."
+        + (f" **Partial**: missing {', '.join(missing)}." if missing else ""),
+    )
+    lines += [
+        "",
+        f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
+        "peak MB | LLM calls / question | trained samples / question |"
+        + "".join(f" {header} |" for header, _ in table.columns),
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(table.columns),
+    ]
     for row in table.rows:
         rs = list(by_row.get(row, {}).values())
         delta = "—" if row == table.reference else ca.fmt(paired(by_row, row, table.reference))
 
-        def values(f) -> list[float]:
+        def values(f, rs=rs) -> list[float]:
             return [v for v in map(f, rs) if v is not None]
-        lines.append(f"| `{row}` | {len(rs)} | {ca.fmt([r['steps'] for r in rs])} | "
-                     f"{ca.fmt([r['val_f1'] for r in rs])} | "
-                     f"{ca.fmt([r['val_acc'] for r in rs])} | {delta} | {ca.fmt(values(seconds_per_step))} | "
-                     f"{ca.fmt(values(lambda r: r.get('peak_mb')), 0)} | "
-                     f"{ca.fmt(values(lambda r: per_question(r, 'llm_calls')), 2)} | "
-                     f"{ca.fmt(values(lambda r: per_question(r, 'samples')), 2)} |"
-                     + "".join(f" {ca.fmt(values(lambda r: per_question(r, key)), 2)} |" for _, key in table.columns))
+
+        lines.append(
+            f"| `{row}` | {len(rs)} | {ca.fmt([r['steps'] for r in rs])} | "
+            f"{ca.fmt([r['val_f1'] for r in rs])} | "
+            f"{ca.fmt([r['val_acc'] for r in rs])} | {delta} | {ca.fmt(values(seconds_per_step))} | "
+            f"{ca.fmt(values(lambda r: r.get('peak_mb')), 0)} | "
+            f"{ca.fmt(values(lambda r: per_question(r, 'llm_calls')), 2)} | "
+            f"{ca.fmt(values(lambda r: per_question(r, 'samples')), 2)} |"
+            + "".join(f" {ca.fmt(values(lambda r, key=key: per_question(r, key)), 2)} |" for _, key in table.columns)
+        )
     lines += ["", "| paper | comparison | ours (paired, mean ± std) | verdict |", "|---|---|---|---|"]
     for c in table.claims:
         diffs = paired(by_row, c.row, c.than, c.metric)
-        lines.append(f"| {c.paper} | `{c.row}` {c.direction} `{c.than}` ({METRICS[c.metric]}) | "
-                     f"{ca.fmt(diffs, 2)} | {verdict(c.direction, diffs, resolution(by_row, c))} |")
+        lines.append(
+            f"| {c.paper} | `{c.row}` {c.direction} `{c.than}` ({METRICS[c.metric]}) | "
+            f"{ca.fmt(diffs, 2)} | {verdict(c.direction, diffs, resolution(by_row, c))} |"
+        )
     return lines + [""]
 
 
@@ -309,12 +399,17 @@ def oracle_row(name: str) -> str:
 def oracle_markdown(by_data: list[dict[str, dict[int, dict]]], out: str) -> str:
     """The oracles' section: per data set, each oracle's validation (mean ± std over seeds), its paired gain over
     the team as it is, the gold paragraphs' recall in what was retrieved and in what the Answerer was shown."""
-    lines = [f"## {ORACLE_TABLE}: where the warm-started team's headroom is (per-role oracles)", "",
-             "Each seed's warm-started team validated with roles replaced by their gold output (`mhgpo eval "
-             "--oracle ROLE`; docs/learning.md): " + "; ".join(f"`{n}`: {text}" for n, (_, text) in ORACLES.items())
-             + ". Gold recall: the share of a question's gold paragraphs among those retrieved and among those "
-             "the Answerer was shown, mean over questions. `context` needs validation records that carry their "
-             "paragraphs (HotpotQA, 2WikiMultihopQA, MuSiQue; not the synthetic world).", ""]
+    lines = [
+        f"## {ORACLE_TABLE}: where the warm-started team's headroom is (per-role oracles)",
+        "",
+        "Each seed's warm-started team validated with roles replaced by their gold output (`mhgpo eval "
+        "--oracle ROLE`; docs/learning.md): "
+        + "; ".join(f"`{n}`: {text}" for n, (_, text) in ORACLES.items())
+        + ". Gold recall: the share of a question's gold paragraphs among those retrieved and among those "
+        "the Answerer was shown, mean over questions. `context` needs validation records that carry their "
+        "paragraphs (HotpotQA, 2WikiMultihopQA, MuSiQue; not the synthetic world).",
+        "",
+    ]
     ran = [by_row for by_row in by_data if any(by_row.get(oracle_row(n)) for n in ORACLES)]
     if not ran:
         return "\n".join(lines + ["**Not run.** Command:", "", f"    {command(ORACLE_TABLE, None, None, out)}", ""])
@@ -322,19 +417,31 @@ def oracle_markdown(by_data: list[dict[str, dict[int, dict]]], out: str) -> str:
         found = [res for n in ORACLES for res in by_row.get(oracle_row(n), {}).values()]
         settings = found[0]["settings"]
         seeds = sorted({res["seed"] for res in found})
-        lines += _header(found, settings, seeds, command(ORACLE_TABLE, settings, seeds, out),
-                         f"{settings['val_limit']} validation questions, greedy.")
-        lines += ["", "| oracle | seeds | val F1 | val Acc | val EM | Δ F1 vs none (paired) | gold recall, retrieved | "
-                  "gold recall, shown | LLM calls / question |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += _header(
+            found,
+            settings,
+            seeds,
+            command(ORACLE_TABLE, settings, seeds, out),
+            f"{settings['val_limit']} validation questions, greedy.",
+        )
+        lines += [
+            "",
+            "| oracle | seeds | val F1 | val Acc | val EM | Δ F1 vs none (paired) | gold recall, retrieved | "
+            "gold recall, shown | LLM calls / question |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for name in ORACLES:
             rs = list(by_row.get(oracle_row(name), {}).values())
             delta = "—" if name == "none" else ca.fmt(paired(by_row, oracle_row(name), oracle_row("none")))
 
-            def values(key: str) -> list[float]:
+            def values(key: str, rs=rs) -> list[float]:
                 return [r[key] for r in rs if r.get(key) is not None]
-            lines.append(f"| `{name}` | {len(rs)} | {ca.fmt(values('val_f1'))} | {ca.fmt(values('val_acc'))} | "
-                         f"{ca.fmt(values('val_em'))} | {delta} | {ca.fmt(values('recall_retrieved'))} | "
-                         f"{ca.fmt(values('recall_shown'))} | {ca.fmt(values('llm_calls'), 2)} |")
+
+            lines.append(
+                f"| `{name}` | {len(rs)} | {ca.fmt(values('val_f1'))} | {ca.fmt(values('val_acc'))} | "
+                f"{ca.fmt(values('val_em'))} | {delta} | {ca.fmt(values('recall_retrieved'))} | "
+                f"{ca.fmt(values('recall_shown'))} | {ca.fmt(values('llm_calls'), 2)} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -413,16 +520,30 @@ def oracle_result(name: str, seed: int, result, examples: dict, settings: dict) 
     preds = result.predictions
 
     def recall(key: str) -> float | None:
-        shares = [len(set(examples[p["id"]].supporting_titles) & set(p["trace"].get(key) or []))
-                  / len(set(examples[p["id"]].supporting_titles)) for p in preds
-                  if examples[p["id"]].supporting_titles]
+        shares = [
+            len(set(examples[p["id"]].supporting_titles) & set(p["trace"].get(key) or []))
+            / len(set(examples[p["id"]].supporting_titles))
+            for p in preds
+            if examples[p["id"]].supporting_titles
+        ]
         return 100 * float(np.mean(shares)) if shares else None
+
     calls = sum(1 for p in preds for step in p["trace"]["steps"] if "tool" not in step)
     m = result.metrics
-    return {"row": oracle_row(name), "seed": seed, "steps": 0, "val_f1": m["f1"], "val_em": m["em"],
-            "val_acc": m["acc"], "val_n": m["n"], "recall_retrieved": recall("retrieved_titles"),
-            "recall_shown": recall("selected_titles"), "llm_calls": calls / max(len(preds), 1),
-            "machine": ca.machine(), "settings": settings}
+    return {
+        "row": oracle_row(name),
+        "seed": seed,
+        "steps": 0,
+        "val_f1": m["f1"],
+        "val_em": m["em"],
+        "val_acc": m["acc"],
+        "val_n": m["n"],
+        "recall_retrieved": recall("retrieved_titles"),
+        "recall_shown": recall("selected_titles"),
+        "llm_calls": calls / max(len(preds), 1),
+        "machine": ca.machine(),
+        "settings": settings,
+    }
 
 
 def has_gold_paragraphs(settings: dict) -> bool:
@@ -454,9 +575,11 @@ def run_oracles(folder: Path, seeds: list[int], settings: dict, parallel: int) -
                 print(f"oracle {name}: left out, the validation records carry no paragraphs", flush=True)
                 continue
             with tempfile.TemporaryDirectory() as run_dir:
-                cfg = load_config(TrainConfig, demo_config_path(),
-                                  ca.row_settings("warm", seed, settings["val_limit"], folder, settings["overrides"],
-                                                  run_dir))
+                cfg = load_config(
+                    TrainConfig,
+                    demo_config_path(),
+                    ca.row_settings("warm", seed, settings["val_limit"], folder, settings["overrides"], run_dir),
+                )
                 result = evaluate_model(cfg, Path(run_dir), desc=f"oracle {name} seed {seed}", oracle=roles)
             examples = examples or {e.id: e for e in load_data(cfg.val_data)}
             atomic_write_json(path, oracle_result(name, seed, result, examples, settings))
@@ -476,8 +599,10 @@ def data_overrides(data: str, val_data: str | None) -> list[str]:
     if data == "synthetic" and val_data is None:
         return []
     if val_data is None:
-        raise ValueError(f"--data {data}: give the validation questions too (--val-data SPEC; `mhgpo data split` "
-                         "cuts disjoint parts of one file)")
+        raise ValueError(
+            f"--data {data}: give the validation questions too (--val-data SPEC; `mhgpo data split` "
+            "cuts disjoint parts of one file)"
+        )
     return [f"data={data}", f"val_data={val_data}"]
 
 
@@ -485,8 +610,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     names_all = [*TABLES, ORACLE_TABLE]
     parser.add_argument("--table", default=",".join(names_all), help=f"comma-separated: {', '.join(names_all)}")
-    parser.add_argument("--rows", nargs="+", help="run only these of the tables' rows (comma- or space-separated; a "
-                        "row with its own settings after @ is one item; e.g. a smoke test)")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        help="run only these of the tables' rows (comma- or space-separated; a "
+        "row with its own settings after @ is one item; e.g. a smoke test)",
+    )
     parser.add_argument("--seeds", default=DEFAULTS["seeds"])
     parser.add_argument("--minutes", type=float, default=DEFAULTS["minutes"])
     parser.add_argument("--clock", choices=["cpu", "wall"], default=DEFAULTS["clock"])

@@ -90,8 +90,11 @@ class Dims:
     def forward(self, tokens: int, attended: int, head_tokens: int) -> float:
         """FLOPs of a forward over ``tokens`` positions attending ``attended`` keys in all (summed over positions),
         with logits at ``head_tokens`` positions."""
-        return (2 * (self.body + self.lora) * tokens + 4 * self.hidden * self.layers * attended
-                + 2 * self.vocab * self.hidden * head_tokens)
+        return (
+            2 * (self.body + self.lora) * tokens
+            + 4 * self.hidden * self.layers * attended
+            + 2 * self.vocab * self.hidden * head_tokens
+        )
 
     def backward(self, tokens: int, attended: int, head_tokens: int) -> float:
         """Activation gradients (as much as the forward, attention twice) plus the trainable weights' gradients."""
@@ -130,9 +133,20 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
 
     size = ["questions_per_step=2", "group_size=2"] if args.short else []
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = load_config(TrainConfig, demo_config_path(), [
-            "steps=1", "eval_every=0", "save_every=0", "warm_start.enabled=false", f"output_dir={run_dir}",
-            f"precision={args.precision}", *size, *args.overrides])
+        cfg = load_config(
+            TrainConfig,
+            demo_config_path(),
+            [
+                "steps=1",
+                "eval_every=0",
+                "save_every=0",
+                "warm_start.enabled=false",
+                f"output_dir={run_dir}",
+                f"precision={args.precision}",
+                *size,
+                *args.overrides,
+            ],
+        )
         team = build_team(cfg)
         trainer = Trainer(cfg, team, Path(run_dir), progress=False)
         dims = Dims(team.policy.model)
@@ -179,19 +193,29 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
             ref_flops, train_flops = ref_flops + ref, train_flops + train
             samples_with_output += trained
         hook.remove()
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in team.policy.model.named_parameters()
-                       if "lora_" not in n or p.requires_grad)
+    weight_bytes = sum(
+        p.numel() * p.element_size()
+        for n, p in team.policy.model.named_parameters()
+        if "lora_" not in n or p.requires_grad
+    )
     n = len(per_step)  # every figure below is a mean over the steps
     gen = {k: v / n for k, v in gen.items()}
-    return {"precision": cfg.precision, "gen": gen, "per_step": per_step,
-            "rollout_seconds": sum(r for r, _ in per_step) / n, "update_seconds": sum(u for _, u in per_step) / n,
-            "ref_seconds": ref_seconds[0] / n, "ref_flops": ref_flops / n,
-            "train_flops": train_flops / n, "trained_tokens": sum(len(s.prompt_ids) + len(s.output_ids)
-                                                                  for s in samples_with_output) / n,
-            "samples": len(samples_with_output) / n, "weight_bytes": weight_bytes,
-            "settings": f"{cfg.questions_per_step} questions, G = {cfg.group_size}, sampler {cfg.sampler}, "
-                        f"LoRA r{cfg.lora.r}, kl_beta {cfg.optim.kl_beta}, gradient checkpointing "
-                        f"{cfg.optim.gradient_checkpointing}, gen_batch_size {cfg.gen_batch_size}"}
+    return {
+        "precision": cfg.precision,
+        "gen": gen,
+        "per_step": per_step,
+        "rollout_seconds": sum(r for r, _ in per_step) / n,
+        "update_seconds": sum(u for _, u in per_step) / n,
+        "ref_seconds": ref_seconds[0] / n,
+        "ref_flops": ref_flops / n,
+        "train_flops": train_flops / n,
+        "trained_tokens": sum(len(s.prompt_ids) + len(s.output_ids) for s in samples_with_output) / n,
+        "samples": len(samples_with_output) / n,
+        "weight_bytes": weight_bytes,
+        "settings": f"{cfg.questions_per_step} questions, G = {cfg.group_size}, sampler {cfg.sampler}, "
+        f"LoRA r{cfg.lora.r}, kl_beta {cfg.optim.kl_beta}, gradient checkpointing "
+        f"{cfg.optim.gradient_checkpointing}, gen_batch_size {cfg.gen_batch_size}",
+    }
 
 
 def main() -> None:
@@ -209,8 +233,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     seconds = 0.5 if args.short else 2.0
-    limits = {(name, dtype): gemm_gflops(*shape, dtype, seconds)
-              for name, shape in SHAPES.items() for dtype in (torch.float32, torch.bfloat16)}
+    limits = {
+        (name, dtype): gemm_gflops(*shape, dtype, seconds)
+        for name, shape in SHAPES.items()
+        for dtype in (torch.float32, torch.bfloat16)
+    }
     bandwidth = copy_gbs(seconds)
     threads = torch.get_num_threads()
     print(f"\nMachine limits, {threads} thread(s), torch {torch.__version__}\n")
@@ -229,28 +256,41 @@ def main() -> None:
     bound = gen["calls"] * r["weight_bytes"] / (bandwidth * 1e9)
     train_seconds = r["update_seconds"] - r["ref_seconds"]
     rows = [
-        ("generation", gen["seconds"], gen["flops"], f"{gen['prompt_tokens']:.0f} prompt + {gen['tokens']:.0f} new",
-         f"{100 * gen['flops'] / gen['seconds'] / 1e9 / dec_f32:.0f}% / "
-         f"{100 * gen['flops'] / gen['seconds'] / 1e9 / dec_b16:.0f}%"),
+        (
+            "generation",
+            gen["seconds"],
+            gen["flops"],
+            f"{gen['prompt_tokens']:.0f} prompt + {gen['tokens']:.0f} new",
+            f"{100 * gen['flops'] / gen['seconds'] / 1e9 / dec_f32:.0f}% / "
+            f"{100 * gen['flops'] / gen['seconds'] / 1e9 / dec_b16:.0f}%",
+        ),
         ("update: reference pass", r["ref_seconds"], r["ref_flops"], f"{r['trained_tokens']:.0f}", "—"),
         ("update: forward + backward", train_seconds, r["train_flops"], f"{r['trained_tokens']:.0f}", "—"),
         ("update (all)", r["update_seconds"], r["ref_flops"] + r["train_flops"], f"{r['trained_tokens']:.0f}", "—"),
     ]
     steps = "; ".join(f"{a:.1f} + {b:.1f} s" for a, b in r["per_step"])
-    print(f"\n{args.steps} step(s), demo settings ({r['settings']}), precision {r['precision']}, {threads} thread(s); "
-          f"mean per step: rollout {r['rollout_seconds']:.1f} s (generation {gen['seconds']:.1f} s, "
-          f"{gen['calls']:.0f} decoder calls), update {r['update_seconds']:.1f} s, {r['samples']:.0f} trained "
-          f"samples; each step's rollout + update: {steps}\n")
-    print("| phase | s | tokens | GFLOP | GFLOP/s | % of fp32 GEMM (training shape) | "
-          "% of bf16 GEMM (training shape) | % of fp32 / bf16 GEMM (decoding shape) |")
+    print(
+        f"\n{args.steps} step(s), demo settings ({r['settings']}), precision {r['precision']}, {threads} thread(s); "
+        f"mean per step: rollout {r['rollout_seconds']:.1f} s (generation {gen['seconds']:.1f} s, "
+        f"{gen['calls']:.0f} decoder calls), update {r['update_seconds']:.1f} s, {r['samples']:.0f} trained "
+        f"samples; each step's rollout + update: {steps}\n"
+    )
+    print(
+        "| phase | s | tokens | GFLOP | GFLOP/s | % of fp32 GEMM (training shape) | "
+        "% of bf16 GEMM (training shape) | % of fp32 / bf16 GEMM (decoding shape) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, secs, flops, tokens, decoding in rows:
         rate = flops / secs / 1e9 if secs > 0 else 0.0
-        print(f"| {name} | {secs:.1f} | {tokens} | {flops / 1e9:.0f} | {rate:.0f} | {100 * rate / train_f32:.0f}% | "
-              f"{100 * rate / train_b16:.0f}% | {decoding} |")
-    print(f"\ngeneration's bandwidth bound: {gen['calls']:.0f} decoder calls × {r['weight_bytes'] / 1e6:.0f} MB of "
-          f"weights / {bandwidth:.1f} GB/s = {bound:.1f} s ({100 * bound / gen['seconds']:.0f}% of the measured "
-          f"generation time)")
+        print(
+            f"| {name} | {secs:.1f} | {tokens} | {flops / 1e9:.0f} | {rate:.0f} | {100 * rate / train_f32:.0f}% | "
+            f"{100 * rate / train_b16:.0f}% | {decoding} |"
+        )
+    print(
+        f"\ngeneration's bandwidth bound: {gen['calls']:.0f} decoder calls × {r['weight_bytes'] / 1e6:.0f} MB of "
+        f"weights / {bandwidth:.1f} GB/s = {bound:.1f} s ({100 * bound / gen['seconds']:.0f}% of the measured "
+        f"generation time)"
+    )
 
 
 if __name__ == "__main__":

@@ -20,9 +20,11 @@ from mhgpo.team.workflow import State, StepResult, Workflow, mean_of
 
 SEARCH = re.compile(r"^\W*search\b\s*(for\b)?\s*[:\-]?\s*", re.IGNORECASE)
 ANSWER = re.compile(r"^\W*(the\s+)?(final\s+)?answer\b(?:[^:\n]*:|\s*(?:is\b)?)\s*", re.IGNORECASE)
-SYSTEM = ("You answer questions with a search engine. Reply with one line: 'Search: <query>' to look for what is "
-          "missing, or 'Answer: <answer>' in a few words once the documents give it. For example 'Search: birthplace "
-          "of Ann Lee' or 'Answer: Paris'.")
+SYSTEM = (
+    "You answer questions with a search engine. Reply with one line: 'Search: <query>' to look for what is "
+    "missing, or 'Answer: <answer>' in a few words once the documents give it. For example 'Search: birthplace "
+    "of Ann Lee' or 'Answer: Paris'."
+)
 
 
 @dataclass
@@ -61,8 +63,12 @@ class IterativeSearch(Workflow):
         out = []
         for s, found in zip(states, hits):
             documents = merge_candidates([list(s.get("documents")), found], 10**6)
-            out.append(StepResult(s.with_values(documents=tuple(documents), searched=s.get("searched") + 1),
-                                  info={"query": s.get("queries")[-1], "titles": [p.title for p in found]}))
+            out.append(
+                StepResult(
+                    s.with_values(documents=tuple(documents), searched=s.get("searched") + 1),
+                    info={"query": s.get("queries")[-1], "titles": [p.title for p in found]},
+                )
+            )
         return out
 
     def build_prompt(self, state: State, agent: str) -> list[dict[str, str]]:
@@ -71,28 +77,38 @@ class IterativeSearch(Workflow):
         last = state.get("turns") + 1 >= self.config.max_rounds
         ask = "This is your last turn: reply 'Answer: <answer>'." if last else "Reply 'Answer: ...' or 'Search: ...'."
         queries = "; ".join(state.get("queries"))
-        return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"{docs}\n\nQueries so far: {queries}\n\n"
-                                            f"Question: {state.example.question}\n{ask}"}]
+        return [
+            {"role": "system", "content": SYSTEM},
+            {
+                "role": "user",
+                "content": f"{docs}\n\nQueries so far: {queries}\n\nQuestion: {state.example.question}\n{ask}",
+            },
+        ]
 
     def apply(self, state: State, agent: str, output: str) -> StepResult:
         cfg, turns = self.config, state.get("turns") + 1
         search = SEARCH.match(output)
         if search and turns < cfg.max_rounds:
-            query = output[search.end():].strip() or state.example.question
-            return StepResult(state.with_values(queries=state.get("queries") + (query,), turns=turns),
-                              0.0, {"action": "search", "query": query})
+            query = output[search.end() :].strip() or state.example.question
+            return StepResult(
+                state.with_values(queries=state.get("queries") + (query,), turns=turns),
+                0.0,
+                {"action": "search", "query": query},
+            )
         answer = ANSWER.match(output)
         if answer or turns >= cfg.max_rounds:  # the last turn answers whatever it says
             prefix = answer or search
-            text, too_long = parse_answer(output[prefix.end() if prefix else 0:], cfg.max_answer_words)
+            text, too_long = parse_answer(output[prefix.end() if prefix else 0 :], cfg.max_answer_words)
             hollow = not set(normalize_answer(text).split()) - {"answer"}  # "Answer:", "Answer: answer."
             penalty = cfg.format_penalty if too_long or hollow or not answer else 0.0
             info = {"action": "answer", "answer": text}
             return StepResult(state.with_values(answer=text, turns=turns), penalty, info)
         query = output.strip() or state.example.question  # no format: searched as it is, penalised
-        return StepResult(state.with_values(queries=state.get("queries") + (query,), turns=turns),
-                          cfg.format_penalty, {"action": "search", "query": query, "reason": "no Search:/Answer:"})
+        return StepResult(
+            state.with_values(queries=state.get("queries") + (query,), turns=turns),
+            cfg.format_penalty,
+            {"action": "search", "query": query, "reason": "no Search:/Answer:"},
+        )
 
     def final_answer(self, state: State) -> str:
         return state.get("answer", "")
@@ -102,9 +118,14 @@ class IterativeSearch(Workflow):
 
     def behaviour(self, agent: str, calls: list) -> dict[str, float]:
         answered = [n for n in calls if n.info.get("action") == "answer"]
-        return {"search_rate": mean_of(calls, lambda n: n.info.get("action") == "search"),
-                "answer_turn": mean_of(answered, lambda n: n.visit + 1)}
+        return {
+            "search_rate": mean_of(calls, lambda n: n.info.get("action") == "search"),
+            "answer_turn": mean_of(answered, lambda n: n.visit + 1),
+        }
 
     def trace(self, state: State) -> dict:
-        return {"queries": list(state.get("queries")), "titles": [p.title for p in state.get("documents")],
-                "answer": state.get("answer", "")}
+        return {
+            "queries": list(state.get("queries")),
+            "titles": [p.title for p in state.get("documents")],
+            "answer": state.get("answer", ""),
+        }

@@ -49,34 +49,46 @@ class SolverVerifier(Workflow):
 
     def call_tools(self, tool: str, states: list[State]) -> list[StepResult]:
         hits = self.retriever.search_batch([s.example.question for s in states], self.config.top_k)
-        return [StepResult(s.with_values(documents=tuple(found)), info={"titles": [p.title for p in found]})
-                for s, found in zip(states, hits)]
+        return [
+            StepResult(s.with_values(documents=tuple(found)), info={"titles": [p.title for p in found]})
+            for s, found in zip(states, hits)
+        ]
 
     def build_prompt(self, state: State, agent: str) -> list[dict[str, str]]:
-        docs = format_documents(list(state.get("documents")), "Document{index} ({title}): {snippet}",
-                                self.config.snippet_words)
+        docs = format_documents(
+            list(state.get("documents")), "Document{index} ({title}): {snippet}", self.config.snippet_words
+        )
         attempts = state.get("attempts", ())
         if agent == "solver":
             task = "Answer the question in a few words."
             if attempts:
-                task = (f"Your answer '{attempts[-1]}' was judged wrong: {state.get('reason')}. "
-                        f"Answer again in a few words.")
+                task = (
+                    f"Your answer '{attempts[-1]}' was judged wrong: {state.get('reason')}. "
+                    f"Answer again in a few words."
+                )
         else:
-            task = f"Proposed answer: {attempts[-1]}\nReply 'Correct' if the documents support it, else 'Wrong: ' " \
-                   f"and why."
+            task = (
+                f"Proposed answer: {attempts[-1]}\nReply 'Correct' if the documents support it, else 'Wrong: ' and why."
+            )
         return [{"role": "user", "content": f"{docs}\n\nQuestion: {state.example.question}\n{task}"}]
 
     def apply(self, state: State, agent: str, output: str) -> StepResult:
         cfg = self.config
         if agent == "solver":
             answer, too_long = parse_answer(output, cfg.max_answer_words)
-            return StepResult(state.with_values(attempts=state.get("attempts", ()) + (answer,)),
-                              cfg.answer_penalty if too_long else 0.0, {"answer": answer})
+            return StepResult(
+                state.with_values(attempts=state.get("attempts", ()) + (answer,)),
+                cfg.answer_penalty if too_long else 0.0,
+                {"answer": answer},
+            )
         wrong, right = WRONG.search(output), RIGHT.search(output)
         verdict = "correct" if right and not wrong else "wrong"
-        reason = output[wrong.end():].strip() if wrong else "the verifier was not convinced"
-        return StepResult(state.with_values(verdicts=(verdict,), reason=reason or "no reason given"),
-                          0.0 if (wrong or right) else cfg.verdict_penalty, {"verdict": verdict, "reason": reason})
+        reason = output[wrong.end() :].strip() if wrong else "the verifier was not convinced"
+        return StepResult(
+            state.with_values(verdicts=(verdict,), reason=reason or "no reason given"),
+            0.0 if (wrong or right) else cfg.verdict_penalty,
+            {"verdict": verdict, "reason": reason},
+        )
 
     def final_answer(self, state: State) -> str:
         return state.get("attempts", ("",))[-1]
@@ -87,5 +99,7 @@ class SolverVerifier(Workflow):
     def behaviour(self, agent: str, calls: list) -> dict[str, float]:
         if agent == "verifier":
             return {"reject_rate": mean_of(calls, lambda n: n.info["verdict"] == "wrong")}
-        return {"answer_words": mean_of(calls, lambda n: len(n.info["answer"].split())),
-                "second_attempts": mean_of(calls, lambda n: n.visit == 1)}
+        return {
+            "answer_words": mean_of(calls, lambda n: len(n.info["answer"].split())),
+            "second_attempts": mean_of(calls, lambda n: n.visit == 1),
+        }

@@ -44,8 +44,9 @@ def _load(cls: type, config: Any, overrides: list[str] | tuple[str, ...], workfl
     return load_config(cls, path, extra, base)
 
 
-def train(config: Any = None, workflow: Any = None, *, overrides: list[str] | tuple[str, ...] = (),
-          progress: bool = True) -> Path:
+def train(
+    config: Any = None, workflow: Any = None, *, overrides: list[str] | tuple[str, ...] = (), progress: bool = True
+) -> Path:
     """Train a team with MHGPO (or the baseline `config` names), after a supervised warm start when
     `warm_start.enabled` (the workflow's `demonstration` gives the gold outputs); returns the run directory
     (`output_dir`), which holds config.yaml, metrics.jsonl, rollouts/, checkpoints/, warm_start/ (the warm start's
@@ -62,8 +63,14 @@ def train(config: Any = None, workflow: Any = None, *, overrides: list[str] | tu
     return trainer.run_dir
 
 
-def evaluate(config: Any = None, workflow: Any = None, *, overrides: list[str] | tuple[str, ...] = (),
-             progress: bool = True, resume: bool = False) -> Any:
+def evaluate(
+    config: Any = None,
+    workflow: Any = None,
+    *,
+    overrides: list[str] | tuple[str, ...] = (),
+    progress: bool = True,
+    resume: bool = False,
+) -> Any:
     """Greedy evaluation of a team on `data` (the first `limit` questions); returns an `EvalResult`: `.metrics`
     (n, acc, em, f1 in percent, seconds, per-agent behaviour) and `.predictions` (one dict per question). With
     `output_dir` set, eval_config.yaml and each finished batch of predictions.jsonl are written there as they finish,

@@ -18,7 +18,6 @@ from typing import Any
 
 from mhgpo.errors import InputError, RunError
 
-
 # a file system that cannot flush folders answers these; there is nothing to flush then (not a lost write)
 _NO_DIR_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}
 
@@ -37,8 +36,9 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     except OSError as e:
         if e.errno not in _NO_DIR_SYNC:
-            raise RunError(f"{path}: could not flush the folder to disk ({e.strerror}); its latest files may not "
-                           f"survive a crash") from e
+            raise RunError(
+                f"{path}: could not flush the folder to disk ({e.strerror}); its latest files may not survive a crash"
+            ) from e
     finally:
         os.close(fd)
 
@@ -124,8 +124,9 @@ def append_text(path: Path, text: str, then: str = "") -> None:
                 os.truncate(path, start)
             except OSError:
                 pass  # read_jsonl leaves a last line cut short out
-        raise RunError(f"{path}: could not append ({e.strerror or e}); the lines before are intact"
-                       + (f"; {then}" if then else "")) from e
+        raise RunError(
+            f"{path}: could not append ({e.strerror or e}); the lines before are intact" + (f"; {then}" if then else "")
+        ) from e
 
 
 def append_jsonl(path: Path, rows: Iterable[dict[str, Any]], then: str = "") -> None:
@@ -164,7 +165,7 @@ def remove_stale_temps(target: Path, what: str) -> list[Path]:
         return []
     removed = []
     for p in sorted(target.parent.glob(f".{target.name}.tmp-*")):
-        host, pid, *_ = p.name[len(f".{target.name}.tmp-"):].split("-") + ["", ""]
+        host, pid, *_ = p.name[len(f".{target.name}.tmp-") :].split("-") + ["", ""]
         if host != _HOST or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
             continue
         if p.is_dir() and not p.is_symlink():

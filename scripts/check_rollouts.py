@@ -36,8 +36,9 @@ def _visits(by_id: dict[tuple, dict]) -> dict[tuple, int]:
     return out
 
 
-def check_groups(rows: list[dict], group_size: int, sampler: str, exact: bool, frozen: set[str],
-                 within_role: bool = True) -> dict[str, int]:
+def check_groups(
+    rows: list[dict], group_size: int, sampler: str, exact: bool, frozen: set[str], within_role: bool = True
+) -> dict[str, int]:
     """The group-id invariants above; returns how many groups of each kind were seen."""
     llm = [r for r in rows if r["kind"] == "llm"]
     key = {id(r): (r["question_id"], r.get("fork", 0), r["agent"], r["visit"]) for r in llm}
@@ -67,13 +68,23 @@ def check_groups(rows: list[dict], group_size: int, sampler: str, exact: bool, f
     if sampler != "is":
         for r in llm:
             if not r["trained"] and r["agent"] not in frozen:
-                assert len(by_key[key[id(r)]]) == 1, (f"node {r['node_id']} of {r['question_id']} ({r['agent']}, visit "
-                                                      f"{r['visit']}) is untrained but not a singleton")
+                assert len(by_key[key[id(r)]]) == 1, (
+                    f"node {r['node_id']} of {r['question_id']} ({r['agent']}, visit "
+                    f"{r['visit']}) is untrained but not a singleton"
+                )
     return dict(kinds)
 
 
-def check_step(rows: list[dict], group_size: int, aggr: str, penalties: bool, sampler: str = "fof",
-               exact: bool = True, frozen: set[str] = frozenset(), within_role: bool = True) -> dict:
+def check_step(
+    rows: list[dict],
+    group_size: int,
+    aggr: str,
+    penalties: bool,
+    sampler: str = "fof",
+    exact: bool = True,
+    frozen: set[str] = frozenset(),
+    within_role: bool = True,
+) -> dict:
     by_id = {(r["question_id"], r["node_id"]): r for r in rows}
     children: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
@@ -146,8 +157,16 @@ def main() -> int:
         untrained = {r["agent"] for r in rows} - set(trained_roles) if trained_roles is not None else set()
         frozen = frozen_roles | untrained
         try:
-            summary = check_step(rows, group_size, aggr, cfg["reward"]["penalties"], cfg.get("sampler") or "fof",
-                                 exact, frozen, cfg.get("regroup_within_role", True))
+            summary = check_step(
+                rows,
+                group_size,
+                aggr,
+                cfg["reward"]["penalties"],
+                cfg.get("sampler") or "fof",
+                exact,
+                frozen,
+                cfg.get("regroup_within_role", True),
+            )
         except AssertionError as e:
             print(f"{f}: FAILED: {e}", file=sys.stderr)
             return 1

@@ -44,8 +44,15 @@ def tiny_corpus() -> list[str]:
     return dialogues + [_PROSE * 2]
 
 
-def build_tiny_model(folder: Path, seed: int = 0, train_steps: int = 60, hidden_size: int = 32, heads: int = 4,
-                     kv_heads: int = 2, max_positions: int = 512) -> Path:
+def build_tiny_model(
+    folder: Path,
+    seed: int = 0,
+    train_steps: int = 60,
+    hidden_size: int = 32,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_positions: int = 512,
+) -> Path:
     """Build, briefly fit and save (``save_pretrained``) the tiny model and tokenizer into ``folder`` (vLLM's CPU
     attention wants heads of 32 dimensions or more: ``hidden_size=64, heads=2, kv_heads=1``)."""
     import torch

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhgpo.model.checkpoint import trainable_state
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.data.records import Example
-from mhgpo.rl.rollout import RolloutBatch, merge_batches
+from mhgpo.model.checkpoint import trainable_state
 from mhgpo.model.sharding import is_dtensor, is_sharded
+from mhgpo.rl.rollout import RolloutBatch, merge_batches
 from mhgpo.rl.trainer import Trainer, build_team
 
 
@@ -52,9 +52,16 @@ def replay_step(cfg: TrainConfig, records: list[tuple[tuple[str, ...], RolloutBa
     if setup.critic is not None:
         weights.update({f"critic/{k}": v.clone() for k, v in trainable_state(setup.critic.model).items()})
     groups = [(n.question_index, n.group_id) for n in trainer._last_batch.llm_nodes() if n.trained]
-    return {"metrics": metrics, "weights": weights, "groups": groups, "rank": trainer.ranks.rank,
-            "world": trainer.ranks.world, "sharded": is_sharded(setup.policy.model), "held": held(setup.policy.model),
-            "held_reference": held(setup.policy.ref_model) if setup.policy.ref_model is not None else None}
+    return {
+        "metrics": metrics,
+        "weights": weights,
+        "groups": groups,
+        "rank": trainer.ranks.rank,
+        "world": trainer.ranks.world,
+        "sharded": is_sharded(setup.policy.model),
+        "held": held(setup.policy.model),
+        "held_reference": held(setup.policy.ref_model) if setup.policy.ref_model is not None else None,
+    }
 
 
 def held(model: torch.nn.Module) -> dict[str, float]:

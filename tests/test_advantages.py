@@ -12,15 +12,15 @@ from mhgpo.rl.advantages import (
     drop_zero_variance_reference,
     gae,
     gae_reference,
-    terminal_token_rewards,
-    whiten,
     group_advantages,
     group_advantages_reference,
     propagate_rewards,
     propagate_rewards_reference,
     regroup_singletons,
     rr_pool_keys,
+    terminal_token_rewards,
     total_rewards,
+    whiten,
 )
 
 NAN = float("nan")
@@ -96,8 +96,9 @@ def test_rand_is_uniform_over_children():
 def test_aggregated_marks_the_nodes_above_differing_leaves():
     np.testing.assert_array_equal(aggregated(CHAIN_PARENTS, CHAIN_TERMINAL), np.zeros(16, dtype=bool))
     np.testing.assert_array_equal(aggregated(OS_PARENTS, OS_TERMINAL), [True] * 6 + [False] * 8)
-    np.testing.assert_array_equal(aggregated(LOOP_PARENTS, LOOP_TERMINAL),
-                                  [True, True, False, True, False, True, False, True] + [False] * 4)
+    np.testing.assert_array_equal(
+        aggregated(LOOP_PARENTS, LOOP_TERMINAL), [True, True, False, True, False, True, False, True] + [False] * 4
+    )
     same = OS_TERMINAL.copy()
     same[10:] = 0.4  # the second Reranker's Answerers agree: its branch is the same under every aggregator
     np.testing.assert_array_equal(aggregated(OS_PARENTS, same), [True, False, True, False, True, False] + [False] * 8)
@@ -260,8 +261,9 @@ def test_regroup_by_fork_point_pools_only_singletons_of_one_role_and_fork_agent(
         for g in new_ids:
             members = np.flatnonzero(out == g)
             assert len(members) == 4 and len({keys[i] for i in members}) == 1
-    by_role, dropped_by_role = regroup_singletons(groups, rr_pool_keys("role", roles.tolist(), forks), 4,
-                                                  np.random.default_rng(0))
+    by_role, dropped_by_role = regroup_singletons(
+        groups, rr_pool_keys("role", roles.tolist(), forks), 4, np.random.default_rng(0)
+    )
     assert dropped_by_role == 2 + 1  # role pools: rewriter 6 = 4 + 2 (across fork points), reranker 5 = 4 + 1
     with pytest.raises(ValueError, match="fork, role or all"):
         rr_pool_keys("agent", ["a"], [None])
@@ -433,8 +435,9 @@ def test_scheme_groups_equal_the_reference(scheme, seed):
     prompts = rng.integers(0, 5, n)
     visits = rng.integers(0, 2, n)
     fast, dropped = scheme_groups(scheme, group_ids, agents, prompts, visits)
-    slow, dropped_ref = scheme_groups_reference(scheme, group_ids.tolist(), agents.tolist(), prompts.tolist(),
-                                                visits.tolist())
+    slow, dropped_ref = scheme_groups_reference(
+        scheme, group_ids.tolist(), agents.tolist(), prompts.tolist(), visits.tolist()
+    )
     assert fast.tolist() == slow and dropped == dropped_ref
     if scheme != "mhgpo":  # every kept group has at least two samples; ids numbered 0..K-1 by first appearance
         kept = fast[fast >= 0]

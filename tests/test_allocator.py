@@ -12,19 +12,22 @@ from mhgpo.cli import main as cli
 from mhgpo.model.allocator import user_chose_allocator
 
 
-@pytest.mark.parametrize("environ, chosen", [
-    ({}, None),
-    ({"PATH": "/usr/bin", "LD_PRELOAD": ""}, None),
-    ({"MHGPO_MALLOC": "default"}, "MHGPO_MALLOC"),
-    ({"MHGPO_MALLOC": "keep"}, None),
-    ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, "LD_PRELOAD"),
-    ({"LD_PRELOAD": "/opt/libtcmalloc_minimal.so"}, "LD_PRELOAD"),
-    ({"LD_PRELOAD": "/opt/libfaketime.so"}, None),
-    ({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}, "GLIBC_TUNABLES"),
-    ({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=2048"}, None),
-    ({"MALLOC_ARENA_MAX": "2"}, None),  # not a malloc parameter variable (those end in an underscore)
-    ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "MALLOC_MMAP_THRESHOLD_"),
-])
+@pytest.mark.parametrize(
+    "environ, chosen",
+    [
+        ({}, None),
+        ({"PATH": "/usr/bin", "LD_PRELOAD": ""}, None),
+        ({"MHGPO_MALLOC": "default"}, "MHGPO_MALLOC"),
+        ({"MHGPO_MALLOC": "keep"}, None),
+        ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, "LD_PRELOAD"),
+        ({"LD_PRELOAD": "/opt/libtcmalloc_minimal.so"}, "LD_PRELOAD"),
+        ({"LD_PRELOAD": "/opt/libfaketime.so"}, None),
+        ({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"}, "GLIBC_TUNABLES"),
+        ({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=2048"}, None),
+        ({"MALLOC_ARENA_MAX": "2"}, None),  # not a malloc parameter variable (those end in an underscore)
+        ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "MALLOC_MMAP_THRESHOLD_"),
+    ],
+)
 def test_user_chose_allocator(environ, chosen):
     assert user_chose_allocator(environ) == chosen
 
@@ -53,10 +56,14 @@ print(json.dumps({"applied": applied, "again": again, "new_mmapped_blocks": afte
 
 
 def probe(**env: str) -> dict:
-    environ = {k: v for k, v in os.environ.items()
-               if k not in ("LD_PRELOAD", "GLIBC_TUNABLES", "MHGPO_MALLOC") and not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**environ, **env}, capture_output=True, text=True,
-                         check=True)
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LD_PRELOAD", "GLIBC_TUNABLES", "MHGPO_MALLOC") and not k.startswith("MALLOC_")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env={**environ, **env}, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 

@@ -17,8 +17,11 @@ from mhgpo.data.formats import context_corpus, load_corpus_jsonl, load_hotpotqa
 from mhgpo.data.metrics import score
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL_SEARCH = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
-                "search.answerer.max_new_tokens=4"]
+SMALL_SEARCH = [
+    "search.rewriter.max_new_tokens=8",
+    "search.reranker.max_new_tokens=4",
+    "search.answerer.max_new_tokens=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +29,23 @@ def cli(tmp_path_factory: pytest.TempPathFactory):
     """`cli(*args)` runs `python -m mhgpo *args` in a scratch folder; returns the CompletedProcess."""
     cache = tmp_path_factory.mktemp("mhgpo-cache")
     cwd = tmp_path_factory.mktemp("cwd")
-    env = {**os.environ, "MHGPO_CACHE": str(cache), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MHGPO_CACHE": str(cache),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
 
     def run(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "mhgpo", *map(str, args)], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "mhgpo", *map(str, args)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     run.cache = cache  # type: ignore[attr-defined]
     return run
@@ -86,8 +100,17 @@ _RULE = re.compile(r"^─+ (.+?) ─+$")
 
 
 def test_ask_shows_every_agent_and_the_answer(cli, world, tiny_model_dir) -> None:
-    res = cli("ask", "Who founded the company in the old harbour?", "--model", tiny_model_dir,
-              "--corpus", world / "corpus.jsonl", "--gold", "assistant", *SMALL_SEARCH)
+    res = cli(
+        "ask",
+        "Who founded the company in the old harbour?",
+        "--model",
+        tiny_model_dir,
+        "--corpus",
+        world / "corpus.jsonl",
+        "--gold",
+        "assistant",
+        *SMALL_SEARCH,
+    )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     rules = [(i, m.group(1)) for i, line in enumerate(lines) if (m := _RULE.match(line.strip()))]
@@ -107,8 +130,15 @@ def test_ask_shows_every_agent_and_the_answer(cli, world, tiny_model_dir) -> Non
 
 # ------------------------------------------------------------------------------------------------------ eval
 
-BEHAVIOUR = ["rewriter/num_subqueries", "rewriter/penalty_rate", "reranker/num_selected", "reranker/invalid_rate",
-             "answerer/answer_words", "answerer/starts_with_document", "answerer/penalty_rate"]
+BEHAVIOUR = [
+    "rewriter/num_subqueries",
+    "rewriter/penalty_rate",
+    "reranker/num_selected",
+    "reranker/invalid_rate",
+    "answerer/answer_words",
+    "answerer/starts_with_document",
+    "answerer/penalty_rate",
+]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -125,8 +155,20 @@ def assert_scores_recomputed(metrics: dict, predictions: list[dict]) -> None:
 
 def test_eval_writes_metrics_and_predictions_that_agree(cli, world, dev_file, tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "eval"
-    res = cli("eval", "--data", f"hotpotqa:{dev_file}", "--corpus", world / "corpus.jsonl", "--model",
-              tiny_model_dir, "--limit", 4, "--output-dir", out, *SMALL_SEARCH)
+    res = cli(
+        "eval",
+        "--data",
+        f"hotpotqa:{dev_file}",
+        "--corpus",
+        world / "corpus.jsonl",
+        "--model",
+        tiny_model_dir,
+        "--limit",
+        4,
+        "--output-dir",
+        out,
+        *SMALL_SEARCH,
+    )
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == ["eval_config.yaml", "metrics.json", "predictions.jsonl"]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -149,15 +191,26 @@ def test_eval_writes_metrics_and_predictions_that_agree(cli, world, dev_file, ti
         assert [s["agent"] for s in trace["steps"]] == ["rewriter", "retriever", "reranker", "answerer"]
     assert_scores_recomputed(metrics, predictions)
     assert metrics["answerer/answer_words"] == float(np.mean([len(p["prediction"].split()) for p in predictions]))
-    assert metrics["answerer/starts_with_document"] == float(np.mean([p["prediction"].lower().startswith("document")
-                                                                       for p in predictions]))
+    assert metrics["answerer/starts_with_document"] == float(
+        np.mean([p["prediction"].lower().startswith("document") for p in predictions])
+    )
     assert metrics["rewriter/num_subqueries"] == float(np.mean([len(p["trace"]["subqueries"]) for p in predictions]))
 
 
 def test_eval_without_corpus_searches_the_records_paragraphs(cli, dev_file, tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "eval-context"
-    res = cli("eval", "--data", f"hotpotqa:{dev_file}", "--model", tiny_model_dir, "--limit", 2,
-              "--output-dir", out, *SMALL_SEARCH)
+    res = cli(
+        "eval",
+        "--data",
+        f"hotpotqa:{dev_file}",
+        "--model",
+        tiny_model_dir,
+        "--limit",
+        2,
+        "--output-dir",
+        out,
+        *SMALL_SEARCH,
+    )
     assert res.returncode == 0, res.stderr
     paragraphs = {p.id: p.title for p in context_corpus(load_hotpotqa(dev_file))}
     predictions = read_jsonl(out / "predictions.jsonl")
@@ -170,19 +223,42 @@ def test_eval_without_corpus_searches_the_records_paragraphs(cli, dev_file, tiny
     assert list((cli.cache / "indexes").glob("context-*"))
 
 
-def test_eval_with_the_gold_context_oracle_shows_the_answerer_the_gold_paragraphs(cli, dev_file, tiny_model_dir,
-                                                                                   tmp_path) -> None:
+def test_eval_with_the_gold_context_oracle_shows_the_answerer_the_gold_paragraphs(
+    cli, dev_file, tiny_model_dir, tmp_path
+) -> None:
     out = tmp_path / "eval-oracle"
-    res = cli("eval", "--data", f"hotpotqa:{dev_file}", "--model", tiny_model_dir, "--limit", 2, "--oracle", "context",
-              "--output-dir", out, *SMALL_SEARCH)
+    res = cli(
+        "eval",
+        "--data",
+        f"hotpotqa:{dev_file}",
+        "--model",
+        tiny_model_dir,
+        "--limit",
+        2,
+        "--oracle",
+        "context",
+        "--output-dir",
+        out,
+        *SMALL_SEARCH,
+    )
     assert res.returncode == 0, res.stderr
     assert "oracle:\n- context" in (out / "eval_config.yaml").read_text()
     questions = load_hotpotqa(dev_file)[:2]
     for p, q in zip(read_jsonl(out / "predictions.jsonl"), questions):
         assert p["trace"]["selected_titles"] == list(dict.fromkeys(q.supporting_titles))
         assert [s["agent"] for s in p["trace"]["steps"] if "tool" not in s] == ["answerer"]  # one LLM call
-    bad = cli("eval", "--data", f"hotpotqa:{dev_file}", "--model", tiny_model_dir, "--limit", 2, "--oracle",
-              "answerer", *SMALL_SEARCH)
+    bad = cli(
+        "eval",
+        "--data",
+        f"hotpotqa:{dev_file}",
+        "--model",
+        tiny_model_dir,
+        "--limit",
+        2,
+        "--oracle",
+        "answerer",
+        *SMALL_SEARCH,
+    )
     assert bad.returncode == 2 and "oracle: answerer is the final agent" in bad.stderr
 
 
@@ -242,16 +318,39 @@ def test_errors_are_one_line_with_exit_status_2_and_write_nothing(
 
 def test_train_command_completes_a_run_directory(cli, world, dev_file, tiny_model_dir, tmp_path) -> None:
     run = tmp_path / "run"
-    res = cli("train", "--model", tiny_model_dir, "--sampler", "fof", "--steps", 1, "--questions-per-step", 2,
-              "--group-size", 2, "--data", f"hotpotqa:{world / 'train.jsonl'}", "--corpus", world / "corpus.jsonl",
-              "--output-dir", run, f"val_data=hotpotqa:{dev_file}", "val_limit=2", "eval_every=1", "lora.r=4",
-              *SMALL_SEARCH)
+    res = cli(
+        "train",
+        "--model",
+        tiny_model_dir,
+        "--sampler",
+        "fof",
+        "--steps",
+        1,
+        "--questions-per-step",
+        2,
+        "--group-size",
+        2,
+        "--data",
+        f"hotpotqa:{world / 'train.jsonl'}",
+        "--corpus",
+        world / "corpus.jsonl",
+        "--output-dir",
+        run,
+        f"val_data=hotpotqa:{dev_file}",
+        "val_limit=2",
+        "eval_every=1",
+        "lora.r=4",
+        *SMALL_SEARCH,
+    )
     assert res.returncode == 0, res.stderr
     assert f"finished 1 steps; run directory: {run}" in res.stdout
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1]
-    assert re.search(rf"val F1 {rows[0]['val/f1']:.1f}  EM {rows[0]['val/em']:.1f}  Acc {rows[0]['val/acc']:.1f}"
-                     r" \(step 1\)", res.stdout)
+    assert re.search(
+        rf"val F1 {rows[0]['val/f1']:.1f}  EM {rows[0]['val/em']:.1f}  Acc {rows[0]['val/acc']:.1f}"
+        r" \(step 1\)",
+        res.stdout,
+    )
     cfg = (run / "config.yaml").read_text()
     assert "sampler: fof" in cfg and "steps: 1" in cfg
     nodes = read_jsonl(run / "rollouts" / "step_000001.jsonl")
@@ -261,7 +360,10 @@ def test_train_command_completes_a_run_directory(cli, world, dev_file, tiny_mode
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1"]
     assert sorted(p.name for p in (run / "checkpoints" / "step_1").iterdir()) == [
-        "model.safetensors", "optimizer.safetensors", "state.json"]
+        "model.safetensors",
+        "optimizer.safetensors",
+        "state.json",
+    ]
 
 
 def _table_row(stdout: str, label: str) -> list[str]:
@@ -272,14 +374,29 @@ def _table_row(stdout: str, label: str) -> list[str]:
 
 def test_demo_prints_a_before_and_after_table(cli, world, dev_file, tiny_model_dir, tmp_path) -> None:
     run = tmp_path / "demo"
-    res = cli("demo", f"model={tiny_model_dir}", "steps=1", "questions_per_step=2", "group_size=2",
-              f"data=hotpotqa:{world / 'train.jsonl'}", f"val_data=hotpotqa:{dev_file}",
-              f"retrieval.corpus={world / 'corpus.jsonl'}", "val_limit=2", f"output_dir={run}", "lora.r=4",
-              "eval_every=0",  # no validation during training: the demo still evaluates before and after
-              "warm_start.steps=2", "warm_start.limit=4", *SMALL_SEARCH)
+    res = cli(
+        "demo",
+        f"model={tiny_model_dir}",
+        "steps=1",
+        "questions_per_step=2",
+        "group_size=2",
+        f"data=hotpotqa:{world / 'train.jsonl'}",
+        f"val_data=hotpotqa:{dev_file}",
+        f"retrieval.corpus={world / 'corpus.jsonl'}",
+        "val_limit=2",
+        f"output_dir={run}",
+        "lora.r=4",
+        "eval_every=0",  # no validation during training: the demo still evaluates before and after
+        "warm_start.steps=2",
+        "warm_start.limit=4",
+        *SMALL_SEARCH,
+    )
     assert res.returncode == 0, res.stderr
-    for label, folder in (("untrained team", "eval_before"), ("warm start (2 steps)", "eval_warm_start"),
-                          ("+ MHGPO-RR (1 steps)", "eval_after")):  # the demo's recipe: a warm start, then RL
+    for label, folder in (
+        ("untrained team", "eval_before"),
+        ("warm start (2 steps)", "eval_warm_start"),
+        ("+ MHGPO-RR (1 steps)", "eval_after"),
+    ):  # the demo's recipe: a warm start, then RL
         m = json.loads((run / folder / "metrics.json").read_text())
         assert m["n"] == 2
         assert _table_row(res.stdout, label) == [label, "2", f"{m['acc']:.1f}", f"{m['em']:.1f}", f"{m['f1']:.1f}"]

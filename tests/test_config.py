@@ -80,8 +80,15 @@ def test_warm_up_starts_below_the_lr_and_reaches_it():
     assert [_lr_lambda(OptimConfig(warmup_steps=1), 10)(t) for t in range(3)] == [0.5, 1.0, 1.0]
     assert [_lr_lambda(OptimConfig(warmup_steps=3), 10)(t) for t in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
     cosine = _lr_lambda(OptimConfig(warmup_steps=2, schedule="cosine"), 6)
-    assert [round(cosine(t), 6) for t in range(7)] == [round(1 / 3, 6), round(2 / 3, 6), 1.0, 0.853553, 0.5,
-                                                        0.146447, 0.0]
+    assert [round(cosine(t), 6) for t in range(7)] == [
+        round(1 / 3, 6),
+        round(2 / 3, 6),
+        1.0,
+        0.853553,
+        0.5,
+        0.146447,
+        0.0,
+    ]
     with pytest.raises(InputError, match=r"optim\.warmup_steps: must be >= 0"):
         load_config(TrainConfig, None, ["optim.warmup_steps=-1"])
 

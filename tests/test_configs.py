@@ -2,8 +2,7 @@
 
 from pathlib import Path
 
-from mhgpo.config import TrainConfig, load_config
-from mhgpo.config import demo_config_path
+from mhgpo.config import TrainConfig, demo_config_path, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +43,12 @@ def test_accelerate_configs_launch_what_their_names_say():
     from accelerate.utils import DistributedType
 
     folder = ROOT / "configs" / "accelerate"
-    for name, kind, processes in (("cpu_ddp", DistributedType.MULTI_GPU, 2), ("gpu_ddp", DistributedType.MULTI_GPU, 8),
-                                  ("cpu_fsdp", DistributedType.FSDP, 2), ("gpu_fsdp", DistributedType.FSDP, 8)):
+    for name, kind, processes in (
+        ("cpu_ddp", DistributedType.MULTI_GPU, 2),
+        ("gpu_ddp", DistributedType.MULTI_GPU, 8),
+        ("cpu_fsdp", DistributedType.FSDP, 2),
+        ("gpu_fsdp", DistributedType.FSDP, 8),
+    ):
         cfg = load_config_from_file(str(folder / f"{name}.yaml"))
         assert (cfg.distributed_type, cfg.num_processes) == (kind, processes), name
         assert cfg.mixed_precision == "no" and not cfg.use_cpu, name  # mhgpo picks its precision; torchrun starts ranks

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import write_echo_world
-from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
-from mhgpo.model.checkpoint import list_checkpoints
+
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, TrainConfig, load_config
-from mhgpo.rl.critic import Critic, build_value_model
+from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.model.trained import load_model
+from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
+from mhgpo.rl.critic import Critic, build_value_model
 from mhgpo.rl.policy import Sample, micro_batches
 from mhgpo.rl.runlog import read_metrics
-from mhgpo.run.pipeline import resume, train
 from mhgpo.rl.trainer import Trainer, build_team
+from mhgpo.run.pipeline import resume, train
 
 VOLATILE = ("seconds/", "memory/")
 
@@ -76,7 +76,8 @@ def test_lora_critic_with_a_base_of_its_own_copies_it_frozen_and_computes_the_sa
     base = {p.data_ptr() for p in model.parameters()}
     assert not {p.data_ptr() for p in own.parameters()} & base  # a copy: the memory of one more model
     assert {n for n, p in own.named_parameters() if p.requires_grad} == {
-        n for n, p in shared.named_parameters() if p.requires_grad}  # the same adapter and head train
+        n for n, p in shared.named_parameters() if p.requires_grad
+    }  # the same adapter and head train
     own.load_state_dict(shared.state_dict())  # the same adapter and head weights: the same values
     prompts, outputs = ragged()
     with torch.no_grad():
@@ -132,15 +133,21 @@ def test_estimate_fills_gae_from_the_rollout_time_values_and_update_moves_only_t
 def test_gradient_checkpointing_recomputes_the_critic_and_keeps_its_loss_and_gradients(
     tiny_model_dir: Path, lora: bool
 ) -> None:
-    from mhgpo.model.logprobs import backbone_and_head
     from test_trainer import count_forward_calls
+
+    from mhgpo.model.logprobs import backbone_and_head
 
     results = []
     for checkpointing in (False, True):
         plain = load_model(str(tiny_model_dir), device="cpu").model
         torch.manual_seed(0)  # the same value head and adapter in both runs
-        critic = Critic(plain, 0, CriticConfig(lr=1e-3), OptimConfig(micro_batch_tokens=24,
-                        gradient_checkpointing=checkpointing), LoraConfig(enabled=lora, r=4))
+        critic = Critic(
+            plain,
+            0,
+            CriticConfig(lr=1e-3),
+            OptimConfig(micro_batch_tokens=24, gradient_checkpointing=checkpointing),
+            LoraConfig(enabled=lora, r=4),
+        )
         calls = count_forward_calls(critic.model.backbone.layers[0].mlp)  # inside a decoder layer
         samples = samples_of(*ragged(2))
         critic.estimate(samples)  # no-grad values: one forward per micro-batch
@@ -176,12 +183,26 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def mappo_config(model_dir: Path, world: Path, out: Path, **extra: object) -> TrainConfig:
     settings: dict[str, object] = {
-        "model": model_dir, "algo": "mappo", "data": f"hotpotqa:{world / 'train_echo.jsonl'}",
-        "val_data": f"hotpotqa:{world / 'dev.jsonl'}", "retrieval.corpus": world / "corpus.jsonl",
-        "output_dir": out, "steps": 3, "questions_per_step": 2, "group_size": 2, "eval_every": 0,
-        "save_every": 1, "keep_checkpoints": 3, "search.rewriter.max_new_tokens": 8,
-        "search.reranker.max_new_tokens": 4, "search.answerer.max_new_tokens": 4, "search.max_answer_words": 1,
-        "optim.lr": 0.01, "lora.r": 4, "critic.lr": 0.01, "critic.warmup_steps": 1,
+        "model": model_dir,
+        "algo": "mappo",
+        "data": f"hotpotqa:{world / 'train_echo.jsonl'}",
+        "val_data": f"hotpotqa:{world / 'dev.jsonl'}",
+        "retrieval.corpus": world / "corpus.jsonl",
+        "output_dir": out,
+        "steps": 3,
+        "questions_per_step": 2,
+        "group_size": 2,
+        "eval_every": 0,
+        "save_every": 1,
+        "keep_checkpoints": 3,
+        "search.rewriter.max_new_tokens": 8,
+        "search.reranker.max_new_tokens": 4,
+        "search.answerer.max_new_tokens": 4,
+        "search.max_answer_words": 1,
+        "optim.lr": 0.01,
+        "lora.r": 4,
+        "critic.lr": 0.01,
+        "critic.warmup_steps": 1,
     }
     settings.update(extra)
     return load_config(TrainConfig, None, [f"{k}={v}" for k, v in settings.items()])
@@ -206,7 +227,8 @@ def test_during_warm_up_the_critic_learns_and_the_actor_does_not(tiny_model_dir,
     lora_b = [n for n in critic_params if ".lora_B." in n]
     assert lora_b and all(torch.count_nonzero(critic_params[n].grad) > 0 for n in lora_b)
     assert [n for n in critic_params if torch.equal(critic_params[n], critic_before[n])] == [
-        n for n in critic_params if ".lora_A." in n]  # B = 0 leaves A's gradient 0 on the first step only
+        n for n in critic_params if ".lora_A." in n
+    ]  # B = 0 leaves A's gradient 0 on the first step only
 
     m2 = trainer.train_step()  # step 2: both learn
     assert m2["actor_updated"] == 1.0 and m2["grad_norm"] > 0
@@ -221,7 +243,11 @@ def test_mappo_resume_restores_the_critic(tiny_model_dir, world, tmp_path) -> No
     train(mappo_config(tiny_model_dir, world, reference), progress=False)
     step = reference / "checkpoints" / "step_3"
     assert sorted(p.name for p in step.iterdir()) == [
-        "critic.safetensors", "model.safetensors", "optimizer.safetensors", "state.json"]
+        "critic.safetensors",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "state.json",
+    ]
     from safetensors.torch import load_file
 
     optimizer = load_file(str(step / "optimizer.safetensors"))

@@ -17,8 +17,8 @@ from mhgpo.data.formats import (
     read_jsonl,
     read_records,
 )
-from mhgpo.data.spec import load_data
 from mhgpo.data.records import Example, Passage
+from mhgpo.data.spec import load_data
 from mhgpo.errors import InputError
 
 

@@ -24,8 +24,8 @@ from mhgpo.data.formats import (
     read_corpus,
     read_musique,
 )
-from mhgpo.data.spec import DATA_SPECS, load_data, spec_path
 from mhgpo.data.records import Example, Passage
+from mhgpo.data.spec import DATA_SPECS, load_data, spec_path
 from mhgpo.errors import InputError
 
 
@@ -66,11 +66,24 @@ def musique_record(qid: str = "2hop__1_2", answerable: bool = True, **overrides:
     record: dict = {
         "id": qid,
         "paragraphs": [
-            {"idx": 0, "title": "Lumen Valley", "paragraph_text": "Lumen Valley is a wine region.", "is_supporting": False},
-            {"idx": 1, "title": "Ostrava Mills", "paragraph_text": "Ostrava Mills lies in Lumen Valley.",
-             "is_supporting": True},
-            {"idx": 2, "title": "Lumen Valley", "paragraph_text": "The seat of Lumen Valley is Pella.",
-             "is_supporting": True},
+            {
+                "idx": 0,
+                "title": "Lumen Valley",
+                "paragraph_text": "Lumen Valley is a wine region.",
+                "is_supporting": False,
+            },
+            {
+                "idx": 1,
+                "title": "Ostrava Mills",
+                "paragraph_text": "Ostrava Mills lies in Lumen Valley.",
+                "is_supporting": True,
+            },
+            {
+                "idx": 2,
+                "title": "Lumen Valley",
+                "paragraph_text": "The seat of Lumen Valley is Pella.",
+                "is_supporting": True,
+            },
         ],
         "question": "What is the seat of the region where Ostrava Mills lies?",
         "question_decomposition": [
@@ -114,7 +127,10 @@ def test_2wiki_jsonl_and_the_context_corpus_keeps_one_copy_of_a_repeated_paragra
     examples = load_data(f"2wiki:{path}")
     assert [e.id for e in examples] == ["a", "b"]
     assert [(p.id, p.title) for p in context_corpus(examples)] == [
-        ("ctx0", "Carl Brant"), ("ctx1", "Otto Brant"), ("ctx2", "Kiel Harbour")]
+        ("ctx0", "Carl Brant"),
+        ("ctx1", "Otto Brant"),
+        ("ctx2", "Kiel Harbour"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -146,9 +162,14 @@ def test_2wiki_bad_json_in_array_names_the_line(tmp_path: Path) -> None:
 
 
 def test_hotpotqa_supporting_context_with_two_paragraphs_and_a_missing_title(tmp_path: Path) -> None:
-    record = {"_id": "h", "question": "Q?", "answer": "yes", "type": "comparison",
-              "supporting_facts": [["B", 0], ["Gone", 0], ["A", 1]],
-              "context": [["A", ["a0.", " a1."]], ["B", ["b0."]]]}
+    record = {
+        "_id": "h",
+        "question": "Q?",
+        "answer": "yes",
+        "type": "comparison",
+        "supporting_facts": [["B", 0], ["Gone", 0], ["A", 1]],
+        "context": [["A", ["a0.", " a1."]], ["B", ["b0."]]],
+    }
     (example,) = load_hotpotqa(write_jsonl(tmp_path / "h.jsonl", [record]))
     assert example.supporting_titles == ("B", "Gone", "A")
     assert example.supporting_context == ((1,), (), (0,))
@@ -159,8 +180,11 @@ def test_hotpotqa_supporting_context_with_two_paragraphs_and_a_missing_title(tmp
 
 
 def test_musique_answers_aliases_gold_paragraphs_and_skipped_unanswerable(tmp_path: Path) -> None:
-    rows = [musique_record("2hop__1_2"), musique_record("2hop__9_9", answerable=False, answer=""),
-            musique_record("3hop1__4_5_6", answer_aliases=[])]
+    rows = [
+        musique_record("2hop__1_2"),
+        musique_record("2hop__9_9", answerable=False, answer=""),
+        musique_record("3hop1__4_5_6", answer_aliases=[]),
+    ]
     path = write_jsonl(tmp_path / "musique.jsonl", rows)
     examples, skipped = read_musique(path)
     assert skipped == 1
@@ -194,7 +218,10 @@ def test_musique_only_unanswerable_records(tmp_path: Path) -> None:
         ({"paragraphs": None}, "missing key 'paragraphs'"),
         ({"paragraphs": "text"}, "'paragraphs' must be a list of objects"),
         ({"paragraphs": [{"idx": 0, "title": "T"}]}, "paragraphs[0]: missing key 'paragraph_text'"),
-        ({"paragraphs": [{"idx": 0, "title": 3, "paragraph_text": "x"}]}, "paragraphs[0]: 'title' must be a string, got int"),
+        (
+            {"paragraphs": [{"idx": 0, "title": 3, "paragraph_text": "x"}]},
+            "paragraphs[0]: 'title' must be a string, got int",
+        ),
         ({"paragraphs": [[0, "T", "x"]]}, "paragraphs[0]: expected an object, got list"),
         ({"answer_aliases": "Pella"}, "'answer_aliases' must be a list of strings"),
         ({"answer": None}, "missing key 'answer'"),
@@ -220,16 +247,30 @@ def test_musique_context_corpus_keeps_paragraphs_that_share_a_title(tmp_path: Pa
 
 
 def test_generic_jsonl(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "g.jsonl", [
-        {"id": 7, "question": "Who?", "answers": ["Ada", "Ada Stone"]},
-        {"question": "What?", "answers": "Oslo", "type": "bridge", "supporting_titles": ["Oslo"],
-         "context": [{"title": "Oslo", "text": "Oslo is a city."}, ["Bergen", ["Bergen is", " rainy."]]]},
-    ])
+    path = write_jsonl(
+        tmp_path / "g.jsonl",
+        [
+            {"id": 7, "question": "Who?", "answers": ["Ada", "Ada Stone"]},
+            {
+                "question": "What?",
+                "answers": "Oslo",
+                "type": "bridge",
+                "supporting_titles": ["Oslo"],
+                "context": [{"title": "Oslo", "text": "Oslo is a city."}, ["Bergen", ["Bergen is", " rainy."]]],
+            },
+        ],
+    )
     first, second = load_data(f"jsonl:{path}")
     assert first == Example(id="7", question="Who?", answers=("Ada", "Ada Stone"))
-    assert second == Example(id="q1", question="What?", answers=("Oslo",), type="bridge", supporting_titles=("Oslo",),
-                             context=(("Oslo", "Oslo is a city."), ("Bergen", "Bergen is rainy.")),
-                             supporting_context=((0,),))
+    assert second == Example(
+        id="q1",
+        question="What?",
+        answers=("Oslo",),
+        type="bridge",
+        supporting_titles=("Oslo",),
+        context=(("Oslo", "Oslo is a city."), ("Bergen", "Bergen is rainy.")),
+        supporting_context=((0,),),
+    )
 
 
 @pytest.mark.parametrize(
@@ -239,8 +280,10 @@ def test_generic_jsonl(tmp_path: Path) -> None:
         ('{"id": "x", "answers": ["A"]}', "missing key 'question'"),
         ('{"id": "x", "question": "Q?", "answers": [""]}', "'answers' is empty"),
         ('{"id": "x", "question": "Q?", "answers": [1]}', "'answers' must be a string, got int"),
-        ('{"id": "x", "question": "Q?", "answers": ["A"], "supporting_titles": [1]}',
-         "'supporting_titles' must be a list of titles"),
+        (
+            '{"id": "x", "question": "Q?", "answers": ["A"], "supporting_titles": [1]}',
+            "'supporting_titles' must be a list of titles",
+        ),
         ('{"id": "x", "question": "Q?", "answers": ["A"]', "invalid JSON (Expecting ',' delimiter at column 47)"),
     ],
 )
@@ -278,8 +321,10 @@ def test_hub_specs_fail_fast_offline(name: str, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(InputError) as err:
         load_data(name)
     assert time.perf_counter() - started < 1.0
-    assert str(err.value) == (f"{name}: the Hugging Face hub cannot be reached from this machine; pass a local file "
-                              f"instead, e.g. {hub.HUB_SOURCES[name].local_example}")
+    assert str(err.value) == (
+        f"{name}: the Hugging Face hub cannot be reached from this machine; pass a local file "
+        f"instead, e.g. {hub.HUB_SOURCES[name].local_example}"
+    )
 
 
 def test_hub_unreachable_is_detected_within_the_probe_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,12 +341,27 @@ def fake_datasets(monkeypatch: pytest.MonkeyPatch) -> list:
     """A stand-in `datasets` module; the hub counts as reachable. Returns the list of load_dataset calls."""
     calls: list = []
     rows = {
-        "hotpotqa/hotpot_qa": [{"id": "h1", "question": "Q?", "answer": "A", "type": "bridge", "level": "hard",
-                                "supporting_facts": {"title": ["T2"], "sent_id": [0]},
-                                "context": {"title": ["T1", "T2"], "sentences": [["One."], ["Two.", " Three."]]}}],
-        "framolfese/2WikiMultihopQA": [{"_id": "w1", "question": "Q?", "answer": "B", "type": "comparison",
-                                        "supporting_facts": {"title": ["T1"], "sent_id": [3]},
-                                        "context": {"title": ["T1"], "content": [["Four."]]}}],
+        "hotpotqa/hotpot_qa": [
+            {
+                "id": "h1",
+                "question": "Q?",
+                "answer": "A",
+                "type": "bridge",
+                "level": "hard",
+                "supporting_facts": {"title": ["T2"], "sent_id": [0]},
+                "context": {"title": ["T1", "T2"], "sentences": [["One."], ["Two.", " Three."]]},
+            }
+        ],
+        "framolfese/2WikiMultihopQA": [
+            {
+                "_id": "w1",
+                "question": "Q?",
+                "answer": "B",
+                "type": "comparison",
+                "supporting_facts": {"title": ["T1"], "sent_id": [3]},
+                "context": {"title": ["T1"], "content": [["Four."]]},
+            }
+        ],
         "dgslibisey/MuSiQue": [musique_record("m1"), musique_record("m2", answerable=False)],
         "bad/repo": [{"_id": "ok", "question": "Q?", "answer": "A"}, {"_id": "x", "question": "Q?"}],
     }
@@ -323,13 +383,19 @@ def test_hub_specs_parse_the_hub_rows(fake_datasets: list) -> None:
     (w,) = load_data("2wiki")
     assert (w.id, w.context, w.supporting_context) == ("w1", (("T1", "Four."),), ((0,),))
     assert [m.id for m in load_data("musique")] == ["m1"]
-    assert fake_datasets == [("hotpotqa/hotpot_qa", "distractor", "validation"),
-                             ("framolfese/2WikiMultihopQA", "validation"), ("dgslibisey/MuSiQue", "validation")]
+    assert fake_datasets == [
+        ("hotpotqa/hotpot_qa", "distractor", "validation"),
+        ("framolfese/2WikiMultihopQA", "validation"),
+        ("dgslibisey/MuSiQue", "validation"),
+    ]
 
 
 def test_hub_bad_row_names_the_repository_row(fake_datasets: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(hub.HUB_SOURCES, "hotpotqa", hub.HubSource(
-        "bad/repo", None, "validation", hub.hotpot_example, "hotpotqa:x.json"))
+    monkeypatch.setitem(
+        hub.HUB_SOURCES,
+        "hotpotqa",
+        hub.HubSource("bad/repo", None, "validation", hub.hotpot_example, "hotpotqa:x.json"),
+    )
     with pytest.raises(InputError, match=r"^bad/repo\[1\]: missing key 'answer'$"):
         load_data("hotpotqa")
 

@@ -8,17 +8,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from mhgpo.retrieval import dense
-from mhgpo.retrieval.dense import DEFAULT_ENCODER, DenseRetriever, encoder_slug, load_or_build_dense, resolve_encoder
-from mhgpo.data.records import Passage
-from mhgpo.errors import InputError
-from mhgpo.team.build import open_index
-from mhgpo.retrieval.bm25 import corpus_fingerprint
 from test_retrieval import CORPUS  # the same small corpus for both retrievers
 
-QUERIES = ["Which city is the capital of Norway?", "a painter who started a museum", "rare rock crystal",
-           "Who wrote a piece of orchestral music?"]
+from mhgpo.data.records import Passage
+from mhgpo.errors import InputError
+from mhgpo.retrieval import dense
+from mhgpo.retrieval.bm25 import corpus_fingerprint
+from mhgpo.retrieval.dense import DEFAULT_ENCODER, DenseRetriever, encoder_slug, load_or_build_dense, resolve_encoder
+from mhgpo.team.build import open_index
+
+QUERIES = [
+    "Which city is the capital of Norway?",
+    "a painter who started a museum",
+    "rare rock crystal",
+    "Who wrote a piece of orchestral music?",
+]
 
 
 def ids(passages: list[Passage]) -> list[str]:
@@ -83,11 +87,23 @@ def test_the_shared_cache_counts_hits_and_searches_repeats_once(monkeypatch: pyt
 
 def test_save_and_load_give_identical_results(tmp_path: Path, retriever: DenseRetriever) -> None:
     retriever.save(tmp_path / "idx")
-    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["index.faiss", "meta.json", "mhgpo-index.json",
-                                                                    "passages.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == [
+        "index.faiss",
+        "meta.json",
+        "mhgpo-index.json",
+        "passages.jsonl",
+    ]
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
-    assert meta == {"format": 1, "kind": "dense", **corpus_fingerprint(CORPUS), "model": DEFAULT_ENCODER,
-                    "index_type": "flat", "dim": 384, "normalized": True, "doc_template": "{title}: {text}"}
+    assert meta == {
+        "format": 1,
+        "kind": "dense",
+        **corpus_fingerprint(CORPUS),
+        "model": DEFAULT_ENCODER,
+        "index_type": "flat",
+        "dim": 384,
+        "normalized": True,
+        "doc_template": "{title}: {text}",
+    }
     loaded = DenseRetriever.load(tmp_path / "idx")
     assert loaded.passages == tuple(CORPUS)
     assert loaded.search_batch(QUERIES, 4) == retriever.search_batch(QUERIES, 4)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from distributed_worker import replay_step
 from helpers import REPO, comparable, make_config, train_overrides
+
 from mhgpo.model.distributed import share_bounds, shares
 from mhgpo.rl.trainer import Trainer, build_team
 
@@ -31,17 +31,34 @@ def free_port() -> int:
 
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     """What a launcher (accelerate launch, torchrun) sets for each rank."""
-    return {**os.environ, "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    return {
+        **os.environ,
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
+    }
 
 
-def run_ranks(world: int, args: list[str], timeout: int = 300, env: dict[str, str] | None = None
-              ) -> list[subprocess.CompletedProcess]:
+def run_ranks(
+    world: int, args: list[str], timeout: int = 300, env: dict[str, str] | None = None
+) -> list[subprocess.CompletedProcess]:
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, *args], env={**rank_env(r, world, port), **(env or {})}, cwd=REPO,
-                              text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            env={**rank_env(r, world, port), **(env or {})},
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for r in range(world)
+    ]
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=timeout)
@@ -61,27 +78,58 @@ def record_step(cfg, world: int) -> list[tuple[tuple[str, ...], object]]:
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-@pytest.mark.parametrize("algo,extra", [
-    ("mhgpo", {"sampler": "rr", "rr_probs": "[0,0.5,0.5]"}),  # the rewriter calls before a later fork: singletons
-    ("mappo", {"sampler": "chains"}),
-    ("mhgpo", {"sampler": "fof", "lora.enabled": "false"}),  # full fine-tuning: a frozen reference copy
-], ids=["mhgpo-rr", "mappo", "mhgpo-full"])
-def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, world, tmp_path, algo, extra,
-                                                              fsdp) -> None:
+@pytest.mark.parametrize(
+    "algo,extra",
+    [
+        ("mhgpo", {"sampler": "rr", "rr_probs": "[0,0.5,0.5]"}),  # the rewriter calls before a later fork: singletons
+        ("mappo", {"sampler": "chains"}),
+        ("mhgpo", {"sampler": "fof", "lora.enabled": "false"}),  # full fine-tuning: a frozen reference copy
+    ],
+    ids=["mhgpo-rr", "mappo", "mhgpo-full"],
+)
+def test_two_ranks_update_as_one_process_on_the_same_rollouts(
+    tiny_model_dir, world, tmp_path, algo, extra, fsdp
+) -> None:
     """Each rank holds the whole model (ddp), or the actor's layers are sharded (fsdp, as `accelerate launch` with
     distributed_type: FSDP asks): the same update as one process."""
-    cfg = make_config(tiny_model_dir, world, tmp_path / "run", algo=algo, questions_per_step=4, eval_every=0,
-                      save_every=0, steps=1, precision="fp32", **extra)
+    cfg = make_config(
+        tiny_model_dir,
+        world,
+        tmp_path / "run",
+        algo=algo,
+        questions_per_step=4,
+        eval_every=0,
+        save_every=0,
+        steps=1,
+        precision="fp32",
+        **extra,
+    )
     records = record_step(cfg, world=2)
     (tmp_path / "records.pkl").write_bytes(pickle.dumps(records))
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(train_overrides(tiny_model_dir, world, tmp_path / "run", algo=algo,
-                                                 questions_per_step=4, eval_every=0, save_every=0, steps=1,
-                                                 precision="fp32", **extra)))
+    config.write_text(
+        json.dumps(
+            train_overrides(
+                tiny_model_dir,
+                world,
+                tmp_path / "run",
+                algo=algo,
+                questions_per_step=4,
+                eval_every=0,
+                save_every=0,
+                steps=1,
+                precision="fp32",
+                **extra,
+            )
+        )
+    )
 
     one = replay_step(cfg, records)  # one process on the whole step
-    runs = run_ranks(2, [str(WORKER), str(config), str(tmp_path / "records.pkl"), str(tmp_path / "rank.pt")],
-                     env={"ACCELERATE_USE_FSDP": "true", "SINGLETON_BATCHES_ON_RANK": "1"} if fsdp else None)
+    runs = run_ranks(
+        2,
+        [str(WORKER), str(config), str(tmp_path / "records.pkl"), str(tmp_path / "rank.pt")],
+        env={"ACCELERATE_USE_FSDP": "true", "SINGLETON_BATCHES_ON_RANK": "1"} if fsdp else None,
+    )
     assert [r.returncode for r in runs] == [0, 0], "\n".join(r.stderr[-3000:] for r in runs)
     two = torch.load(tmp_path / "rank.pt", weights_only=False)  # rank 1 wrote last or first: the same state
     assert (two["rank"] in (0, 1)) and two["world"] == 2
@@ -113,8 +161,9 @@ def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, wo
         tol = 3e-4 if full_ft else 1e-5
         torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=tol, msg=lambda m, k=k: f"{k}: {m}")
         assert float((two["weights"][k] - w).abs().mean()) < 1e-6, k
-    assert any(not torch.equal(one["weights"][k], init[k]) for k in init
-               if "lora_B" in k or "value_head" in k or full_ft)
+    assert any(
+        not torch.equal(one["weights"][k], init[k]) for k in init if "lora_B" in k or "value_head" in k or full_ft
+    )
     if extra["sampler"] == "rr":  # RR pooled singletons of both ranks' questions into groups, as one process does
         assert two["groups"] == one["groups"]
         members: dict[int, set[bool]] = {}
@@ -142,15 +191,25 @@ def test_shares_cut_samples_by_tokens_and_questions_contiguously() -> None:
 
 def test_questions_per_step_not_divisible_by_the_ranks_is_refused(tiny_model_dir, world, tmp_path) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "mhgpo", "train", *train_overrides(tiny_model_dir, world, tmp_path / "run",
-                                                                    questions_per_step=3)]
-    procs = [subprocess.Popen(cmd, env=rank_env(r, 2, port), cwd=REPO, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) for r in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mhgpo",
+        "train",
+        *train_overrides(tiny_model_dir, world, tmp_path / "run", questions_per_step=3),
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd, env=rank_env(r, 2, port), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for r in range(2)
+    ]
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [2, 2]
     assert results[0][1].strip().splitlines()[-1] == (
         "mhgpo: error: questions_per_step=3 is not divisible by the 2 processes of this run: each rank rolls out "
-        "questions_per_step / processes questions")
+        "questions_per_step / processes questions"
+    )
     assert results[1][1].strip() == ""  # rank 0 alone says it
     assert not (tmp_path / "run").exists()
 
@@ -158,19 +217,46 @@ def test_questions_per_step_not_divisible_by_the_ranks_is_refused(tiny_model_dir
 # ------------------------------------------------------------------------ a two-rank run through accelerate
 
 
-def launch(out: Path, tiny_model_dir, world, *extra: str, resume: bool = False,
-           config: str = "cpu_ddp.yaml") -> subprocess.Popen:
+def launch(
+    out: Path, tiny_model_dir, world, *extra: str, resume: bool = False, config: str = "cpu_ddp.yaml"
+) -> subprocess.Popen:
     """`accelerate launch --config_file configs/accelerate/cpu_ddp.yaml -m mhgpo train ...` (2 ranks, gloo);
     `config`: another of configs/accelerate (cpu_fsdp.yaml)."""
-    args = ["--resume", str(out), *extra] if resume else [*train_overrides(
-        tiny_model_dir, world, out, questions_per_step=4, steps=4, eval_every=2, val_limit=4, save_every=1,
-        keep_checkpoints=4), *extra]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(REPO / "configs" / "accelerate" / config), "--main_process_port", str(free_port()),
-           "-m", "mhgpo", "train", *args]
+    args = (
+        ["--resume", str(out), *extra]
+        if resume
+        else [
+            *train_overrides(
+                tiny_model_dir,
+                world,
+                out,
+                questions_per_step=4,
+                steps=4,
+                eval_every=2,
+                val_limit=4,
+                save_every=1,
+                keep_checkpoints=4,
+            ),
+            *extra,
+        ]
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "configs" / "accelerate" / config),
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "mhgpo",
+        "train",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.Popen(cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # its own process group, as a terminal's foreground job
+    return subprocess.Popen(
+        cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )  # its own process group, as a terminal's foreground job
 
 
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
@@ -203,15 +289,21 @@ def test_two_rank_run_logs_once_writes_every_question_once_and_resumes_after_a_r
     assert all("seconds/train_communication" in r for r in rows)
     assert [r["samples"] > 0 for r in rows] == [True] * 4
     for r in rows:
-        nodes = [json.loads(line) for line in (ref / "rollouts" / f"step_{r['step']:06d}.jsonl").read_text()
-                 .splitlines()]
+        nodes = [
+            json.loads(line) for line in (ref / "rollouts" / f"step_{r['step']:06d}.jsonl").read_text().splitlines()
+        ]
         assert [n["node_id"] for n in nodes] == list(range(len(nodes)))
         roots = [n["question_id"] for n in nodes if n["parent_id"] == -1]
         assert len(set(roots)) == 4 and len({n["question_id"] for n in nodes}) == 4  # every question, once
         assert len(nodes) == r["llm_calls"] + sum(n["agent"] == "retriever" for n in nodes)
     assert [c.name for c in list_checkpoints(ref)] == ["step_1", "step_2", "step_3", "step_4"]
-    exported = subprocess.run([sys.executable, "-m", "mhgpo", "export", str(ref), "--out", str(tmp_path / "export")],
-                              env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, text=True, capture_output=True)
+    exported = subprocess.run(
+        [sys.executable, "-m", "mhgpo", "export", str(ref), "--out", str(tmp_path / "export")],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+    )
     assert exported.returncode == 0 and (tmp_path / "export" / "model.safetensors").is_file(), exported.stderr
 
     killed = tmp_path / "killed"
@@ -233,8 +325,10 @@ def test_two_rank_run_logs_once_writes_every_question_once_and_resumes_after_a_r
     assert comparable(again) == comparable(rows)
 
 
-@pytest.mark.parametrize("how,config", [("sigterm to rank 1", "cpu_ddp.yaml"), ("ctrl-c", "cpu_ddp.yaml"),
-                                        ("sigterm to rank 1", "cpu_fsdp.yaml")])
+@pytest.mark.parametrize(
+    "how,config",
+    [("sigterm to rank 1", "cpu_ddp.yaml"), ("ctrl-c", "cpu_ddp.yaml"), ("sigterm to rank 1", "cpu_fsdp.yaml")],
+)
 def test_a_signal_stops_every_rank_and_rank_0_saves_the_last_completed_step_once(
     tiny_model_dir, world, tmp_path, how, config
 ) -> None:
@@ -318,8 +412,13 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
     assert {k: tuple(v.shape) for k, v in saved.items()} == shapes
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())  # trained (B starts at 0)
 
-    exported = subprocess.run([sys.executable, "-m", "mhgpo", "export", str(ref), "--out", str(tmp_path / "export")],
-                              env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, text=True, capture_output=True)
+    exported = subprocess.run(
+        [sys.executable, "-m", "mhgpo", "export", str(ref), "--out", str(tmp_path / "export")],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+    )
     assert exported.returncode == 0 and (tmp_path / "export" / "model.safetensors").is_file(), exported.stderr
 
     cut = tmp_path / "cut"
@@ -336,16 +435,15 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
     log, _ = p.communicate(timeout=300)
     assert p.returncode == 0, log[-3000:]
     assert "FSDP" not in log
-    last = comparable([json.loads(line) for line in (tmp_path / "to_ddp" / "metrics.jsonl").read_text()
-                       .splitlines()])[-1]
+    last = comparable([json.loads(line) for line in (tmp_path / "to_ddp" / "metrics.jsonl").read_text().splitlines()])[
+        -1
+    ]
     assert last.keys() == comparable(rows)[-1].keys() and last["step"] == 3
     for k, v in comparable(rows)[-1].items():
         assert last[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
 
 
-def test_fsdp_refuses_one_adapter_per_role(
-    tiny_model_dir, world, tmp_path, monkeypatch
-) -> None:
+def test_fsdp_refuses_one_adapter_per_role(tiny_model_dir, world, tmp_path, monkeypatch) -> None:
     from types import SimpleNamespace
 
     from mhgpo.errors import InputError

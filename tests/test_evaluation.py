@@ -11,12 +11,12 @@ SEARCH = ["search.rewriter.max_new_tokens=12", "search.reranker.max_new_tokens=6
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
 def test_batched_evaluation_equals_one_question_at_a_time(tiny_model_dir, world, precision) -> None:
-    from mhgpo.rl.evaluation import evaluate_examples
-    from mhgpo.team.build import build_workflow, load_examples
     from mhgpo.model.generation import HFGenerator
+    from mhgpo.model.precision import weight_dtype
     from mhgpo.model.pretrained import encode_chat
     from mhgpo.model.trained import load_model
-    from mhgpo.model.precision import weight_dtype
+    from mhgpo.rl.evaluation import evaluate_examples
+    from mhgpo.team.build import build_workflow, load_examples
 
     data = f"hotpotqa:{world / 'dev.jsonl'}"
     cfg = load_config(EvalConfig, None, [f"retrieval.corpus={world / 'corpus.jsonl'}", *SEARCH])
@@ -26,8 +26,9 @@ def test_batched_evaluation_equals_one_question_at_a_time(tiny_model_dir, world,
 
     def run(batch_size: int, gen_batch_size: int):
         generator = HFGenerator(lm.model, lm.tokenizer, batch_size=gen_batch_size, precision=precision)
-        return evaluate_examples(examples, workflow, generator, lambda m: encode_chat(lm.tokenizer, m), batch_size,
-                                 progress=False)
+        return evaluate_examples(
+            examples, workflow, generator, lambda m: encode_chat(lm.tokenizer, m), batch_size, progress=False
+        )
 
     alone = run(1, 1)
     for batch_size, gen_batch_size in ((len(examples), len(examples)), (4, 3)):
@@ -35,6 +36,7 @@ def test_batched_evaluation_equals_one_question_at_a_time(tiny_model_dir, world,
         assert [p["trace"] for p in batched.predictions] == [p["trace"] for p in alone.predictions]
         assert [p["prediction"] for p in batched.predictions] == [p["prediction"] for p in alone.predictions]
         assert {k: v for k, v in batched.metrics.items() if k != "seconds"} == {
-            k: v for k, v in alone.metrics.items() if k != "seconds"}
+            k: v for k, v in alone.metrics.items() if k != "seconds"
+        }
     outputs = {s["output"] for p in alone.predictions for s in p["trace"]["steps"] if "tool" not in s}
     assert len(outputs) >= 3  # the questions lead to different outputs: the comparison sees something

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_rollout import FakeGenerator, FakeRetriever, encode
 
 from mhgpo.data.records import Example
 from mhgpo.rl.rollout import RolloutSpec, run_rollouts
 from mhgpo.run.report import md_text
 from mhgpo.team.loader import construct, load_workflow_class, team_config
-from test_rollout import FakeGenerator, FakeRetriever, encode
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {"iterative_search": "IterativeSearch", "solver_verifier": "SolverVerifier"}
@@ -33,8 +33,9 @@ def example(name: str, retriever=None, **team):
 def scripted(team, outputs: list[str], question: str = "Where was Ann Lee born?", gold=("Paris",)):
     """One greedy chain of `team` on one question, the LLM agents answering `outputs` in order."""
     gen = FakeGenerator(lambda text: "?", lambda agent, k, text: outputs[k])
-    batch = run_rollouts([Example("q", question, gold)], team, gen, encode, RolloutSpec(greedy=True),
-                         np.random.default_rng(0))
+    batch = run_rollouts(
+        [Example("q", question, gold)], team, gen, encode, RolloutSpec(greedy=True), np.random.default_rng(0)
+    )
     return batch, [decode(c.prompts[0]) for c in gen.calls]
 
 
@@ -49,8 +50,12 @@ def test_iterative_search_searches_until_it_answers_or_runs_out_of_turns() -> No
     retriever = FakeRetriever()
     team = example("iterative_search", retriever, max_rounds=3)
     batch, prompts = scripted(team, ["Search: Ann Lee birthplace", "The answer is Paris"])
-    assert [(n.agent, n.visit) for n in batch.nodes] == [("retriever", 0), ("planner", 0), ("retriever", 1),
-                                                         ("planner", 1)]
+    assert [(n.agent, n.visit) for n in batch.nodes] == [
+        ("retriever", 0),
+        ("planner", 0),
+        ("retriever", 1),
+        ("planner", 1),
+    ]
     assert retriever.calls == [["Where was Ann Lee born?"], ["Ann Lee birthplace"]]
     assert [n.penalty for n in batch.llm_nodes()] == [0.0, 0.0]
     leaf = batch.leaves()[0]
@@ -59,8 +64,9 @@ def test_iterative_search_searches_until_it_answers_or_runs_out_of_turns() -> No
     assert "Queries so far: Where was Ann Lee born?; Ann Lee birthplace" in prompts[1]
     assert "last turn" not in prompts[0] and "last turn" not in prompts[1]
     # no format: searched as it is, penalised; the last turn answers whatever it says, penalised without "Answer:"
-    batch, prompts = scripted(example("iterative_search", max_rounds=3), ["Searched: Lee", "search for Lee",
-                                                                          "Paris, France"])
+    batch, prompts = scripted(
+        example("iterative_search", max_rounds=3), ["Searched: Lee", "search for Lee", "Paris, France"]
+    )
     assert [(n.agent, n.visit) for n in batch.llm_nodes()] == [("planner", 0), ("planner", 1), ("planner", 2)]
     assert [n.info["action"] for n in batch.llm_nodes()] == ["search", "search", "answer"]
     assert [n.info.get("query") for n in batch.llm_nodes()] == ["Searched: Lee", "Lee", None]
@@ -86,7 +92,9 @@ def test_solver_verifier_sends_the_answer_back_once() -> None:
     assert [n.penalty for n in batch.llm_nodes()] == [0.0, -0.5, -0.5]
     assert "judged wrong: the verifier was not convinced" in prompts[2]
     assert team.behaviour("solver", [n for n in batch.llm_nodes() if n.agent == "solver"]) == {
-        "answer_words": 4.0, "second_attempts": 0.5}
+        "answer_words": 4.0,
+        "second_attempts": 0.5,
+    }
 
 
 # ------------------------------------------------------------------------------------ training, command line
@@ -95,12 +103,23 @@ def test_solver_verifier_sends_the_answer_back_once() -> None:
 @pytest.fixture(scope="module")
 def cli(cache_dir: Path):  # noqa: F811
     """`cli(*args)` runs `python -m mhgpo *args` from the repository root (as the README's commands do)."""
-    env = {**os.environ, "MHGPO_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MHGPO_CACHE": str(cache_dir),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
 
     def run(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "mhgpo", *map(str, args)], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "mhgpo", *map(str, args)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     return run
 
@@ -111,10 +130,28 @@ def runs(cli, tiny_model_dir: Path, world: Path, tmp_path_factory: pytest.TempPa
     out = {}
     for name, cls in EXAMPLES.items():
         run = tmp_path_factory.mktemp("runs") / name
-        res = cli("train", "--system", f"examples/{name}.py:{cls}", "--model", tiny_model_dir, "--data",
-                  f"hotpotqa:{world / 'train_echo.jsonl'}", "--corpus", world / "corpus.jsonl", "--steps", 1,
-                  "--questions-per-step", 2, "--group-size", 3, "--output-dir", run, "eval_every=0", "lora.r=4",
-                  f"team.{REVISITED[name]}.max_new_tokens=8")
+        res = cli(
+            "train",
+            "--system",
+            f"examples/{name}.py:{cls}",
+            "--model",
+            tiny_model_dir,
+            "--data",
+            f"hotpotqa:{world / 'train_echo.jsonl'}",
+            "--corpus",
+            world / "corpus.jsonl",
+            "--steps",
+            1,
+            "--questions-per-step",
+            2,
+            "--group-size",
+            3,
+            "--output-dir",
+            run,
+            "eval_every=0",
+            "lora.r=4",
+            f"team.{REVISITED[name]}.max_new_tokens=8",
+        )
         assert res.returncode == 0, res.stderr
         out[name] = run
     return out
@@ -127,8 +164,9 @@ def _records(run: Path) -> list[dict]:
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_one_training_step_passes_the_rollout_checks(runs, name: str) -> None:
     run = runs[name]
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "check_rollouts.py"), str(run)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check_rollouts.py"), str(run)], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("step_000001.jsonl: ok")
     rows = _records(run)
@@ -155,8 +193,10 @@ def test_report_names_the_examples_agents(runs, cli, name: str, tmp_path: Path) 
     assert "- *retriever* (tool):" in md
     assert md_text(f"({EXAMPLES[name]}) [{name}]") in md and "behaviour.png" in md  # the run's label, escaped
     metrics = json.loads((runs[name] / "metrics.jsonl").read_text().splitlines()[0])
-    own = {"iterative_search": ["planner/search_rate"], "solver_verifier": ["verifier/reject_rate",
-                                                                            "solver/second_attempts"]}[name]
+    own = {
+        "iterative_search": ["planner/search_rate"],
+        "solver_verifier": ["verifier/reject_rate", "solver/second_attempts"],
+    }[name]
     assert all(k in metrics for k in own)
 
 
@@ -174,8 +214,9 @@ def test_check_rollouts_catches_wrong_group_ids_and_visits(runs) -> None:
     check.check_step([dict(r) for r in rows], *args)  # as written: fine
     second = [r for r in rows if r["trained"] and r["visit"] == 1]
     split = [dict(r) for r in rows]
-    moved = next(r for r in split if (r["node_id"], r["question_id"]) == (second[0]["node_id"],
-                                                                         second[0]["question_id"]))
+    moved = next(
+        r for r in split if (r["node_id"], r["question_id"]) == (second[0]["node_id"], second[0]["question_id"])
+    )
     moved["group_id"] = max(r["group_id"] for r in rows) + 1
     with pytest.raises(AssertionError, match="members, expected 2..3|not all the nodes"):
         check.check_step(split, *args)
@@ -193,7 +234,10 @@ def test_check_rollouts_catches_wrong_group_ids_and_visits(runs) -> None:
 
 
 def test_system_errors_on_the_command_line(
-    cli, tiny_model_dir: Path, world: Path, tmp_path: Path  # noqa: F811
+    cli,
+    tiny_model_dir: Path,
+    world: Path,
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     out = tmp_path / "out"
     res = cli("train", "--system", "examples/nope.py:Team", "--model", tiny_model_dir, "--output-dir", out)
@@ -201,31 +245,66 @@ def test_system_errors_on_the_command_line(
     res = cli("demo", "--system", "examples/iterative_search.py:IterativeSearch", f"output_dir={out}")
     assert res.returncode == 2 and res.stderr.startswith("mhgpo: error: system: mhgpo demo runs the built-in team")
     res = cli("eval", "--system", "examples/iterative_search.py:IterativeSearch", "team.rounds=2", "--output-dir", out)
-    assert res.returncode == 2 and res.stderr.startswith("mhgpo: error: unknown config key team.rounds; valid keys "
-                                                         "here: team.format_penalty, team.max_answer_words")
+    assert res.returncode == 2 and res.stderr.startswith(
+        "mhgpo: error: unknown config key team.rounds; valid keys here: team.format_penalty, team.max_answer_words"
+    )
     assert not out.exists()
     # a method that raises during a rollout: one line naming file, line, class, method, question and agent
     broken = tmp_path / "broken.py"
     source = (REPO / "examples" / "solver_verifier.py").read_text()
-    broken.write_text(source.replace('        wrong, right = WRONG.search(output), RIGHT.search(output)',
-                                     '        raise ZeroDivisionError("verdicts are hard")'))
+    broken.write_text(
+        source.replace(
+            "        wrong, right = WRONG.search(output), RIGHT.search(output)",
+            '        raise ZeroDivisionError("verdicts are hard")',
+        )
+    )
     line = next(i for i, t in enumerate(broken.read_text().splitlines(), 1) if "ZeroDivisionError" in t)
     dev = world / "dev.jsonl"
     first = json.loads(dev.read_text().splitlines()[0])["_id"]
-    res = cli("eval", "--system", "broken.py:SolverVerifier", "--model", tiny_model_dir, "--data", f"hotpotqa:{dev}",
-              "--corpus", world / "corpus.jsonl", "--limit", 2, "--output-dir", out, cwd=tmp_path)
+    res = cli(
+        "eval",
+        "--system",
+        "broken.py:SolverVerifier",
+        "--model",
+        tiny_model_dir,
+        "--data",
+        f"hotpotqa:{dev}",
+        "--corpus",
+        world / "corpus.jsonl",
+        "--limit",
+        2,
+        "--output-dir",
+        out,
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     errors = [t for t in res.stderr.splitlines() if t.startswith("mhgpo: error:")]
-    assert errors == [f"mhgpo: error: broken.py:{line}: SolverVerifier.apply: ZeroDivisionError: verdicts are hard "
-                      f"(question {first}, agent verifier)"]
+    assert errors == [
+        f"mhgpo: error: broken.py:{line}: SolverVerifier.apply: ZeroDivisionError: verdicts are hard "
+        f"(question {first}, agent verifier)"
+    ]
     assert not out.exists()
 
 
 def test_eval_writes_the_examples_predictions(cli, tiny_model_dir: Path, world: Path, tmp_path: Path) -> None:  # noqa
     out = tmp_path / "eval"
-    res = cli("eval", "--system", "examples/solver_verifier.py:SolverVerifier", "--model", tiny_model_dir, "--data",
-              f"hotpotqa:{world / 'dev.jsonl'}", "--corpus", world / "corpus.jsonl", "--limit", 3, "--output-dir", out,
-              "team.solver.max_new_tokens=6", "team.verifier.max_new_tokens=6")
+    res = cli(
+        "eval",
+        "--system",
+        "examples/solver_verifier.py:SolverVerifier",
+        "--model",
+        tiny_model_dir,
+        "--data",
+        f"hotpotqa:{world / 'dev.jsonl'}",
+        "--corpus",
+        world / "corpus.jsonl",
+        "--limit",
+        3,
+        "--output-dir",
+        out,
+        "team.solver.max_new_tokens=6",
+        "team.verifier.max_new_tokens=6",
+    )
     assert res.returncode == 0, res.stderr
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     metrics = json.loads((out / "metrics.json").read_text())
@@ -240,9 +319,18 @@ def test_eval_writes_the_examples_predictions(cli, tiny_model_dir: Path, world: 
 
 
 def test_ask_shows_each_turn_of_the_planner(cli, tiny_model_dir: Path, world: Path) -> None:  # noqa: F811
-    res = cli("ask", "Where was Ann Lee born?", "--system", "examples/iterative_search.py:IterativeSearch",
-              "--model", tiny_model_dir, "--corpus", world / "corpus.jsonl", "team.max_rounds=2",
-              "team.planner.max_new_tokens=6")
+    res = cli(
+        "ask",
+        "Where was Ann Lee born?",
+        "--system",
+        "examples/iterative_search.py:IterativeSearch",
+        "--model",
+        tiny_model_dir,
+        "--corpus",
+        world / "corpus.jsonl",
+        "team.max_rounds=2",
+        "team.planner.max_new_tokens=6",
+    )
     assert res.returncode == 0, res.stderr
     planner_turns = res.stdout.count(" planner ")
     assert 1 <= planner_turns <= 2 and res.stdout.count("retriever (tool)") == planner_turns

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import write_echo_world
+
 from mhgpo.config import EvalConfig, TrainConfig, critic_lr, demo_config_path, load_config, to_dict
 from mhgpo.config.experiments import SCALE_KEYS, scaled_tree
 from mhgpo.errors import InputError
@@ -39,8 +39,12 @@ ROWS: dict[str, dict[str, object]] = {
     "rr_per_role": {"lora.enabled": True, "lora.per_role": True},
     "rr_filter": {"filter_zero_variance": True},
     "warm_rr_no_reranker_penalty": {"warm_start.enabled": True, "search.reranker_penalty": 0.0},
-    "warm_mappo_no_reranker_penalty": {"warm_start.enabled": True, "algo": "mappo", "sampler": "chains",
-                                       "search.reranker_penalty": 0.0},
+    "warm_mappo_no_reranker_penalty": {
+        "warm_start.enabled": True,
+        "algo": "mappo",
+        "sampler": "chains",
+        "search.reranker_penalty": 0.0,
+    },
 }
 
 
@@ -125,10 +129,17 @@ def test_config_errors_name_the_key() -> None:
         load_config(TrainConfig, None, ["algo=a2c"])
     with pytest.raises(InputError, match=r"^critic\.lam: must be in \[0, 1\]"):
         load_config(TrainConfig, None, ["algo=mappo", "critic.lam=1.5"])
-    defaults = {(a, s): load_config(TrainConfig, None, [f"algo={a}", f"system={s}"]).sampler
-                for a, s in (("mhgpo", "mas"), ("mhgpo", "llm"), ("grpo", "llm"), ("mappo", "mas"), ("ppo", "llm"))}
-    assert defaults == {("mhgpo", "mas"): "rr", ("mhgpo", "llm"): "fof", ("grpo", "llm"): "fof",
-                        ("mappo", "mas"): "chains", ("ppo", "llm"): "chains"}
+    defaults = {
+        (a, s): load_config(TrainConfig, None, [f"algo={a}", f"system={s}"]).sampler
+        for a, s in (("mhgpo", "mas"), ("mhgpo", "llm"), ("grpo", "llm"), ("mappo", "mas"), ("ppo", "llm"))
+    }
+    assert defaults == {
+        ("mhgpo", "mas"): "rr",
+        ("mhgpo", "llm"): "fof",
+        ("grpo", "llm"): "fof",
+        ("mappo", "mas"): "chains",
+        ("ppo", "llm"): "chains",
+    }
     assert dataclasses.asdict(load_config(TrainConfig, None, ["algo=mappo", "group_size=1"]))["group_size"] == 1
 
 
@@ -141,11 +152,23 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def small(world: Path, model_dir: Path, out: Path) -> list[str]:
-    return [f"model={model_dir}", f"data=hotpotqa:{world / 'train_echo.jsonl'}",
-            f"val_data=hotpotqa:{world / 'dev.jsonl'}", f"retrieval.corpus={world / 'corpus.jsonl'}",
-            f"output_dir={out}", "steps=1", "questions_per_step=2", "group_size=2", "eval_every=1", "val_limit=2",
-            "save_every=1", "lora.r=4", "search.rewriter.max_new_tokens=6", "search.reranker.max_new_tokens=4",
-            "search.answerer.max_new_tokens=4"]
+    return [
+        f"model={model_dir}",
+        f"data=hotpotqa:{world / 'train_echo.jsonl'}",
+        f"val_data=hotpotqa:{world / 'dev.jsonl'}",
+        f"retrieval.corpus={world / 'corpus.jsonl'}",
+        f"output_dir={out}",
+        "steps=1",
+        "questions_per_step=2",
+        "group_size=2",
+        "eval_every=1",
+        "val_limit=2",
+        "save_every=1",
+        "lora.r=4",
+        "search.rewriter.max_new_tokens=6",
+        "search.reranker.max_new_tokens=4",
+        "search.answerer.max_new_tokens=4",
+    ]
 
 
 def mhgpo_main(*args: object) -> int:
@@ -199,14 +222,31 @@ def test_train_a_row_at_demo_scale(world, tiny_model_dir, tmp_path) -> None:
 def test_eval_the_model_alone_and_the_untrained_team(world, tiny_model_dir, tmp_path) -> None:
     for system in ("llm", "mas"):
         out = tmp_path / system
-        assert mhgpo_main("eval", "--system", system, "--model", tiny_model_dir, "--data",
-                          f"hotpotqa:{world / 'dev.jsonl'}", "--corpus", world / "corpus.jsonl", "--output-dir", out,
-                          "search.answerer.max_new_tokens=4", "search.rewriter.max_new_tokens=6",
-                          "search.reranker.max_new_tokens=4") == 0
+        assert (
+            mhgpo_main(
+                "eval",
+                "--system",
+                system,
+                "--model",
+                tiny_model_dir,
+                "--data",
+                f"hotpotqa:{world / 'dev.jsonl'}",
+                "--corpus",
+                world / "corpus.jsonl",
+                "--output-dir",
+                out,
+                "search.answerer.max_new_tokens=4",
+                "search.rewriter.max_new_tokens=6",
+                "search.reranker.max_new_tokens=4",
+            )
+            == 0
+        )
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["n"] == 3 and metrics["system"] == system
-        steps = [[s["agent"] for s in json.loads(line)["trace"]["steps"]]
-                 for line in (out / "predictions.jsonl").read_text().splitlines()]
+        steps = [
+            [s["agent"] for s in json.loads(line)["trace"]["steps"]]
+            for line in (out / "predictions.jsonl").read_text().splitlines()
+        ]
         want = ["llm"] if system == "llm" else ["rewriter", "retriever", "reranker", "answerer"]
         assert steps == [want] * 3
 

@@ -20,18 +20,18 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import mhgpo.model.checkpoint as ck
-from mhgpo.model.checkpoint import check_checkpoint, list_checkpoints, read_checkpoint
-from mhgpo.cli.main import main
-from mhgpo.config import TrainConfig, load_config
-from mhgpo.run.rundir import LOCK_FILE, RunLock
-from mhgpo.rl.runlog import read_metrics
-from mhgpo.model.statecodec import decode_rng_states, restore_rng_states, rng_states
-from mhgpo.run.pipeline import resume, train
-from mhgpo.rl.trainer import Trainer, build_team
 from helpers import REPO, make_config, train_overrides
 from test_trainer import assert_same_run
+
+import mhgpo.model.checkpoint as ck
+from mhgpo.cli.main import main
+from mhgpo.config import TrainConfig, load_config
+from mhgpo.model.checkpoint import check_checkpoint, list_checkpoints, read_checkpoint
+from mhgpo.model.statecodec import decode_rng_states, restore_rng_states, rng_states
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.rl.trainer import Trainer, build_team
+from mhgpo.run.pipeline import resume, train
+from mhgpo.run.rundir import LOCK_FILE, RunLock
 
 
 def cli(capsys, *args: object) -> tuple[int, str, str]:
@@ -48,8 +48,11 @@ def assert_one_line_error(rc: int, err: str, pattern: str) -> None:
     assert rc == 2, err
     assert "Traceback" not in err
     # less the progress bars and the announced precision (printed once the model has loaded)
-    lines = [line for line in err.strip().splitlines()
-             if line.strip() and "%|" not in line and not line.startswith("mhgpo: precision ")]
+    lines = [
+        line
+        for line in err.strip().splitlines()
+        if line.strip() and "%|" not in line and not line.startswith("mhgpo: precision ")
+    ]
     assert len(lines) == 1 and lines[0].startswith("mhgpo: error: "), err
     assert re.search(pattern, lines[0]), lines[0]
 
@@ -74,6 +77,7 @@ def copy_run(src: Path, dst: Path) -> Path:
 
 # -------------------------------------------------------------------------------- kill -9 during a checkpoint
 
+
 class KillSwitch:
     """Counts the file operations of a checkpoint write (`save_checkpoint`: each mkdir, file write, fsync, rename,
     tree removal) and SIGKILLs the process at the chosen one: before it, or, with `half`, half-way through it
@@ -94,7 +98,8 @@ class KillSwitch:
                 if self.inside and len(self.events) == self.kill_at:
                     if self.half and name == "rmtree":
                         next((p for p in Path(args[0]).rglob("*") if p.is_file()), Path("/nonexistent")).unlink(
-                            missing_ok=True)
+                            missing_ok=True
+                        )
                     elif self.half:
                         real(*args, **kwargs)
                         os.truncate(args[path_arg], Path(args[path_arg]).stat().st_size // 2)
@@ -146,7 +151,12 @@ def save_in_child(trainer: Trainer, rng: dict, run_dir: Path, switch: KillSwitch
 
 
 def test_kill_9_at_every_point_of_a_checkpoint_write_leaves_a_run_that_resumes_exactly(
-    two_steps, reference_run, tiny_model_dir, world, tmp_path, capsys  # noqa: F811
+    two_steps,
+    reference_run,
+    tiny_model_dir,
+    world,
+    tmp_path,
+    capsys,  # noqa: F811
 ) -> None:
     """A training process has finished step 3 (logged, rollouts written) and is killed (SIGKILL) inside the write
     of its checkpoint, once at every file operation of the write (and half-way through every file write and tree
@@ -165,7 +175,8 @@ def test_kill_9_at_every_point_of_a_checkpoint_write_leaves_a_run_that_resumes_e
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     events = json.loads(log.read_text())
     assert {"mkdir", "save_file", "fsync_file", "write_synced", "fsync_dir", "rename", "rmtree"} <= {
-        e for e, _ in events}
+        e for e, _ in events
+    }
     points = [(i, False) for i in range(len(events))] + [(i, True) for i, (_, h) in enumerate(events) if h]
     outcomes = {"step_2": 0, "step_3": 0}
     for i, half in points:
@@ -186,8 +197,10 @@ def test_kill_9_at_every_point_of_a_checkpoint_write_leaves_a_run_that_resumes_e
         assert not (run_dir / LOCK_FILE).exists()
         assert [x.name for x in (run_dir / "checkpoints").iterdir() if x.name.startswith(".")] == []
     with capsys.disabled():
-        print(f"\nkill -9 points tried: {len(points)} ({len(events)} file operations, "
-              f"{len(points) - len(events)} of them also half-way); newest checkpoint after the kill: {outcomes}")
+        print(
+            f"\nkill -9 points tried: {len(points)} ({len(events)} file operations, "
+            f"{len(points) - len(events)} of them also half-way); newest checkpoint after the kill: {outcomes}"
+        )
     assert outcomes["step_2"] > 0 and outcomes["step_3"] > 0
 
 
@@ -195,7 +208,12 @@ def test_kill_9_at_every_point_of_a_checkpoint_write_leaves_a_run_that_resumes_e
 
 
 def test_full_disk_during_a_checkpoint_stops_the_run_and_keeps_the_previous_one(
-    reference_run, tiny_model_dir, world, tmp_path, capsys, monkeypatch  # noqa: F811
+    reference_run,
+    tiny_model_dir,
+    world,
+    tmp_path,
+    capsys,
+    monkeypatch,  # noqa: F811
 ) -> None:
     """The disk fills up while step 2's checkpoint is written (a write that stops half-way with ENOSPC): the run
     stops with one line naming the cause, the last checkpoint and how to continue; step_1 is intact, no temporary
@@ -217,9 +235,13 @@ def test_full_disk_during_a_checkpoint_stops_the_run_and_keeps_the_previous_one(
 
     monkeypatch.setattr(ck, "save_file", save_file)
     rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, out))
-    assert_one_line_error(rc, err, r"could not write the checkpoint of step 2 \(No space left on device: "
-                                   r"\S*\.tmp_step_2/model\.safetensors\); the run stops at step 2; its last "
-                                   r"checkpoint is step_1; free space and continue with: mhgpo train --resume ")
+    assert_one_line_error(
+        rc,
+        err,
+        r"could not write the checkpoint of step 2 \(No space left on device: "
+        r"\S*\.tmp_step_2/model\.safetensors\); the run stops at step 2; its last "
+        r"checkpoint is step_1; free space and continue with: mhgpo train --resume ",
+    )
     assert [p.name for p in list_checkpoints(out)] == ["step_1"]
     check_checkpoint(out / "checkpoints" / "step_1")
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_1"]
@@ -279,9 +301,13 @@ def test_a_crafted_pickle_in_a_checkpoint_is_never_unpickled(two_steps, tmp_path
     marker.unlink()
     (step / "state.json").write_text(json.dumps({"step": 2, "position": 4}))  # ... an earlier version's layout
     rc, _, err = cli(capsys, "train", "--resume", run)
-    assert_one_line_error(rc, err, r"step_2/trainer\.pt: a checkpoint of an earlier mhgpo version, with pickled "
-                                   r"optimiser state; mhgpo never unpickles files.*the previous complete checkpoint "
-                                   r"is step_1: mhgpo train --resume \S+ --from-step 1$")
+    assert_one_line_error(
+        rc,
+        err,
+        r"step_2/trainer\.pt: a checkpoint of an earlier mhgpo version, with pickled "
+        r"optimiser state; mhgpo never unpickles files.*the previous complete checkpoint "
+        r"is step_1: mhgpo train --resume \S+ --from-step 1$",
+    )
     assert not marker.exists()
     pickle_as_tensors = step / "model.safetensors"
     pickle_as_tensors.write_bytes(pickle.dumps(Payload(marker)))  # a pickle under a safetensors name
@@ -292,8 +318,9 @@ def test_a_crafted_pickle_in_a_checkpoint_is_never_unpickled(two_steps, tmp_path
     assert "torch.load(" not in sources and "pickle.load" not in sources and "allow_pickle=True" not in sources
 
 
-@pytest.mark.parametrize("damage", ["truncated model", "missing optimizer", "bad json", "no state", "bad rng",
-                                    "wrong shape"])
+@pytest.mark.parametrize(
+    "damage", ["truncated model", "missing optimizer", "bad json", "no state", "bad rng", "wrong shape"]
+)
 def test_a_damaged_checkpoint_names_the_file_and_the_previous_one(two_steps, tmp_path, capsys, damage) -> None:
     """Every file is checked before anything changes; the message names it and where to resume from instead,
     and `--from-step` resumes from there (the damaged later checkpoint is set aside, not deleted)."""
@@ -330,8 +357,12 @@ def test_a_damaged_checkpoint_names_the_file_and_the_previous_one(two_steps, tmp
         pattern = rf"step_2/model\.safetensors: {name} has shape \[3, 3\], the model's is \[\d+, \d+\]"
     damaged = snapshot(run)
     rc, _, err = cli(capsys, "train", "--resume", run)
-    fallback = "" if damage == "wrong shape" else r"; the previous complete checkpoint is step_1: mhgpo train " \
-                                                    r"--resume \S+ --from-step 1"
+    fallback = (
+        ""
+        if damage == "wrong shape"
+        else r"; the previous complete checkpoint is step_1: mhgpo train "
+        r"--resume \S+ --from-step 1"
+    )
     assert_one_line_error(rc, err, pattern + r".*" + fallback + "$")
     assert snapshot(run) == damaged  # the failed resume changed nothing
     if damage == "truncated model":
@@ -349,15 +380,23 @@ def test_resume_with_another_lora_rank_names_the_mismatch_without_a_fallback(two
     config = run / "config.yaml"  # edited by hand: the checkpoint does not fit the model
     config.write_text(config.read_text().replace("\n  r: 4\n", "\n  r: 2\n"))
     rc, _, err = cli(capsys, "train", "--resume", run)
-    assert_one_line_error(rc, err, r"step_2/model\.safetensors: \S+ has shape \[4, \d+\], the model's is \[2, \d+\] "
-                                   r"\(another model or LoRA setting\?\)$")
+    assert_one_line_error(
+        rc,
+        err,
+        r"step_2/model\.safetensors: \S+ has shape \[4, \d+\], the model's is \[2, \d+\] "
+        r"\(another model or LoRA setting\?\)$",
+    )
 
 
 # ------------------------------------------------------------------------------------- run directory ownership
 
 
 def test_train_refuses_a_directory_with_another_runs_files_and_changes_nothing(
-    two_steps, tiny_model_dir, world, tmp_path, capsys  # noqa: F811
+    two_steps,
+    tiny_model_dir,
+    world,
+    tmp_path,
+    capsys,  # noqa: F811
 ) -> None:
     """A folder with metrics, rollouts and evaluations but no checkpoint (before: wiped and reused)."""
     used = copy_run(two_steps, tmp_path / "used")
@@ -366,14 +405,22 @@ def test_train_refuses_a_directory_with_another_runs_files_and_changes_nothing(
     (used / "eval_after" / "metrics.json").write_text("{}")
     before = snapshot(used)
     rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, used))
-    assert_one_line_error(rc, err, rf"{used} is not empty \(config\.yaml, eval_after/ \(metrics\.json\), "
-                                   r"metrics\.jsonl \(2 lines\), rollouts/ \(step_000001\.jsonl, step_000002\.jsonl\), "
-                                   r"tensorboard/ \(.*\)\) and holds no run to resume; pick another --output-dir$")
+    assert_one_line_error(
+        rc,
+        err,
+        rf"{used} is not empty \(config\.yaml, eval_after/ \(metrics\.json\), "
+        r"metrics\.jsonl \(2 lines\), rollouts/ \(step_000001\.jsonl, step_000002\.jsonl\), "
+        r"tensorboard/ \(.*\)\) and holds no run to resume; pick another --output-dir$",
+    )
     assert snapshot(used) == before
     rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, two_steps))
-    assert_one_line_error(rc, err, rf"{two_steps} already holds a run \(checkpoints/ \(step_1, step_2\), .*\); "
-                                   rf"continue it with: mhgpo train --resume {two_steps}, or pick another "
-                                   r"--output-dir$")
+    assert_one_line_error(
+        rc,
+        err,
+        rf"{two_steps} already holds a run \(checkpoints/ \(step_1, step_2\), .*\); "
+        rf"continue it with: mhgpo train --resume {two_steps}, or pick another "
+        r"--output-dir$",
+    )
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("x")
     rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, not_a_folder))
@@ -381,21 +428,39 @@ def test_train_refuses_a_directory_with_another_runs_files_and_changes_nothing(
 
 
 def test_a_second_run_into_the_same_directory_is_stopped_and_a_dead_owner_s_lock_is_taken_over(
-    two_steps, tiny_model_dir, world, tmp_path, capsys  # noqa: F811
+    two_steps,
+    tiny_model_dir,
+    world,
+    tmp_path,
+    capsys,  # noqa: F811
 ) -> None:
     run = copy_run(two_steps, tmp_path / "shared")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from mhgpo.run.rundir import RunLock; "
-         "RunLock(sys.argv[1], 'train').acquire(); print('locked', flush=True); time.sleep(600)", str(run)],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from mhgpo.run.rundir import RunLock; "
+            "RunLock(sys.argv[1], 'train').acquire(); print('locked', flush=True); time.sleep(600)",
+            str(run),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = snapshot(run)
-        for args in (["train", "--resume", run], ["eval", "--output-dir", run, "--data", "synthetic", "--model",
-                                                   "no-such-model"]):
+        for args in (
+            ["train", "--resume", run],
+            ["eval", "--output-dir", run, "--data", "synthetic", "--model", "no-such-model"],
+        ):
             rc, _, err = cli(capsys, *args)
-            assert_one_line_error(rc, err, rf"{run} is in use by process {holder.pid} on \S+ \(mhgpo train, since "
-                                           r"[\d-]+ [\d:]+\); wait for it to finish or pick another folder$")
+            assert_one_line_error(
+                rc,
+                err,
+                rf"{run} is in use by process {holder.pid} on \S+ \(mhgpo train, since "
+                r"[\d-]+ [\d:]+\); wait for it to finish or pick another folder$",
+            )
         assert snapshot(run) == before
     finally:
         holder.kill()  # SIGKILL: the lock file stays, its lock goes with the process
@@ -417,8 +482,10 @@ def test_report_embeds_only_its_own_plots_and_escapes_text_from_runs(two_steps, 
     secret = tmp_path / "secret.png"
     secret.write_bytes(b"\x89PNG\r\n\x1a\nTOP-SECRET-BYTES")
     run = copy_run(two_steps, tmp_path / "hostile")
-    hostile = (f"who?\n![x]({secret})\n<script>alert(1)</script> | cell | `tick` **bold** [link](file:///etc/"
-               f"hostname) &amp; \\![y]({secret})")
+    hostile = (
+        f"who?\n![x]({secret})\n<script>alert(1)</script> | cell | `tick` **bold** [link](file:///etc/"
+        f"hostname) &amp; \\![y]({secret})"
+    )
     path = run / "rollouts" / "step_000001.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     for r in rows:
@@ -446,10 +513,25 @@ def test_report_embeds_only_its_own_plots_and_escapes_text_from_runs(two_steps, 
 
 
 def eval_args(tiny_model_dir: Path, world: Path, out: Path, *extra: object) -> list[object]:  # noqa: F811
-    return ["eval", "--data", f"hotpotqa:{world / 'train_echo.jsonl'}", "--corpus", world / "corpus.jsonl",
-            "--model", tiny_model_dir, "--limit", 8, "--batch-size", 2, "--output-dir", out,
-            "search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
-            "search.answerer.max_new_tokens=4", *extra]
+    return [
+        "eval",
+        "--data",
+        f"hotpotqa:{world / 'train_echo.jsonl'}",
+        "--corpus",
+        world / "corpus.jsonl",
+        "--model",
+        tiny_model_dir,
+        "--limit",
+        8,
+        "--batch-size",
+        2,
+        "--output-dir",
+        out,
+        "search.rewriter.max_new_tokens=8",
+        "search.reranker.max_new_tokens=4",
+        "search.answerer.max_new_tokens=4",
+        *extra,
+    ]
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -472,7 +554,12 @@ def assert_same_eval(got: Path, want: Path) -> None:
 
 
 def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_them(
-    full_eval, tiny_model_dir, world, tmp_path, capsys, monkeypatch  # noqa: F811
+    full_eval,
+    tiny_model_dir,
+    world,
+    tmp_path,
+    capsys,
+    monkeypatch,  # noqa: F811
 ) -> None:
     import mhgpo.rl.evaluation as evaluate
 
@@ -488,8 +575,10 @@ def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_th
     monkeypatch.setattr(evaluate, "run_rollouts", run_rollouts)
     rc, _, err = cli(capsys, *eval_args(tiny_model_dir, world, out))
     assert rc == 130
-    assert err.strip().splitlines()[-1] == (f"mhgpo: interrupted; 4 of 8 questions are in {out / 'predictions.jsonl'} "
-                                            f"(continue with: mhgpo eval --resume {out})")
+    assert err.strip().splitlines()[-1] == (
+        f"mhgpo: interrupted; 4 of 8 questions are in {out / 'predictions.jsonl'} "
+        f"(continue with: mhgpo eval --resume {out})"
+    )
     kept = read_rows(out / "predictions.jsonl")
     assert kept == read_rows(full_eval / "predictions.jsonl")[:4]
     assert sorted(p.name for p in out.iterdir()) == ["eval_config.yaml", "predictions.jsonl"]
@@ -511,13 +600,21 @@ def test_a_real_sigint_to_an_eval_process(tiny_model_dir, world, tmp_path, cache
     args[args.index("--limit") + 1], args[args.index("--batch-size") + 1] = "40", "1"
     # SIGINT back to its default in the child, as in a terminal: a test run started in the background by a
     # non-interactive shell ignores SIGINT, and a Python started with SIGINT ignored never sees Ctrl-C
-    proc = subprocess.Popen([sys.executable, "-m", "mhgpo", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mhgpo", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and not (
-                (out / "predictions.jsonl").exists() and (out / "predictions.jsonl").read_text().count("\n") >= 2):
+        while (
+            proc.poll() is None
+            and time.monotonic() < deadline
+            and not ((out / "predictions.jsonl").exists() and (out / "predictions.jsonl").read_text().count("\n") >= 2)
+        ):
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
@@ -531,12 +628,20 @@ def test_a_real_sigint_to_an_eval_process(tiny_model_dir, world, tmp_path, cache
 
 
 def test_eval_resume_requires_the_same_config_and_eval_refuses_a_finished_one(
-    full_eval, tiny_model_dir, world, tmp_path, capsys  # noqa: F811
+    full_eval,
+    tiny_model_dir,
+    world,
+    tmp_path,
+    capsys,  # noqa: F811
 ) -> None:
     before = snapshot(full_eval)
     rc, _, err = cli(capsys, "eval", "--resume", full_eval, "--limit", 9)
-    assert_one_line_error(rc, err, rf"^mhgpo: error: limit: 9 here, but the evaluation in {full_eval} used 8; "
-                                   r"--resume continues with the same config")
+    assert_one_line_error(
+        rc,
+        err,
+        rf"^mhgpo: error: limit: 9 here, but the evaluation in {full_eval} used 8; "
+        r"--resume continues with the same config",
+    )
     rc, _, err = cli(capsys, "eval", "--resume", full_eval, "search.top_k=5")
     assert_one_line_error(rc, err, r"^mhgpo: error: search\.top_k: 5 here, but .* used 3;")
     rc, _, err = cli(capsys, *eval_args(tiny_model_dir, world, full_eval))
@@ -552,7 +657,10 @@ def test_eval_resume_requires_the_same_config_and_eval_refuses_a_finished_one(
 
 
 def test_bad_options_end_with_one_line_before_anything_slow(
-    world, tiny_model_dir, tmp_path, capsys  # noqa: F811
+    world,
+    tiny_model_dir,
+    tmp_path,
+    capsys,  # noqa: F811
 ) -> None:
     """Each with a model that does not exist: the option is refused before the model would load."""
     a_file = tmp_path / "a_file"
@@ -561,27 +669,43 @@ def test_bad_options_end_with_one_line_before_anything_slow(
     data = ["--data", f"hotpotqa:{world / 'dev.jsonl'}", "--corpus", world / "corpus.jsonl"]
     cases = {
         "eval into a file": (["eval", *data, *no_model, "--output-dir", a_file], r"a_file: exists and is not a folder"),
-        "eval into a path under a file": (["eval", *data, *no_model, "--output-dir", a_file / "x"],
-                                          r"a_file/x: cannot create the folder \(Not a directory\)"),
-        "batch size 0": (["eval", *data, *no_model, "--batch-size", 0],
-                         r"^mhgpo: error: batch_size: must be at least 1, got 0$"),
+        "eval into a path under a file": (
+            ["eval", *data, *no_model, "--output-dir", a_file / "x"],
+            r"a_file/x: cannot create the folder \(Not a directory\)",
+        ),
+        "batch size 0": (
+            ["eval", *data, *no_model, "--batch-size", 0],
+            r"^mhgpo: error: batch_size: must be at least 1, got 0$",
+        ),
         "limit -1": (["eval", *data, *no_model, "--limit", -1], r"limit: must be at least 1, got -1$"),
-        "rr_probs": (["train", *data, *no_model, "rr_probs=[1,1,1]"], r"rr_probs: expected non-negative probabilities "
-                     r"that sum to 1, got \[1\.0, 1\.0, 1\.0\] \(sum 3\)$"),
-        "temperature": (["train", *data, *no_model, "search.answerer.temperature=0"],
-                        r"temperature: must be positive, got 0\.0$"),
+        "rr_probs": (
+            ["train", *data, *no_model, "rr_probs=[1,1,1]"],
+            r"rr_probs: expected non-negative probabilities "
+            r"that sum to 1, got \[1\.0, 1\.0, 1\.0\] \(sum 3\)$",
+        ),
+        "temperature": (
+            ["train", *data, *no_model, "search.answerer.temperature=0"],
+            r"temperature: must be positive, got 0\.0$",
+        ),
         "from-step alone": (["train", "--from-step", 2], r"--from-step: only with --resume RUN_DIR$"),
         "resume a non-run": (["train", "--resume", tmp_path], r"not a run directory \(no config\.yaml\)$"),
         "synth into a file": (["data", "synth", "--out", a_file], r"a_file: exists and is not a folder"),
-        "synth under a file": (["data", "synth", "--out", a_file / "w"], r"a_file/w: cannot create the output folder "
-                               r"\(Not a directory\)$"),
+        "synth under a file": (
+            ["data", "synth", "--out", a_file / "w"],
+            r"a_file/w: cannot create the output folder "
+            r"\(Not a directory\)$",
+        ),
         "synth 0 questions": (["data", "synth", "--out", tmp_path / "w", "--train", 0], r"--train: must be at least 1"),
         "report into a file": (["report", tmp_path, "--out", a_file], r"a_file: exists and is not a folder"),
         "report of nothing": (["report", tmp_path / "none"], r"none: not a run or evaluation directory$"),
-        "index into a file": (["index", "build", "--corpus", world / "corpus.jsonl", "--out", a_file],
-                              r"a_file: exists and is not a folder \(the index folder\)$"),
-        "recall into a file": (["eval-retrieval", *data, "--output-dir", a_file / "r"],
-                               r"a_file/r: cannot create the output folder \(\S*a_file is not a folder\)$"),
+        "index into a file": (
+            ["index", "build", "--corpus", world / "corpus.jsonl", "--out", a_file],
+            r"a_file: exists and is not a folder \(the index folder\)$",
+        ),
+        "recall into a file": (
+            ["eval-retrieval", *data, "--output-dir", a_file / "r"],
+            r"a_file/r: cannot create the output folder \(\S*a_file is not a folder\)$",
+        ),
     }
     for name, (args, pattern) in cases.items():
         rc, out, err = cli(capsys, *args)
@@ -599,8 +723,12 @@ def test_a_truncated_model_file_and_debug(tiny_model_dir, world, tmp_path, capsy
     assert_one_line_error(rc, err, r"Could not load model '\S*broken' .*incomplete metadata")
     with pytest.raises(Exception, match="incomplete metadata"):  # --debug: the exception itself, with its traceback
         main([str(a) for a in args] + ["--debug"])
-    res = subprocess.run([sys.executable, "-m", "mhgpo", "--debug", "data", "synth", "--out", weights],
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "mhgpo", "--debug", "data", "synth", "--out", weights],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 1 and "Traceback (most recent call last)" in res.stderr and "InputError" in res.stderr
 
 
@@ -619,13 +747,16 @@ def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_p
     assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
 
 
-@pytest.mark.parametrize("override, key", [
-    ("optim.lr=nan", "optim.lr"),
-    ("optim.max_grad_norm=inf", "optim.max_grad_norm"),
-    ("rr_probs=[nan, 0.5, 0.5]", "rr_probs[0]"),
-    ("search.answerer.temperature=nan", "search.answerer.temperature"),
-    ("optim.kl_beta=-inf", "optim.kl_beta"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim.lr=nan", "optim.lr"),
+        ("optim.max_grad_norm=inf", "optim.max_grad_norm"),
+        ("rr_probs=[nan, 0.5, 0.5]", "rr_probs[0]"),
+        ("search.answerer.temperature=nan", "search.answerer.temperature"),
+        ("optim.kl_beta=-inf", "optim.kl_beta"),
+    ],
+)
 def test_non_finite_numbers_are_refused_naming_the_key(override: str, key: str, capsys) -> None:
     import re
 

@@ -71,7 +71,8 @@ def test_a_shared_prefix_is_prefilled_once_with_the_same_outputs(tiny_lm) -> Non
     assert shared_prefix_length([prompts[0], prompts[0]]) == len(prompts[0]) - 1
     lengths: list[int] = []
     hook = tiny_lm.model.get_decoder().register_forward_pre_hook(
-        lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     try:
         params = SamplingParams(max_new_tokens=12, temperature=0.0)
         batched = _generate(tiny_lm, prompts, params, batch_size=8)
@@ -205,8 +206,9 @@ def forked(prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_repeated_prompt_is_prefilled_once_with_the_same_results(tiny_lm, prompts, monkeypatch,
-                                                                   temperature: float) -> None:
+def test_a_repeated_prompt_is_prefilled_once_with_the_same_results(
+    tiny_lm, prompts, monkeypatch, temperature: float
+) -> None:
     """Rows that repeat a prompt get copies of one prefill: the same tokens (greedy, and sampled with one seed) and
     log-probs within 1e-5 of generate's own prefill of the padded batch; the prefill runs each distinct prompt once
     (a one-token prompt has nothing to prefill: its token goes with the first decoding step)."""
@@ -248,20 +250,22 @@ def test_the_prefill_holds_what_a_padded_batch_computes(tiny_lm, prompts) -> Non
     ids = torch.zeros((len(batch), width - 1), dtype=torch.long)  # (B, W-1)
     mask = torch.zeros((len(batch), width - 1), dtype=torch.long)
     for row, p in enumerate(batch):  # no shared prefix taken: every row left-padded whole
-        ids[row, width - len(p):] = torch.tensor(p[:-1])
-        mask[row, width - len(p):] = 1
+        ids[row, width - len(p) :] = torch.tensor(p[:-1])
+        mask[row, width - len(p) :] = 1
     with torch.no_grad():
         expected = backbone_and_head(tiny_lm.model)[0](
-            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            use_cache=True).past_key_values
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True
+        ).past_key_values
         assert prefill(tiny_lm.model, batch[:1], 20, width) is None
         cache = prefill(tiny_lm.model, batch, 20, width)
     assert cache.get_seq_length() == width - 1
     for got, want in zip(cache.layers, expected.layers, strict=True):
         for row, p in enumerate(batch):
             start = width - len(p)  # where the row starts in the padded batch
-            for mine, theirs in ((slice(0, 20), slice(start, start + 20)),  # the prefix
-                                 (slice(start + 20, width - 1), slice(start + 20, width - 1))):  # the rest
+            for mine, theirs in (
+                (slice(0, 20), slice(start, start + 20)),  # the prefix
+                (slice(start + 20, width - 1), slice(start + 20, width - 1)),
+            ):  # the rest
                 assert torch.allclose(got.keys[row, :, mine], want.keys[row, :, theirs], atol=1e-5, rtol=0)
                 assert torch.allclose(got.values[row, :, mine], want.values[row, :, theirs], atol=1e-5, rtol=0)
             pad = slice(20, start + 20)  # [prefix | padding | rest]: the padding follows the prefix
@@ -290,13 +294,15 @@ def test_prefill_buckets_keep_padding_small() -> None:
 # tokens race that close (one or two rows of 32 here), and a row that then ends at another step shifts the random
 # stream of every later draw. Sampling's random stream is checked in fp32, bfloat16's cache in greedy decoding
 @pytest.mark.parametrize(("precision", "temperature"), [("fp32", 0.0), ("fp32", 1.0), ("bf16-mixed", 0.0)])
-def test_the_static_cache_decodes_as_a_dynamic_one(tiny_lm, prompts, monkeypatch, precision: str,
-                                                   temperature: float) -> None:
+def test_the_static_cache_decodes_as_a_dynamic_one(
+    tiny_lm, prompts, monkeypatch, precision: str, temperature: float
+) -> None:
     """Decoding on the preallocated static cache (after a repeated prompt's prefill, or with nothing prefilled)
     gives the tokens and log-probs of a dynamic cache, in float32 and under bfloat16 autocast (whose keys and values
     may come in different dtypes)."""
-    import mhgpo.model.generation as generation
     from transformers import DynamicCache, StaticCache
+
+    import mhgpo.model.generation as generation
 
     batch = forked(prompts) + prompts
     noise = [prompts[i] for i in (1, 2, 4, 6, 7)]  # random ids: no shared prefix, no repeat
@@ -400,8 +406,10 @@ def test_lora_input_casts_off_give_the_same_bf16_mixed_generations(tiny_model_di
 
     lm = load_model(str(tiny_model_dir), device="cpu", dtype=torch.bfloat16)
     torch.manual_seed(0)
-    model = get_peft_model(lm.model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                                                init_lora_weights=False))
+    model = get_peft_model(
+        lm.model,
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False),
+    )
     assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
     params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9)
     casts: list[bool] = []

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_faults import assert_one_line_error, cli, copy_run, snapshot, two_steps  # noqa: F401
 
 from mhgpo.config import EvalConfig, SFTConfig, TrainConfig, dump_config, load_config
 from mhgpo.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -20,20 +21,21 @@ from mhgpo.retrieval.bm25 import MARKER_FILE, BM25Retriever
 from mhgpo.rl.runlog import read_metrics
 from mhgpo.team import loader
 from mhgpo.team.build import open_index
-from test_faults import assert_one_line_error, cli, copy_run, snapshot, two_steps  # noqa: F401
 
-
-EVIL = '''
+EVIL = """
 from pathlib import Path
 Path(__file__).with_name("IMPORTED").write_text("the file ran")
 from mhgpo.team.search_system import SearchSystem as Evil
-'''
+"""
 
 
 def corpus(folder: Path) -> Path:
     path = folder / "corpus.jsonl"
-    path.write_text('{"id": "a", "title": "Paris", "text": "capital of France"}\n'
-                    '{"id": "b", "title": "Rome", "text": "capital of Italy"}\n', encoding="utf-8")
+    path.write_text(
+        '{"id": "a", "title": "Paris", "text": "capital of France"}\n'
+        '{"id": "b", "title": "Rome", "text": "capital of Italy"}\n',
+        encoding="utf-8",
+    )
     return path
 
 
@@ -55,8 +57,12 @@ def test_index_build_refuses_a_users_folder_that_holds_a_meta_json(tmp_path, cap
     (out / "thesis.tex").write_text("years of work\n")
     before = snapshot(tmp_path)
     rc, _, err = cli(capsys, "index", "build", "--corpus", corpus(tmp_path), "--out", out)
-    assert_one_line_error(rc, err, rf"{out}: holds files and is not an index mhgpo wrote \(no mhgpo-index\.json\); "
-                                   r"refusing .* pass --overwrite")
+    assert_one_line_error(
+        rc,
+        err,
+        rf"{out}: holds files and is not an index mhgpo wrote \(no mhgpo-index\.json\); "
+        r"refusing .* pass --overwrite",
+    )
     after = snapshot(tmp_path)
     assert {k: v for k, v in after.items() if k != "corpus.jsonl"} == before
 
@@ -99,8 +105,11 @@ def test_a_forged_marker_cannot_name_files_outside_the_folder(tmp_path, capsys) 
     out = tmp_path / "index"
     out.mkdir()
     (out / "keep.txt").write_text("keep\n")
-    (out / MARKER_FILE).write_text(json.dumps({"mhgpo_index": 1, "kind": "bm25",
-                                               "files": [f"../elsewhere/{target.name}", str(target), "keep.txt"]}))
+    (out / MARKER_FILE).write_text(
+        json.dumps(
+            {"mhgpo_index": 1, "kind": "bm25", "files": [f"../elsewhere/{target.name}", str(target), "keep.txt"]}
+        )
+    )
     rc, _, err = cli(capsys, "index", "build", "--corpus", corpus(tmp_path), "--out", out)
     assert rc == 0, err
     assert target.read_text() == "precious\n"  # a marker claims only the names of mhgpo's index files
@@ -134,8 +143,14 @@ def test_an_index_saved_before_markers_is_still_loaded_and_replaced(tmp_path, ca
 
 def test_atomic_writes_replace_a_planted_link_instead_of_writing_through_it(tmp_path) -> None:
     target = outside(tmp_path)
-    for i, write in enumerate((lambda p: atomic_write_text(p, "x"), lambda p: atomic_write_bytes(p, b"x"),
-                               lambda p: atomic_write_json(p, {"x": 1}), lambda p: dump_config(TrainConfig(), p))):
+    for i, write in enumerate(
+        (
+            lambda p: atomic_write_text(p, "x"),
+            lambda p: atomic_write_bytes(p, b"x"),
+            lambda p: atomic_write_json(p, {"x": 1}),
+            lambda p: dump_config(TrainConfig(), p),
+        )
+    ):
         path = tmp_path / f"out{i}"
         path.symlink_to(target)
         write(path)
@@ -165,8 +180,18 @@ def test_report_replaces_links_planted_in_the_report_folder(two_steps, tmp_path,
 
 
 def write_questions(path: Path, n: int = 6) -> Path:
-    rows = [{"_id": f"q{i}", "question": f"Question {i}?", "answer": "yes", "type": "bridge", "level": "easy",
-             "supporting_facts": [], "context": [["T", ["text."]]]} for i in range(n)]
+    rows = [
+        {
+            "_id": f"q{i}",
+            "question": f"Question {i}?",
+            "answer": "yes",
+            "type": "bridge",
+            "level": "easy",
+            "supporting_facts": [],
+            "context": [["T", ["text."]]],
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
@@ -175,8 +200,9 @@ def test_data_split_never_overwrites_its_source_nor_existing_parts(tmp_path, cap
     source = write_questions(tmp_path / "train.jsonl")
     before = snapshot(tmp_path)
     for extra in ([], ["--overwrite"]):
-        rc, _, err = cli(capsys, "data", "split", "--data", f"hotpotqa:{source}", "--out", tmp_path,
-                         "--sizes", "3,2", *extra)
+        rc, _, err = cli(
+            capsys, "data", "split", "--data", f"hotpotqa:{source}", "--out", tmp_path, "--sizes", "3,2", *extra
+        )
         assert_one_line_error(rc, err, rf"{source}: is the source file being read")
         assert snapshot(tmp_path) == before
     out = tmp_path / "parts"
@@ -185,11 +211,14 @@ def test_data_split_never_overwrites_its_source_nor_existing_parts(tmp_path, cap
     rc, _, err = cli(capsys, "data", "split", "--data", f"hotpotqa:{source}", "--out", out, "--sizes", "3,2")
     assert_one_line_error(rc, err, rf"{out / 'val.jsonl'}: already exists; pass --overwrite")
     assert (out / "val.jsonl").read_text() == "mine\n" and not (out / "train.jsonl").exists()
-    rc, _, err = cli(capsys, "data", "split", "--data", f"hotpotqa:{source}", "--out", out, "--sizes", "3,2",
-                     "--overwrite")
+    rc, _, err = cli(
+        capsys, "data", "split", "--data", f"hotpotqa:{source}", "--out", out, "--sizes", "3,2", "--overwrite"
+    )
     assert rc == 0, err
-    assert len((out / "val.jsonl").read_text().splitlines()) == 2 and snapshot(tmp_path)["train.jsonl"] == \
-        before["train.jsonl"]
+    assert (
+        len((out / "val.jsonl").read_text().splitlines()) == 2
+        and snapshot(tmp_path)["train.jsonl"] == before["train.jsonl"]
+    )
 
 
 def test_data_synth_refuses_existing_files_unless_overwrite(tmp_path, capsys) -> None:
@@ -212,18 +241,22 @@ def evil_file(folder: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("command, cls, name", [("train", TrainConfig, "config.yaml"),
-                                                 ("sft", SFTConfig, "config.yaml")])
-def test_resume_never_imports_the_code_a_run_folder_names_without_opt_in(tmp_path, capsys, command, cls,
-                                                                         name) -> None:
+@pytest.mark.parametrize(
+    "command, cls, name", [("train", TrainConfig, "config.yaml"), ("sft", SFTConfig, "config.yaml")]
+)
+def test_resume_never_imports_the_code_a_run_folder_names_without_opt_in(tmp_path, capsys, command, cls, name) -> None:
     evil = evil_file(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     dump_config(load_config(cls, None, [f"system={evil}:Evil", f"output_dir={run}"]), run / name)
     rc, _, err = cli(capsys, command, "--resume", run)
-    assert_one_line_error(rc, err, rf"{run / name}: system: {evil}:Evil: continuing would import and run the "
-                                   rf"Python file {evil}; if you trust it, add --trust-code \(or --system "
-                                   rf"{evil}:Evil\) to `mhgpo {command} --resume`$")
+    assert_one_line_error(
+        rc,
+        err,
+        rf"{run / name}: system: {evil}:Evil: continuing would import and run the "
+        rf"Python file {evil}; if you trust it, add --trust-code \(or --system "
+        rf"{evil}:Evil\) to `mhgpo {command} --resume`$",
+    )
     assert not (tmp_path / "IMPORTED").exists()
     for opt_in in (["--trust-code"], ["--system", f"{evil}:Evil"]):  # allowed: on to the checkpoint (none here)
         rc, _, err = cli(capsys, command, "--resume", run, *opt_in)
@@ -238,14 +271,25 @@ def test_eval_resume_never_imports_the_code_an_evaluation_folder_names(tmp_path,
     folder = tmp_path / "eval"
     folder.mkdir()
     data = write_questions(tmp_path / "questions.jsonl")
-    for system, what in ((f"evil_module:Evil", "the Python module evil_module"),
-                         (f"{evil}:Evil", f"the Python file {evil}")):
-        dump_config(load_config(EvalConfig, None, [f"system={system}", f"output_dir={folder}",
-                                                   f"data=hotpotqa:{data}", "model=no-such-model"]),
-                    folder / "eval_config.yaml")
+    for system, what in (
+        ("evil_module:Evil", "the Python module evil_module"),
+        (f"{evil}:Evil", f"the Python file {evil}"),
+    ):
+        dump_config(
+            load_config(
+                EvalConfig,
+                None,
+                [f"system={system}", f"output_dir={folder}", f"data=hotpotqa:{data}", "model=no-such-model"],
+            ),
+            folder / "eval_config.yaml",
+        )
         rc, _, err = cli(capsys, "eval", "--resume", folder)
-        assert_one_line_error(rc, err, rf"{folder / 'eval_config.yaml'}: system: {system}: continuing would import "
-                                       rf"and run {what}; if you trust it, add --trust-code")
+        assert_one_line_error(
+            rc,
+            err,
+            rf"{folder / 'eval_config.yaml'}: system: {system}: continuing would import "
+            rf"and run {what}; if you trust it, add --trust-code",
+        )
         assert not (tmp_path / "IMPORTED").exists()
     for opt_in in (["--trust-code"], ["--system", f"{evil}:Evil"]):  # allowed: imported, then the model is missing
         rc, _, err = cli(capsys, "eval", "--resume", folder, *opt_in)
@@ -258,27 +302,32 @@ def test_eval_resume_never_imports_the_code_an_evaluation_folder_names(tmp_path,
 # ----------------------------------------------------------------------------------------- resume = the same run
 
 
-def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(two_steps, tmp_path,  # noqa: F811
-                                                                      capsys) -> None:
+def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(
+    two_steps,
+    tmp_path,  # noqa: F811
+    capsys,
+) -> None:
     run = copy_run(two_steps, tmp_path / "run")
     before = snapshot(run)
     rc, _, err = cli(capsys, "train", "--resume", run, "optim.lr=0.5")
-    assert_one_line_error(rc, err, rf"optim\.lr: 0\.5 here, but the run in {run} used 0\.01; --resume continues the "
-                                   r"same run \(it may change only steps, eval_every, save_every, keep_checkpoints, "
-                                   r"max_failures\): leave optim\.lr out, or start a new run$")
+    assert_one_line_error(
+        rc,
+        err,
+        rf"optim\.lr: 0\.5 here, but the run in {run} used 0\.01; --resume continues the "
+        r"same run \(it may change only steps, eval_every, save_every, keep_checkpoints, "
+        r"max_failures\): leave optim\.lr out, or start a new run$",
+    )
     rc, _, err = cli(capsys, "train", "--resume", run, "--output-dir", tmp_path / "other")
     assert_one_line_error(rc, err, rf"output_dir: {tmp_path / 'other'} is not the run being continued")
     assert snapshot(run) == before and not (tmp_path / "other").exists()
     # The same values again, and a changeable key: applied, and recorded in config.yaml and resumes.jsonl.
-    rc, _, err = cli(capsys, "train", "--resume", run, "optim.lr=0.01", "--output-dir", run, "steps=3",
-                     "eval_every=0")
+    rc, _, err = cli(capsys, "train", "--resume", run, "optim.lr=0.01", "--output-dir", run, "steps=3", "eval_every=0")
     assert rc == 0, err
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["steps"] == 3 and saved["eval_every"] == 0 and saved["optim"]["lr"] == 0.01
     rows = [json.loads(line) for line in (run / "resumes.jsonl").read_text().splitlines()]
     assert [(r["step"], r["changed"]) for r in rows] == [(2, {"steps": [2, 3], "eval_every": [2, 0]})]
-
 
 
 @pytest.mark.parametrize("planted", ["metrics.jsonl", "rollouts", "checkpoints/step_1", "tensorboard"])
@@ -330,12 +379,32 @@ def test_ranks_exchange_records_as_json_and_decoding_runs_nothing(tmp_path) -> N
     from mhgpo.team.loader import RolloutFailure
 
     example = Example("q1", "Who?", ("Ada", "A. L."), "bridge", ("T",), (("T", "text"),))
-    node = Node(3, 0, -1, "rewriter", "llm", 0, [1, 2], [3], [-0.5], "out", -0.5, {"queries": ("a", "b"), "n": 2},
-                ("q1", "rewriter", 0), trace={"steps": [["rewriter", "out"]]})
-    batch = RolloutBatch([example], [node], [[None, "reranker"]], {"seconds": 1.5},
-                         [RolloutFailure("q2", "MyTeam", "apply", "x.py:3", "KeyError: 'k'", "answerer")])
-    got_batch, stop, values, result = loads(dumps([batch, True, (np.arange(3.0), [7]),
-                                                   EvalResult({"f1": 50.0}, [{"id": "q1"}])]))
+    node = Node(
+        3,
+        0,
+        -1,
+        "rewriter",
+        "llm",
+        0,
+        [1, 2],
+        [3],
+        [-0.5],
+        "out",
+        -0.5,
+        {"queries": ("a", "b"), "n": 2},
+        ("q1", "rewriter", 0),
+        trace={"steps": [["rewriter", "out"]]},
+    )
+    batch = RolloutBatch(
+        [example],
+        [node],
+        [[None, "reranker"]],
+        {"seconds": 1.5},
+        [RolloutFailure("q2", "MyTeam", "apply", "x.py:3", "KeyError: 'k'", "answerer")],
+    )
+    got_batch, stop, values, result = loads(
+        dumps([batch, True, (np.arange(3.0), [7]), EvalResult({"f1": 50.0}, [{"id": "q1"}])])
+    )
     assert got_batch.examples == [example] and got_batch.failures == batch.failures
     got = got_batch.nodes[0]
     assert math.isnan(got.terminal) and got.group_key == ("q1", "rewriter", 0) and got.info == node.info
@@ -347,10 +416,12 @@ def test_ranks_exchange_records_as_json_and_decoding_runs_nothing(tmp_path) -> N
         def __reduce__(self):
             return (os.system, (f"touch {tmp_path / 'RAN'}",))
 
-    for hostile in (pickle.dumps(Payload()),
-                    b'{"$dataclass": "Payload", "fields": {}}',
-                    b'{"$dataclass": "Popen", "fields": {"args": ["touch", "x"]}}',
-                    b'{"$dataclass": "Node", "fields": {"node_id": 1}}'):
+    for hostile in (
+        pickle.dumps(Payload()),
+        b'{"$dataclass": "Payload", "fields": {}}',
+        b'{"$dataclass": "Popen", "fields": {"args": ["touch", "x"]}}',
+        b'{"$dataclass": "Node", "fields": {"node_id": 1}}',
+    ):
         with pytest.raises(WireError):
             loads(hostile)
     assert not (tmp_path / "RAN").exists()

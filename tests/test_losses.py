@@ -71,8 +71,11 @@ def test_untrained_samples_do_not_count():
     loss, _ = mhgpo_policy_loss(logp, old, ref, adv, w, mask)
     keep = [i for i in range(10) if trained[i]]
     expected = mhgpo_policy_loss_reference(
-        [logp[i, : lengths[i]] for i in keep], [old[i, : lengths[i]] for i in keep],
-        [ref[i, : lengths[i]] for i in keep], [float(adv[i]) for i in keep], [agents[i] for i in keep],
+        [logp[i, : lengths[i]] for i in keep],
+        [old[i, : lengths[i]] for i in keep],
+        [ref[i, : lengths[i]] for i in keep],
+        [float(adv[i]) for i in keep],
+        [agents[i] for i in keep],
     )
     assert abs(float(loss) - float(expected)) < 1e-12
 
@@ -124,8 +127,14 @@ def _one_token(logp: float, old: float, adv: float, beta: float = 0.0, ref: floa
     x = torch.tensor([[logp]], dtype=torch.float64, requires_grad=True)
     ref_t = None if ref is None else torch.tensor([[ref]], dtype=torch.float64)
     loss, stats = mhgpo_policy_loss(
-        x, torch.tensor([[old]], dtype=torch.float64), ref_t, torch.tensor([adv], dtype=torch.float64),
-        torch.ones(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool), clip_eps=0.2, beta=beta,
+        x,
+        torch.tensor([[old]], dtype=torch.float64),
+        ref_t,
+        torch.tensor([adv], dtype=torch.float64),
+        torch.ones(1, dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool),
+        clip_eps=0.2,
+        beta=beta,
     )
     loss.backward()
     return float(loss.detach()), float(x.grad), stats
@@ -180,8 +189,9 @@ def test_stats_are_token_means_over_the_mask():
     logp = torch.log(torch.tensor([[1.5, 1.0, 9.0], [0.9, 1.1, 9.0]], dtype=torch.float64))
     mask = torch.tensor([[True, True, False], [True, True, False]])
     old = torch.zeros(2, 3, dtype=torch.float64)
-    _, stats = mhgpo_policy_loss(logp, old, old, torch.tensor([1.0, 1.0], dtype=torch.float64),
-                                 torch.ones(2, dtype=torch.float64), mask)
+    _, stats = mhgpo_policy_loss(
+        logp, old, old, torch.tensor([1.0, 1.0], dtype=torch.float64), torch.ones(2, dtype=torch.float64), mask
+    )
     assert stats["n_tokens"] == 4.0
     assert stats["clip_fraction"] == pytest.approx(0.25, abs=1e-12)  # only r = 1.5 with A > 0 is clipped
     assert stats["ratio"] == pytest.approx((1.5 + 1.0 + 0.9 + 1.1) / 4, abs=1e-12)
@@ -213,8 +223,9 @@ def test_per_token_advantages_match_reference_and_gradient(seed):
     loss, _ = mhgpo_policy_loss(x, old, ref, adv, w, mask, beta=0.05)
     loss.backward()
     y = logp.clone().requires_grad_(True)
-    expected = mhgpo_policy_loss_reference(_rows(y, lengths), _rows(old, lengths), _rows(ref, lengths),
-                                           _rows(adv, lengths), agents, 0.2, 0.05)
+    expected = mhgpo_policy_loss_reference(
+        _rows(y, lengths), _rows(old, lengths), _rows(ref, lengths), _rows(adv, lengths), agents, 0.2, 0.05
+    )
     expected.backward()
     assert abs(float(loss.detach()) - float(expected.detach())) < 1e-12
     torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=1e-12)
@@ -248,8 +259,14 @@ def _values_batch(seed: int, b: int = 11, t_max: int = 6):
 
 def _one_value(v: float, v_old: float, g: float):
     x = torch.tensor([[v]], dtype=torch.float64, requires_grad=True)
-    loss, stats = value_loss(x, torch.tensor([[v_old]], dtype=torch.float64), torch.tensor([[g]], dtype=torch.float64),
-                             torch.ones(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool), clip_eps=0.2)
+    loss, stats = value_loss(
+        x,
+        torch.tensor([[v_old]], dtype=torch.float64),
+        torch.tensor([[g]], dtype=torch.float64),
+        torch.ones(1, dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool),
+        clip_eps=0.2,
+    )
     loss.backward()
     return float(loss.detach()), float(x.grad), stats["value_clip_fraction"]
 

@@ -20,7 +20,6 @@ from mhgpo.data.metrics import (
     score,
 )
 
-
 # --- reference: the official hotpot_evaluate_v1.py functions, transcribed -------------------------
 
 

@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.model.pretrained import (CHATML_TEMPLATE, DEFAULT_MODEL, ModelNotFoundError, encode_chat, resolve_model, stop_token_ids)
-from mhgpo.model.trained import load_model
 from mhgpo.errors import InputError
+from mhgpo.model.pretrained import (
+    CHATML_TEMPLATE,
+    DEFAULT_MODEL,
+    ModelNotFoundError,
+    encode_chat,
+    resolve_model,
+    stop_token_ids,
+)
+from mhgpo.model.trained import load_model
 
 SMOLLM2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -49,7 +56,10 @@ def test_resolve_gguf_file_and_gguf_folder(tmp_path: Path) -> None:
     gguf.write_bytes(b"GGUF")
     source = resolve_model(str(gguf))
     assert (source.kind, source.location, source.gguf_file, source.name) == (
-        "gguf", str(gguf.parent), "Model.Q4.gguf", "Model.Q4",
+        "gguf",
+        str(gguf.parent),
+        "Model.Q4.gguf",
+        "Model.Q4",
     )
     folder = resolve_model(str(gguf.parent))
     assert (folder.kind, folder.location, folder.gguf_file) == ("gguf", str(gguf.parent), "Model.Q4.gguf")
@@ -103,8 +113,11 @@ def test_load_uncached_hub_id_unreachable_fails_fast(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(pretrained, "_hub_reachable", lambda timeout=3.0: False)
-    with pytest.raises(ModelNotFoundError, match=r"^Could not load model 'mhgpo-tests/no-such-model': .*"
-                       r"not found in the Hugging Face cache, and the hub cannot be reached\. Pass a local path"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"^Could not load model 'mhgpo-tests/no-such-model': .*"
+        r"not found in the Hugging Face cache, and the hub cannot be reached\. Pass a local path",
+    ):
         load_model("mhgpo-tests/no-such-model")
 
 

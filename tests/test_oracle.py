@@ -13,12 +13,25 @@ from mhgpo.rl.evaluation import evaluate_examples
 from mhgpo.team.oracle import with_oracles
 from mhgpo.team.search_system import ANSWERER, RERANKER, REWRITER, SearchSystem
 
-PASSAGES = [Passage("a", "Alpha", "Alpha is a film directed by Beta."), Passage("b", "Beta", "Beta was born in Gam."),
-            Passage("c", "Delta", "Delta is a river."), Passage("d", "Epsilon", "Epsilon film.")]
-CONTEXT = (("Delta", "Delta is a river."), ("Alpha", "Alpha is a film directed by Beta."),
-           ("Beta", "Beta was born in Gam."))
-EXAMPLE = Example("q1", "Where was the director of Alpha born?", ("Gam",), supporting_titles=("Alpha", "Beta"),
-                  context=CONTEXT, supporting_context=((1,), (2,)))
+PASSAGES = [
+    Passage("a", "Alpha", "Alpha is a film directed by Beta."),
+    Passage("b", "Beta", "Beta was born in Gam."),
+    Passage("c", "Delta", "Delta is a river."),
+    Passage("d", "Epsilon", "Epsilon film."),
+]
+CONTEXT = (
+    ("Delta", "Delta is a river."),
+    ("Alpha", "Alpha is a film directed by Beta."),
+    ("Beta", "Beta was born in Gam."),
+)
+EXAMPLE = Example(
+    "q1",
+    "Where was the director of Alpha born?",
+    ("Gam",),
+    supporting_titles=("Alpha", "Beta"),
+    context=CONTEXT,
+    supporting_context=((1,), (2,)),
+)
 
 
 class WordRetriever:
@@ -49,8 +62,13 @@ class RoleGenerator:
         out = []
         for ids in prompts:
             text = "".join(map(chr, ids))
-            role = (REWRITER if "Original question is" in text else
-                    RERANKER if "Do not output anything else." in text else ANSWERER)
+            role = (
+                REWRITER
+                if "Original question is" in text
+                else RERANKER
+                if "Do not output anything else." in text
+                else ANSWERER
+            )
             self.roles.append(role)
             out.append(Generation(list(ids), [1], [-0.5], self.OUTPUTS[role], True))
         return out
@@ -86,8 +104,9 @@ def test_reranker_oracle_keeps_the_retrieved_gold_paragraphs():
     prediction, roles, _ = evaluate([REWRITER, RERANKER])
     assert roles == [ANSWERER]
     assert prediction["trace"]["retrieved_titles"][:1] == ["Alpha"]
-    assert prediction["trace"]["selected_titles"] == [t for t in prediction["trace"]["retrieved_titles"]
-                                                      if t in ("Alpha", "Beta")]
+    assert prediction["trace"]["selected_titles"] == [
+        t for t in prediction["trace"]["retrieved_titles"] if t in ("Alpha", "Beta")
+    ]
     assert prediction["trace"]["selected_titles"]  # something gold was retrieved
 
 

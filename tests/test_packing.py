@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig
-from mhgpo.rl.critic import Critic
 from mhgpo.model.logprobs import backbone_and_head, output_logprobs, output_logprobs_reference
-from mhgpo.model.trained import load_model
 from mhgpo.model.packing import micro_batches as pack_micro_batches
 from mhgpo.model.packing import pack, segment_length
+from mhgpo.model.trained import load_model
+from mhgpo.rl.critic import Critic
 from mhgpo.rl.policy import Policy, Sample, enable_gradient_checkpointing, micro_batches
 from mhgpo.rl.sft import sft_update
 
@@ -60,14 +60,17 @@ def test_a_group_is_one_row_with_restarted_positions_and_sibling_blind_attention
     # predicting positions, sample order: sample 0 (3 tokens), sample 1 (1), sample 2 (2)
     assert list(zip(packed.rows.tolist(), packed.cols.tolist())) == [(0, 2), (0, 3), (0, 4), (1, 1), (0, 2), (0, 5)]
     mask = packed.attention_mask[0, 0]  # (L, L), query x key
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0],  # output 0, token 0: the prompt and itself
-        [1, 1, 1, 1, 1, 0],
-        [1, 1, 1, 0, 0, 1],  # output 2's token: the prompt and itself, not its sibling
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],  # output 0, token 0: the prompt and itself
+            [1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 0, 0, 1],  # output 2's token: the prompt and itself, not its sibling
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(mask, expected)
     pad = packed.attention_mask[1, 0]
     assert torch.equal(pad[2:], torch.eye(6, dtype=torch.bool)[2:])  # padding attends to itself only
@@ -176,8 +179,10 @@ def group_samples(loaded) -> list[Sample]:
     advantages = [0.5, -1.0, 1.2, 0.3, 0.0, 0.7, -0.4, -0.9, 0.2]
     with torch.no_grad():
         logp, _ = output_logprobs(loaded.model, prompts, outputs, share=False)
-    return [Sample(p, o, [float(x) + 0.25 * (i % 3 - 1) for x in logp[i, : len(o)]], a, agent, reward=a)
-            for i, (p, o, a, agent) in enumerate(zip(prompts, outputs, advantages, AGENTS))]
+    return [
+        Sample(p, o, [float(x) + 0.25 * (i % 3 - 1) for x in logp[i, : len(o)]], a, agent, reward=a)
+        for i, (p, o, a, agent) in enumerate(zip(prompts, outputs, advantages, AGENTS))
+    ]
 
 
 def recording_steps(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
@@ -200,11 +205,24 @@ def policy_run(model_dir: Path, share: bool, lora: str, checkpointing: bool, pre
     loaded = fresh(model_dir, dtype)
     samples = group_samples(loaded)
     torch.manual_seed(0)
-    optim = OptimConfig(lr=1e-2, kl_beta=0.1, micro_batch_tokens=60, share_prefix=share, ppo_epochs=1,
-                        gradient_checkpointing=checkpointing)
+    optim = OptimConfig(
+        lr=1e-2,
+        kl_beta=0.1,
+        micro_batch_tokens=60,
+        share_prefix=share,
+        ppo_epochs=1,
+        gradient_checkpointing=checkpointing,
+    )
     lora_cfg = LoraConfig(r=4, enabled=lora != "full", per_role=lora == "per_role")
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, lora_cfg, 10, precision=precision,
-                    roles=tuple(sorted(set(AGENTS))))
+    policy = Policy(
+        loaded.model,
+        loaded.tokenizer.pad_token_id,
+        optim,
+        lora_cfg,
+        10,
+        precision=precision,
+        roles=tuple(sorted(set(AGENTS))),
+    )
     # plain SGD: Adam's first step turns the rounding noise of a near-zero gradient into a full step of either sign,
     # so the runs would no longer be comparable after it
     policy.optimizer = torch.optim.SGD(policy.params, lr=0.02)
@@ -218,8 +236,9 @@ def policy_run(model_dir: Path, share: bool, lora: str, checkpointing: bool, pre
     return stats, seen, ref, weights
 
 
-@pytest.mark.parametrize("lora,checkpointing", [("lora", False), ("lora", True), ("per_role", True),
-                                                ("full", False), ("full", True)])
+@pytest.mark.parametrize(
+    "lora,checkpointing", [("lora", False), ("lora", True), ("per_role", True), ("full", False), ("full", True)]
+)
 def test_a_policy_update_is_the_same_with_shared_prompts(tiny_model_dir, lora, checkpointing) -> None:
     """The first step's loss, statistics and every gradient equal the unshared computation to 1e-6 in fp32 (LoRA,
     per-role LoRA, full fine-tuning); the two steps after it, taken from weights that already differ by the first
@@ -248,10 +267,11 @@ def test_a_bf16_mixed_update_agrees_within_bfloat16_rounding(tiny_model_dir, lor
     loss (a sum of terms of both signs, about 1e-2) to 2e-3. Measured at most: 4e-3, 2e-3, 1e-4, 7e-4 on a CPU with
     AMX; the ratio 2.1e-3 on one with AVX-512 bfloat16 instructions only, whose kernels round otherwise."""
     (stats, seen, _, _), (stats_alone, seen_alone, _, _) = (
-        policy_run(tiny_model_dir, share, lora, True, "bf16-mixed") for share in (True, False))
+        policy_run(tiny_model_dir, share, lora, True, "bf16-mixed") for share in (True, False)
+    )
     assert stats[0]["loss"] == pytest.approx(stats_alone[0]["loss"], abs=2e-3)
     assert stats[0]["grad_norm"] == pytest.approx(stats_alone[0]["grad_norm"], rel=1e-2)
-    assert stats[0]["ratio"] == pytest.approx(stats_alone[0]["ratio"], rel=2 ** -8)
+    assert stats[0]["ratio"] == pytest.approx(stats_alone[0]["ratio"], rel=2**-8)
     assert_grads_close(seen[0], seen_alone[0], 1e-2)
 
 
@@ -260,8 +280,9 @@ def critic_run(model_dir: Path, share: bool, lora: bool):
     samples = group_samples(loaded)
     torch.manual_seed(0)
     optim = OptimConfig(lr=1e-2, micro_batch_tokens=60, share_prefix=share)
-    critic = Critic(loaded.model, loaded.tokenizer.pad_token_id, CriticConfig(lr=1e-2), optim,
-                    LoraConfig(r=4, enabled=lora))
+    critic = Critic(
+        loaded.model, loaded.tokenizer.pad_token_id, CriticConfig(lr=1e-2), optim, LoraConfig(r=4, enabled=lora)
+    )
     critic.optimizer = torch.optim.SGD([p for p in critic.model.parameters() if p.requires_grad], lr=0.1)  # as above
     seen = recording_steps(critic.optimizer, critic.model)
     estimate = critic.estimate(samples)
@@ -316,5 +337,7 @@ def test_no_sharing_where_the_attention_takes_no_custom_mask_or_slides() -> None
     assert mask_style(SimpleNamespace(_attn_implementation="eager")) == "additive"
     assert mask_style(SimpleNamespace(_attn_implementation="flash_attention_2")) is None
     assert mask_style(SimpleNamespace(_attn_implementation="sdpa", sliding_window=4096)) is None
-    assert mask_style(SimpleNamespace(_attn_implementation="sdpa", layer_types=["full_attention",
-                                                                                 "sliding_attention"])) is None
+    assert (
+        mask_style(SimpleNamespace(_attn_implementation="sdpa", layer_types=["full_attention", "sliding_attention"]))
+        is None
+    )

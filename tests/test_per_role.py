@@ -8,18 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import make_config
 from safetensors.torch import load_file
 
 from mhgpo.config import LoraConfig, OptimConfig
+from mhgpo.errors import InputError
 from mhgpo.model.generation import HFGenerator, SamplingParams
 from mhgpo.model.logprobs import output_logprobs
 from mhgpo.model.pretrained import encode_chat
 from mhgpo.model.trained import load_model
 from mhgpo.rl.policy import Policy, Sample, micro_batches
-from mhgpo.errors import InputError
 from mhgpo.run.pipeline import resume, train
-
-from helpers import make_config
 
 ROLES = ("rewriter", "reranker", "answerer")
 
@@ -28,8 +27,9 @@ def per_role_policy(model_dir: Path, lr: float = 1e-2) -> tuple[Policy, object]:
     loaded = load_model(str(model_dir), device="cpu")
     torch.manual_seed(0)
     optim = OptimConfig(lr=lr, kl_beta=0.0, gradient_checkpointing=False, micro_batch_tokens=10_000)
-    return Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=4, per_role=True), 10,
-                  roles=ROLES), loaded
+    return Policy(
+        loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=4, per_role=True), 10, roles=ROLES
+    ), loaded
 
 
 def adapter_b(policy: Policy, role: str) -> list[torch.Tensor]:
@@ -47,8 +47,9 @@ def sampled(policy: Policy, loaded, agent: str, n: int = 3, seed: int = 0) -> li
 
 def test_each_agent_learns_through_its_own_adapter_only(tiny_model_dir: Path) -> None:
     policy, loaded = per_role_policy(tiny_model_dir)
-    assert len(policy.params) == 3 * len([n for n, _ in policy.model.named_parameters() if ".lora_A.rewriter." in n
-                                          or ".lora_B.rewriter." in n])
+    assert len(policy.params) == 3 * len(
+        [n for n, _ in policy.model.named_parameters() if ".lora_A.rewriter." in n or ".lora_B.rewriter." in n]
+    )
     before = {r: adapter_b(policy, r) for r in ROLES}
     assert all(float(t.abs().max()) == 0.0 for r in ROLES for t in before[r])  # LoRA starts at the base
     policy.update(sampled(policy, loaded, "reranker"))
@@ -90,13 +91,16 @@ def test_micro_batches_by_agent_never_mix_agents() -> None:
 @pytest.fixture(scope="module")
 def per_role_run(tmp_path_factory, tiny_model_dir, world):  # noqa: F811
     out = tmp_path_factory.mktemp("runs") / "per_role"
-    trainer = train(make_config(tiny_model_dir, world, out, steps=2, save_every=1, precision="fp32",
-                                **{"lora.per_role": "true"}), progress=False)
+    trainer = train(
+        make_config(tiny_model_dir, world, out, steps=2, save_every=1, precision="fp32", **{"lora.per_role": "true"}),
+        progress=False,
+    )
     return out, trainer
 
 
-def test_a_per_role_run_saves_resumes_loads_and_exports_each_agent(per_role_run, tiny_model_dir, world, tmp_path,
-                                                                    capsys) -> None:  # noqa: F811
+def test_a_per_role_run_saves_resumes_loads_and_exports_each_agent(
+    per_role_run, tiny_model_dir, world, tmp_path, capsys
+) -> None:  # noqa: F811
     from mhgpo.cli.main import main
 
     out, trainer = per_role_run
@@ -104,16 +108,34 @@ def test_a_per_role_run_saves_resumes_loads_and_exports_each_agent(per_role_run,
     assert {k.split(".lora_")[1].split(".")[1] for k in tensors} == set(ROLES)
     # resume: the same run, continued from step 1
     part = tmp_path / "part"
-    train(make_config(tiny_model_dir, world, part, steps=1, save_every=1, precision="fp32",
-                      **{"lora.per_role": "true"}), progress=False)
+    train(
+        make_config(tiny_model_dir, world, part, steps=1, save_every=1, precision="fp32", **{"lora.per_role": "true"}),
+        progress=False,
+    )
     resume(part, ["steps=2"], progress=False)
     again = load_file(str(part / "checkpoints" / "step_2" / "model.safetensors"))
     assert again.keys() == tensors.keys() and all(torch.equal(again[k], tensors[k]) for k in tensors)
     # evaluating the run loads every agent's adapter: the same answers as the trainer's own validation
-    rc = main(["eval", "--model", str(out), "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--limit", "2",
-               "--corpus", str(world / "corpus.jsonl"), "--output-dir", str(tmp_path / "ev"), "precision=fp32",
-               "search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
-               "search.answerer.max_new_tokens=4", "search.max_answer_words=1"])
+    rc = main(
+        [
+            "eval",
+            "--model",
+            str(out),
+            "--data",
+            f"hotpotqa:{world / 'dev.jsonl'}",
+            "--limit",
+            "2",
+            "--corpus",
+            str(world / "corpus.jsonl"),
+            "--output-dir",
+            str(tmp_path / "ev"),
+            "precision=fp32",
+            "search.rewriter.max_new_tokens=8",
+            "search.reranker.max_new_tokens=4",
+            "search.answerer.max_new_tokens=4",
+            "search.max_answer_words=1",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
     in_process = trainer.last_eval[1].predictions
@@ -134,10 +156,26 @@ def test_a_per_role_run_saves_resumes_loads_and_exports_each_agent(per_role_run,
         got, _ = output_logprobs(answerer, probe, [[5, 6, 7]], pad_id=loaded.tokenizer.pad_token_id)
     assert torch.equal(got, expected)
     # `--model EXPORT` is the team again: the same answers as the run's
-    rc = main(["eval", "--model", str(tmp_path / "exp"), "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--limit", "2",
-               "--corpus", str(world / "corpus.jsonl"), "--output-dir", str(tmp_path / "ev-exp"), "precision=fp32",
-               "search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
-               "search.answerer.max_new_tokens=4", "search.max_answer_words=1"])
+    rc = main(
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "exp"),
+            "--data",
+            f"hotpotqa:{world / 'dev.jsonl'}",
+            "--limit",
+            "2",
+            "--corpus",
+            str(world / "corpus.jsonl"),
+            "--output-dir",
+            str(tmp_path / "ev-exp"),
+            "precision=fp32",
+            "search.rewriter.max_new_tokens=8",
+            "search.reranker.max_new_tokens=4",
+            "search.answerer.max_new_tokens=4",
+            "search.max_answer_words=1",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     again = [json.loads(line) for line in (tmp_path / "ev-exp" / "predictions.jsonl").read_text().splitlines()]
     assert [r["trace"] for r in again] == [r["trace"] for r in rows]
@@ -145,8 +183,9 @@ def test_a_per_role_run_saves_resumes_loads_and_exports_each_agent(per_role_run,
     assert {p.name for p in (tmp_path / "ad").iterdir() if p.is_dir()} >= set(ROLES[1:])
 
 
-def test_a_per_role_run_cannot_seed_another_run_nor_a_warm_start_be_per_role(per_role_run, tiny_model_dir,
-                                                                               world, tmp_path) -> None:  # noqa: F811
+def test_a_per_role_run_cannot_seed_another_run_nor_a_warm_start_be_per_role(
+    per_role_run, tiny_model_dir, world, tmp_path
+) -> None:  # noqa: F811
     from mhgpo.config import SFTConfig, load_config
 
     out, _ = per_role_run

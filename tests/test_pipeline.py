@@ -7,22 +7,30 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from mhgpo.config import TrainConfig, load_config
-from mhgpo.model.logprobs import output_logprobs
-from mhgpo.model.trained import load_model
-from mhgpo.run.pipeline import WARM_START_DIR, resume, train, warm_start_config
-from mhgpo.rl.policy import Policy
-from mhgpo.errors import InputError
-from mhgpo.rl.runlog import read_metrics
-from mhgpo.rl.sft import SFTTrainer
-
 from helpers import make_config
+from safetensors.torch import load_file
 from test_trainer import hand_samples
 
-WARM = {"warm_start.enabled": True, "warm_start.steps": 2, "warm_start.batch_size": 4, "warm_start.limit": 6, "warm_start.lr": 0.01,
-        "warm_start.format_limit": 1, "search.snippet_words": 8, "search.max_candidates": 4, "precision": "fp32"}
+from mhgpo.config import TrainConfig, load_config
+from mhgpo.errors import InputError
+from mhgpo.model.logprobs import output_logprobs
+from mhgpo.model.trained import load_model
+from mhgpo.rl.policy import Policy
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.rl.sft import SFTTrainer
+from mhgpo.run.pipeline import WARM_START_DIR, resume, train, warm_start_config
+
+WARM = {
+    "warm_start.enabled": True,
+    "warm_start.steps": 2,
+    "warm_start.batch_size": 4,
+    "warm_start.limit": 6,
+    "warm_start.lr": 0.01,
+    "warm_start.format_limit": 1,
+    "search.snippet_words": 8,
+    "search.max_candidates": 4,
+    "precision": "fp32",
+}
 
 
 def warm_config(model_dir: Path, world: Path, out: Path, **extra: object) -> TrainConfig:  # noqa: F811
@@ -31,8 +39,7 @@ def warm_config(model_dir: Path, world: Path, out: Path, **extra: object) -> Tra
 
 def logprobs(model, samples) -> torch.Tensor:
     with torch.no_grad():
-        logp, mask = output_logprobs(model, [s.prompt_ids for s in samples], [s.output_ids for s in samples],
-                                     pad_id=3)
+        logp, mask = output_logprobs(model, [s.prompt_ids for s in samples], [s.output_ids for s in samples], pad_id=3)
     return logp[mask]
 
 
@@ -44,9 +51,12 @@ def test_the_warm_start_config_is_the_runs(tiny_model_dir: Path, world: Path, tm
     assert sft.search == cfg.search and sft.retrieval == cfg.retrieval  # the same prompts
     assert sft.lora.r == 8 and not sft.lora.per_role  # one shared adapter, merged before RL adds its own
     assert (sft.optim.schedule, sft.optim.warmup_steps, sft.balance_roles) == ("constant", 0, False)
-    cfg = warm_config(tiny_model_dir, world, tmp_path / "run2", **{"warm_start.schedule": "cosine",
-                                                                  "warm_start.warmup_steps": 1,
-                                                                  "warm_start.balance_roles": "true"})
+    cfg = warm_config(
+        tiny_model_dir,
+        world,
+        tmp_path / "run2",
+        **{"warm_start.schedule": "cosine", "warm_start.warmup_steps": 1, "warm_start.balance_roles": "true"},
+    )
     sft = warm_start_config(cfg, tmp_path / "run2" / WARM_START_DIR)
     assert (sft.optim.schedule, sft.optim.warmup_steps, sft.balance_roles) == ("cosine", 1, True)
     with pytest.raises(InputError, match="warm_start.schedule: expected"):
@@ -73,12 +83,17 @@ def test_rl_starts_from_the_warm_start_which_is_its_reference(warm_run, tiny_mod
     torch.testing.assert_close(ref, logprobs(warm_model, samples), atol=1e-5, rtol=0)  # KL towards the warm start
     assert float((logprobs(warm_model, samples) - logprobs(base, samples)).abs().max()) > 1e-3  # it did move
     # the run loads as a chain: base, warm start merged, then RL's adapter
-    torch.testing.assert_close(logprobs(load_model(str(out), device="cpu").model, samples),
-                               logprobs(policy.model, samples), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        logprobs(load_model(str(out), device="cpu").model, samples), logprobs(policy.model, samples), atol=1e-5, rtol=0
+    )
 
 
 def test_an_interrupted_warm_start_resumes_and_the_run_ends_as_an_uninterrupted_one(
-    warm_run, tiny_model_dir, world, tmp_path, monkeypatch  # noqa: F811
+    warm_run,
+    tiny_model_dir,
+    world,
+    tmp_path,
+    monkeypatch,  # noqa: F811
 ) -> None:
     out, _ = warm_run
     cut = tmp_path / "cut"
@@ -101,7 +116,10 @@ def test_an_interrupted_warm_start_resumes_and_the_run_ends_as_an_uninterrupted_
 
 
 def test_a_run_interrupted_in_rl_resumes_rl_without_a_second_warm_start(
-    warm_run, tiny_model_dir, world, tmp_path  # noqa: F811
+    warm_run,
+    tiny_model_dir,
+    world,
+    tmp_path,  # noqa: F811
 ) -> None:
     out, _ = warm_run
     part = tmp_path / "part"

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_critic import mappo_config, world  # noqa: F401  (shared fixture)
+from test_trainer import count_forward_calls, hand_samples
 
-from mhgpo.model import precision as prec
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
+from mhgpo.errors import InputError
+from mhgpo.model import precision as prec
 from mhgpo.model.generation import HFGenerator, SamplingParams
 from mhgpo.model.logprobs import backbone_and_head
+from mhgpo.model.precision import resolve_precision, weight_dtype
 from mhgpo.model.pretrained import encode_chat
 from mhgpo.model.trained import load_model
 from mhgpo.rl.policy import Policy, Sample, micro_batches, no_dropout
-from mhgpo.model.precision import resolve_precision, weight_dtype
-from mhgpo.errors import InputError
-from test_critic import mappo_config, world  # noqa: F401  (shared fixture)
-from test_trainer import count_forward_calls, hand_samples
 
 QUESTIONS = ["Who wrote the novel Dune?", "What is the capital of France?", "hi", "Which river flows through Cairo?"]
 
@@ -32,16 +32,20 @@ QUESTIONS = ["Who wrote the novel Dune?", "What is the capital of France?", "hi"
 def test_auto_is_bf16_mixed_on_cuda_and_on_cpus_with_bf16_instructions_only(monkeypatch: pytest.MonkeyPatch) -> None:
     for found in ("AMX", "AVX-512 BF16"):
         monkeypatch.setattr(prec, "cpu_bf16_matmul", lambda found=found: found)
-        assert resolve_precision("auto", "cpu") == ("bf16-mixed", f"auto: CPU with bfloat16 matrix instructions "
-                                                                  f"({found})")
+        assert resolve_precision("auto", "cpu") == (
+            "bf16-mixed",
+            f"auto: CPU with bfloat16 matrix instructions ({found})",
+        )
     monkeypatch.setattr(prec, "AUTO_MIXED_ON_BF16_CPU", False)  # the switch that keeps CPUs on fp32
     assert resolve_precision("auto", "cpu")[0] == "fp32"
     monkeypatch.setattr(prec, "AUTO_MIXED_ON_BF16_CPU", True)
     monkeypatch.setattr(prec, "cpu_bf16_matmul", lambda: None)
-    assert resolve_precision("auto", "cpu") == ("fp32", "auto: this CPU has no bfloat16 matrix instructions (AMX, "
-                                                        "AVX-512 BF16)")
+    assert resolve_precision("auto", "cpu") == (
+        "fp32",
+        "auto: this CPU has no bfloat16 matrix instructions (AMX, AVX-512 BF16)",
+    )
     for bf16_gpu, want in ((True, "bf16-mixed"), (False, "fp32")):
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16_gpu)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda bf16_gpu=bf16_gpu: bf16_gpu)
         assert resolve_precision("auto", "cuda")[0] == want
     for value in ("fp32", "bf16-mixed", "bf16"):
         assert resolve_precision(value, "cpu") == (value, "set in the config")
@@ -63,9 +67,14 @@ def test_bf16_instruction_detection_agrees_with_the_cpu_flags() -> None:
 
 def test_weights_are_stored_float32_unless_frozen_under_bf16_mixed_or_pure_bf16() -> None:
     table = {(p, t): weight_dtype(p, t) for p in ("fp32", "bf16-mixed", "bf16") for t in (True, False)}
-    assert table == {("fp32", True): torch.float32, ("fp32", False): torch.float32,
-                     ("bf16-mixed", True): torch.float32, ("bf16-mixed", False): torch.bfloat16,
-                     ("bf16", True): torch.bfloat16, ("bf16", False): torch.bfloat16}
+    assert table == {
+        ("fp32", True): torch.float32,
+        ("fp32", False): torch.float32,
+        ("bf16-mixed", True): torch.float32,
+        ("bf16-mixed", False): torch.bfloat16,
+        ("bf16", True): torch.bfloat16,
+        ("bf16", False): torch.bfloat16,
+    }
 
 
 # ------------------------------------------------------------------------------------ small updates survive
@@ -76,8 +85,14 @@ def changed_after_updates(model_dir: Path, precision: str, updates: int = 3) -> 
     `updates` updates (the same samples each time), of how many."""
     loaded = load_model(str(model_dir), device="cpu", dtype=weight_dtype(precision, trainable=True))
     samples = hand_samples(load_model(str(model_dir), device="cpu"))
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=5e-7), LoraConfig(enabled=False),
-                    10, precision=precision)
+    policy = Policy(
+        loaded.model,
+        loaded.tokenizer.pad_token_id,
+        OptimConfig(lr=5e-7),
+        LoraConfig(enabled=False),
+        10,
+        precision=precision,
+    )
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     for _ in range(updates):
         assert policy.update(samples)["grad_norm"] > 0
@@ -130,8 +145,9 @@ def on_policy(policy: Policy, loaded, seed: int = 0) -> list[Sample]:
     torch.manual_seed(seed)
     generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=4, precision=policy.precision)
     generations = generator.generate(prompts, SamplingParams(max_new_tokens=16, temperature=1.0, top_p=1.0))
-    return [Sample(g.prompt_ids, g.output_ids, g.logprobs, 1.0 if i % 2 else -1.0, "a")
-            for i, g in enumerate(generations)]
+    return [
+        Sample(g.prompt_ids, g.output_ids, g.logprobs, 1.0 if i % 2 else -1.0, "a") for i, g in enumerate(generations)
+    ]
 
 
 def logprob_gaps(policy: Policy, samples: list[Sample]) -> torch.Tensor:
@@ -139,8 +155,9 @@ def logprob_gaps(policy: Policy, samples: list[Sample]) -> torch.Tensor:
     with no_dropout(policy.model):
         logp, mask = policy._logprobs(policy.model, samples)
     assert logp.requires_grad  # gradients flow with dropout off
-    return torch.cat([(logp[i, : len(s.output_ids)].detach() - torch.tensor(s.old_logprobs)).abs()
-                      for i, s in enumerate(samples)])
+    return torch.cat(
+        [(logp[i, : len(s.output_ids)].detach() - torch.tensor(s.old_logprobs)).abs() for i, s in enumerate(samples)]
+    )
 
 
 @pytest.mark.parametrize("lora", [True, False])
@@ -148,8 +165,14 @@ def logprob_gaps(policy: Policy, samples: list[Sample]) -> torch.Tensor:
 def test_on_policy_ratio_is_one_under_each_precision(tiny_model_dir: Path, precision: str, lora: bool) -> None:
     loaded = load_model(str(tiny_model_dir), device="cpu", dtype=weight_dtype(precision, trainable=not lora))
     torch.manual_seed(0)
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=1e-2), LoraConfig(r=4, enabled=lora),
-                    10, precision=precision)
+    policy = Policy(
+        loaded.model,
+        loaded.tokenizer.pad_token_id,
+        OptimConfig(lr=1e-2),
+        LoraConfig(r=4, enabled=lora),
+        10,
+        precision=precision,
+    )
     assert policy.update(on_policy(policy, loaded))["grad_norm"] > 0  # the policy moves away from its start
     samples = on_policy(policy, loaded, seed=1)
     gaps = logprob_gaps(policy, samples)
@@ -172,8 +195,9 @@ def opinionated_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPat
     shutil.copytree(tiny_model_dir, folder)
     path = folder / "generation_config.json"
     config = json.loads(path.read_text())
-    config.update(do_sample=True, temperature=0.6, repetition_penalty=1.3, top_k=3, min_new_tokens=6,
-                  no_repeat_ngram_size=2)
+    config.update(
+        do_sample=True, temperature=0.6, repetition_penalty=1.3, top_k=3, min_new_tokens=6, no_repeat_ngram_size=2
+    )
     path.write_text(json.dumps(config))
     return folder
 
@@ -205,8 +229,12 @@ def test_a_models_own_generation_config_never_reaches_decoding(tiny_model_dir, o
     assert [g.output_ids for g in sampled] == [g.output_ids for g in plain]  # the same draws from the same law
     assert [g.logprobs for g in sampled] == [g.logprobs for g in plain]
     with torch.no_grad():
-        logp, _ = output_logprobs(loaded.model, [g.prompt_ids for g in sampled], [g.output_ids for g in sampled],
-                                  pad_id=loaded.tokenizer.pad_token_id)
+        logp, _ = output_logprobs(
+            loaded.model,
+            [g.prompt_ids for g in sampled],
+            [g.output_ids for g in sampled],
+            pad_id=loaded.tokenizer.pad_token_id,
+        )
     for row, g in enumerate(sampled):  # sampled at T = 1 from the raw logits: the trainer's log-probs
         assert g.logprobs == pytest.approx(logp[row, : len(g.output_ids)].tolist(), abs=2e-6, rel=0)
 
@@ -230,9 +258,14 @@ def test_on_policy_ratio_is_one_with_dropout_after_an_update(dropout_model_dir: 
     loaded = load_model(str(dropout_model_dir), device="cpu")
     calls = count_forward_calls(backbone_and_head(loaded.model)[0].layers[0].mlp)
     torch.manual_seed(0)
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id,
-                    OptimConfig(lr=1e-2, kl_beta=0.05, micro_batch_tokens=256, gradient_checkpointing=checkpointing),
-                    LoraConfig(r=4, dropout=0.1), 10, precision="fp32")
+    policy = Policy(
+        loaded.model,
+        loaded.tokenizer.pad_token_id,
+        OptimConfig(lr=1e-2, kl_beta=0.05, micro_batch_tokens=256, gradient_checkpointing=checkpointing),
+        LoraConfig(r=4, dropout=0.1),
+        10,
+        precision="fp32",
+    )
     assert policy.update(on_policy(policy, loaded))["grad_norm"] > 0
     assert all(torch.count_nonzero(p) > 0 for n, p in policy.model.named_parameters() if ".lora_B." in n)
     samples = on_policy(policy, loaded, seed=1)
@@ -254,8 +287,13 @@ def test_on_policy_ratio_is_one_with_dropout_after_an_update(dropout_model_dir: 
 
 def test_no_dropout_keeps_checkpointing_layers_training_and_restores_every_mode(dropout_model_dir: Path) -> None:
     loaded = load_model(str(dropout_model_dir), device="cpu")
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(gradient_checkpointing=True),
-                    LoraConfig(r=4, dropout=0.1), 10)
+    policy = Policy(
+        loaded.model,
+        loaded.tokenizer.pad_token_id,
+        OptimConfig(gradient_checkpointing=True),
+        LoraConfig(r=4, dropout=0.1),
+        10,
+    )
     model = policy.model
     model.train()
     model.get_base_model().model.layers[1].dropout_rate = 0.3  # a rate a layer holds itself (OPT-style layers)
@@ -270,9 +308,10 @@ def test_no_dropout_keeps_checkpointing_layers_training_and_restores_every_mode(
 
 
 def test_the_critic_update_reads_values_with_dropout_off(dropout_model_dir: Path) -> None:
+    from test_critic import ragged, samples_of
+
     from mhgpo.config import CriticConfig
     from mhgpo.rl.critic import Critic
-    from test_critic import ragged, samples_of
 
     loaded = load_model(str(dropout_model_dir), device="cpu")
     torch.manual_seed(0)
@@ -304,10 +343,27 @@ def test_commands_print_the_resolved_precision_and_record_it(tiny_model_dir, wor
     from mhgpo.config import EvalConfig
 
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(tiny_model_dir), "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--corpus",
-                 str(world / "corpus.jsonl"), "--limit", "1", "--output-dir", str(out),
-                 "search.rewriter.max_new_tokens=4", "search.reranker.max_new_tokens=4",
-                 "search.answerer.max_new_tokens=4"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_model_dir),
+                "--data",
+                f"hotpotqa:{world / 'dev.jsonl'}",
+                "--corpus",
+                str(world / "corpus.jsonl"),
+                "--limit",
+                "1",
+                "--output-dir",
+                str(out),
+                "search.rewriter.max_new_tokens=4",
+                "search.reranker.max_new_tokens=4",
+                "search.answerer.max_new_tokens=4",
+            ]
+        )
+        == 0
+    )
     resolved, reason = resolve_precision("auto")
     assert f"mhgpo: precision {resolved} ({reason})" in capsys.readouterr().err
     assert load_config(EvalConfig, out / "eval_config.yaml").precision == resolved

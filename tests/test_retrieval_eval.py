@@ -23,17 +23,27 @@ from mhgpo.team.retrieval_eval import (
 # Two questions over a context corpus where two paragraphs share the title "Lumen Valley" (MuSiQue style) and one
 # title is repeated with the same text (2WikiMultihopQA style).
 MUSIQUE = Example(
-    "m", "What is the seat of the region where Ostrava Mills lies?", ("Pella",),
+    "m",
+    "What is the seat of the region where Ostrava Mills lies?",
+    ("Pella",),
     supporting_titles=("Ostrava Mills", "Lumen Valley"),
-    context=(("Lumen Valley", "Lumen Valley is a wine region."), ("Ostrava Mills", "Ostrava Mills lies in Lumen."),
-             ("Lumen Valley", "The seat of Lumen Valley is Pella.")),
+    context=(
+        ("Lumen Valley", "Lumen Valley is a wine region."),
+        ("Ostrava Mills", "Ostrava Mills lies in Lumen."),
+        ("Lumen Valley", "The seat of Lumen Valley is Pella."),
+    ),
     supporting_context=((1,), (2,)),
 )
 TWOWIKI = Example(
-    "w", "Where was the father of Carl Brant buried?", ("Kiel",),
+    "w",
+    "Where was the father of Carl Brant buried?",
+    ("Kiel",),
     supporting_titles=("Carl Brant", "Otto Brant"),
-    context=(("Carl Brant", "Carl Brant was a judge."), ("Otto Brant", "Otto Brant was buried in Kiel."),
-             ("Carl Brant", "Carl Brant was a judge.")),
+    context=(
+        ("Carl Brant", "Carl Brant was a judge."),
+        ("Otto Brant", "Otto Brant was buried in Kiel."),
+        ("Carl Brant", "Carl Brant was a judge."),
+    ),
     supporting_context=((0, 2), (1,)),
 )
 CORPUS = context_corpus([MUSIQUE, TWOWIKI])  # ctx0 Lumen(wine) ctx1 Ostrava ctx2 Lumen(seat) ctx3 Carl ctx4 Otto
@@ -82,10 +92,17 @@ def test_matching_by_text_only_when_the_corpus_holds_the_gold_paragraphs() -> No
 
 
 def test_recall_at_k_exact_values_with_the_question_as_query() -> None:
-    retriever = FixedRetriever({
-        MUSIQUE.question: ["ctx1", "ctx0", "ctx4", "ctx2"],  # @1: 1/2, @2: 1/2 (ctx0 only shares the title), @4: 2/2
-        TWOWIKI.question: ["ctx3", "ctx4", "ctx0", "ctx1"],  # @1: 1/2, @2: 2/2
-    })
+    retriever = FixedRetriever(
+        {
+            MUSIQUE.question: [
+                "ctx1",
+                "ctx0",
+                "ctx4",
+                "ctx2",
+            ],  # @1: 1/2, @2: 1/2 (ctx0 only shares the title), @4: 2/2
+            TWOWIKI.question: ["ctx3", "ctx4", "ctx0", "ctx1"],  # @1: 1/2, @2: 2/2
+        }
+    )
     result = evaluate_retrieval([MUSIQUE, TWOWIKI, Example("none", "q", ("a",))], retriever, [4, 1, 2])
     m = result.metrics
     assert retriever.calls == [([MUSIQUE.question, TWOWIKI.question], 4)]
@@ -95,10 +112,14 @@ def test_recall_at_k_exact_values_with_the_question_as_query() -> None:
     assert (m["recall@4/all"], m["recall@4/mean"]) == (100.0, 100.0)
     assert m["queries_per_question"] == 1.0
     assert result.rows[0] == {
-        "id": "m", "queries": [MUSIQUE.question], "gold_titles": ["Ostrava Mills", "Lumen Valley"],
+        "id": "m",
+        "queries": [MUSIQUE.question],
+        "gold_titles": ["Ostrava Mills", "Lumen Valley"],
         "retrieved_ids": ["ctx1", "ctx0", "ctx4", "ctx2"],
         "retrieved_titles": ["Ostrava Mills", "Lumen Valley", "Otto Brant", "Lumen Valley"],
-        "found@1": 1, "found@2": 1, "found@4": 2,
+        "found@1": 1,
+        "found@2": 1,
+        "found@4": 2,
     }
 
 
@@ -111,10 +132,12 @@ def test_title_matching_against_another_corpus() -> None:
 
 
 def test_sub_queries_are_searched_at_depth_and_merged_like_the_search_system() -> None:
-    retriever = FixedRetriever({
-        "q1": ["ctx3", "ctx0", "ctx1"],
-        "q2": ["ctx3", "ctx4", "ctx2"],  # ctx3 again: de-duplicated, so ctx4 moves up
-    })
+    retriever = FixedRetriever(
+        {
+            "q1": ["ctx3", "ctx0", "ctx1"],
+            "q2": ["ctx3", "ctx4", "ctx2"],  # ctx3 again: de-duplicated, so ctx4 moves up
+        }
+    )
     result = evaluate_retrieval([TWOWIKI], retriever, [2, 3], queries=[("q1", "q2")], depth=2)
     assert retriever.calls == [(["q1", "q2"], 2)]
     assert result.rows[0]["retrieved_ids"] == ["ctx3", "ctx0", "ctx4"]  # q1's top 2, then q2's new one; cap 3
@@ -149,8 +172,9 @@ def test_rewriter_queries_use_the_team_prompt_greedy_decoding_and_parser() -> No
         user = messages[-1]["content"]
         return list((MUSIQUE.question if MUSIQUE.question in user else TWOWIKI.question).encode())
 
-    generator = CannedGenerator({MUSIQUE.question: "### Ostrava Mills region; seat of Lumen Valley ###",
-                                 TWOWIKI.question: "no block here"})
+    generator = CannedGenerator(
+        {MUSIQUE.question: "### Ostrava Mills region; seat of Lumen Valley ###", TWOWIKI.question: "no block here"}
+    )
     search = SystemConfig()
     queries = rewriter_queries([MUSIQUE, TWOWIKI], generator, encode, search, chunk=1, progress=False)
     assert queries == [("Ostrava Mills region", "seat of Lumen Valley"), (TWOWIKI.question,)]
@@ -167,4 +191,5 @@ def test_recall_table_rows() -> None:
 def test_metrics_hold_each_k_once(ks: list[int]) -> None:
     m = evaluate_retrieval([MUSIQUE], FixedRetriever({}), ks).metrics
     assert sorted(k for k in m if k.startswith("recall@")) == sorted(
-        f"recall@{k}/{s}" for k in set(ks) for s in ("all", "mean"))
+        f"recall@{k}/{s}" for k in set(ks) for s in ("all", "mean")
+    )

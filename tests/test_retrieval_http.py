@@ -27,8 +27,9 @@ CORPUS = [
 def overlap_search(query: str, k: int) -> list[tuple[Passage, float]]:
     """Passages sharing words with the query, most shared first (ties by corpus order)."""
     words = set(query.lower().split())
-    scored = [(len(words & set(f"{p.title} {p.text}".lower().replace(".", "").split())), i)
-              for i, p in enumerate(CORPUS)]
+    scored = [
+        (len(words & set(f"{p.title} {p.text}".lower().replace(".", "").split())), i) for i, p in enumerate(CORPUS)
+    ]
     ranked = sorted((-s, i) for s, i in scored if s > 0)[:k]
     return [(CORPUS[i], float(-s)) for s, i in ranked]
 
@@ -76,8 +77,9 @@ class Handler(BaseHTTPRequestHandler):
         for q in body["queries"]:
             hits = self.server.search(q, body.get("topk") or 3)
             docs = [{"id": p.id, "contents": contents_of(p)} for p, _ in hits]
-            result.append([{"document": d, "score": s} for d, (_, s) in zip(docs, hits)] if body.get("return_scores")
-                          else docs)
+            result.append(
+                [{"document": d, "score": s} for d, (_, s) in zip(docs, hits)] if body.get("return_scores") else docs
+            )
         self._send(200, json.dumps({"result": result}).encode())
 
     def _send(self, status: int, payload: bytes) -> None:
@@ -116,8 +118,9 @@ def client(url: str, **kw) -> HTTPRetriever:
 def test_documents_map_to_passages_with_the_title_split_off_and_unquoted() -> None:
     for p in CORPUS:
         assert passage_from_document({"id": p.id, "contents": contents_of(p)}) == p
-    assert passage_from_document({"id": 7, "contents": '"T"\nline one\nline two'}) == Passage("7", "T",
-                                                                                            "line one\nline two")
+    assert passage_from_document({"id": 7, "contents": '"T"\nline one\nline two'}) == Passage(
+        "7", "T", "line one\nline two"
+    )
     assert passage_from_document({"id": "x", "contents": "no title line"}) == Passage("x", "", "no title line")
     assert passage_from_document({"id": "x", "title": "T", "text": "body"}) == Passage("x", "T", "body")
     a = passage_from_document({"contents": '"T"\nbody'})
@@ -166,8 +169,10 @@ def test_5xx_after_the_last_retry_is_one_error_naming_the_url(server) -> None:
     server.script = [500] * 3
     with pytest.raises(ServiceError) as err:
         client(server.url, retries=2).search_batch(["alpha"], 1)
-    assert str(err.value) == (f"retrieval service {server.url}: HTTP 500 (scripted 500) after 3 tries; is the server "
-                              f"running? (mhgpo serve-retriever starts one)")
+    assert str(err.value) == (
+        f"retrieval service {server.url}: HTTP 500 (scripted 500) after 3 tries; is the server "
+        f"running? (mhgpo serve-retriever starts one)"
+    )
     assert len(server.bodies) == 3
 
 
@@ -178,15 +183,22 @@ def test_4xx_is_not_retried(server) -> None:
     assert len(server.bodies) == 1
 
 
-@pytest.mark.parametrize("raw, problem", [
-    (b"<html>oops</html>", "the answer is not JSON (<html>oops</html>)"),
-    (b'{"results": []}', 'malformed answer: expected an object with a "result" list, got results'),
-    (b'{"result": [[], []]}', 'malformed answer: "result" should hold one list per query (1), got 2'),
-    (b'{"result": [[{"document": {"id": "a"}}]]}', "malformed answer: result[0][0]: a document has neither "
-                                                   "contents nor text (keys: id)"),
-    (b'{"result": [[{"document": {"id": "a", "contents": "x"}, "score": "high"}]]}',
-     "malformed answer: result[0][0]: score 'high' is not a number"),
-])
+@pytest.mark.parametrize(
+    "raw, problem",
+    [
+        (b"<html>oops</html>", "the answer is not JSON (<html>oops</html>)"),
+        (b'{"results": []}', 'malformed answer: expected an object with a "result" list, got results'),
+        (b'{"result": [[], []]}', 'malformed answer: "result" should hold one list per query (1), got 2'),
+        (
+            b'{"result": [[{"document": {"id": "a"}}]]}',
+            "malformed answer: result[0][0]: a document has neither contents nor text (keys: id)",
+        ),
+        (
+            b'{"result": [[{"document": {"id": "a", "contents": "x"}, "score": "high"}]]}',
+            "malformed answer: result[0][0]: score 'high' is not a number",
+        ),
+    ],
+)
 def test_a_malformed_answer_is_one_error_naming_the_url_and_the_problem(server, raw, problem) -> None:
     server.script = [raw]
     with pytest.raises(ServiceError) as err:
@@ -201,8 +213,10 @@ def test_an_unreachable_server_is_one_error_after_the_retries() -> None:
     srv.server_close()
     with pytest.raises(ServiceError) as err:
         client(url, retries=1).probe()
-    assert str(err.value) == (f"retrieval service {url}: cannot connect (connection refused) after 2 tries; is the "
-                              f"server running? (mhgpo serve-retriever starts one)")
+    assert str(err.value) == (
+        f"retrieval service {url}: cannot connect (connection refused) after 2 tries; is the "
+        f"server running? (mhgpo serve-retriever starts one)"
+    )
 
 
 def test_a_server_that_does_not_answer_in_time_is_one_error() -> None:
@@ -226,11 +240,16 @@ def test_the_retriever_key_takes_a_url_and_rejects_what_a_service_cannot_use() -
     cfg = from_dict(RetrievalConfig, {"retriever": "http://127.0.0.1:8000/retrieve", "request_queries": 8})
     assert cfg.retriever == "http://127.0.0.1:8000/retrieve" and cfg.request_queries == 8
     cases = [
-        ({"retriever": "bm26"}, "retrieval.retriever: expected bm25 or dense or the URL of a retrieval service "
-                                "(http://HOST:PORT/retrieve), got 'bm26'"),
+        (
+            {"retriever": "bm26"},
+            "retrieval.retriever: expected bm25 or dense or the URL of a retrieval service "
+            "(http://HOST:PORT/retrieve), got 'bm26'",
+        ),
         ({"retriever": "http:///retrieve"}, "retrieval.retriever: 'http:///retrieve' names no host"),
-        ({"retriever": "http://h:1/retrieve", "corpus": "c.jsonl"}, "retrieval.corpus: the retrieval service at "
-                                                                    "http://h:1/retrieve searches its own corpus"),
+        (
+            {"retriever": "http://h:1/retrieve", "corpus": "c.jsonl"},
+            "retrieval.corpus: the retrieval service at http://h:1/retrieve searches its own corpus",
+        ),
         ({"retriever": "http://h:1/retrieve", "index": "idx"}, "retrieval.index: the retrieval service"),
         ({"request_queries": 0}, "retrieval.request_queries: must be at least 1, got 0"),
         ({"timeout": 0}, "retrieval.timeout: must be positive, got 0"),
@@ -266,14 +285,15 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
     step and the last checkpoint. Weights updated in step 2 and not validated are no step's and are not saved
     (step 1's weights are gone: no checkpoint). Resumed once the service is back, the run whose step 1 was saved is
     the reference run exactly (which searched the same corpus in-process)."""
+    from helpers import train_overrides
+    from test_trainer import assert_same_run
+
+    import mhgpo.rl.trainer as trainer_module
     from mhgpo.cli.main import main
     from mhgpo.data.formats import load_corpus_jsonl
     from mhgpo.model.checkpoint import list_checkpoints
     from mhgpo.retrieval.bm25 import BM25Retriever, CachedRetriever
     from mhgpo.rl.runlog import read_metrics
-    import mhgpo.rl.trainer as trainer_module
-    from helpers import train_overrides
-    from test_trainer import assert_same_run
 
     _, reference, _ = reference_run
     local = BM25Retriever.build(load_corpus_jsonl(world / "corpus.jsonl"))
@@ -282,6 +302,7 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
 
     real_save, real_update, updates = trainer_module.save_checkpoint, Policy.update, []
     with serving(lambda q, k: local.search_scored([q], k)[0]) as srv:
+
         def fail() -> None:  # from now on every request fails (and no answer comes from a cache)
             srv.failing = True
             monkeypatch.setattr(CachedRetriever, "_cache_get", lambda self, key: None)
@@ -309,10 +330,15 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
         err = capsys.readouterr().err
         assert rc == 2, err
         lines = [line for line in err.strip().splitlines() if line.startswith("mhgpo: error")]
-        then = (f"its last checkpoint is step_1; continue with: mhgpo train --resume {out}" if where == "rollouts"
-                else f"it has no checkpoint yet: start it again (in another folder, or after removing {out})")
-        assert lines == [f"mhgpo: error: retrieval service {srv.url}: HTTP 503 (scripted 503) after 1 try; is the "
-                         f"server running? (mhgpo serve-retriever starts one); the run stops at step 1; {then}"], err
+        then = (
+            f"its last checkpoint is step_1; continue with: mhgpo train --resume {out}"
+            if where == "rollouts"
+            else f"it has no checkpoint yet: start it again (in another folder, or after removing {out})"
+        )
+        assert lines == [
+            f"mhgpo: error: retrieval service {srv.url}: HTTP 503 (scripted 503) after 1 try; is the "
+            f"server running? (mhgpo serve-retriever starts one); the run stops at step 1; {then}"
+        ], err
         assert [r["step"] for r in read_metrics(out)] == [1]
         if where == "validation":
             assert list_checkpoints(out) == [] and not (out / "checkpoints").exists()
@@ -337,13 +363,29 @@ def test_a_service_failure_mid_eval_keeps_the_finished_questions_and_resume_comp
     from mhgpo.retrieval.bm25 import BM25Retriever, CachedRetriever
 
     local = BM25Retriever.build(load_corpus_jsonl(world / "corpus.jsonl"))
-    small = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
-             "search.answerer.max_new_tokens=4"]
+    small = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4", "search.answerer.max_new_tokens=4"]
     with serving(lambda q, k: local.search_scored([q], k)[0]) as srv:
+
         def run(out):
-            return main(["eval", "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--model", str(tiny_model_dir),
-                         "--limit", "4", "--batch-size", "2", "--retriever", srv.url, "retrieval.retries=0",
-                         *small, "--output-dir", str(out)])
+            return main(
+                [
+                    "eval",
+                    "--data",
+                    f"hotpotqa:{world / 'dev.jsonl'}",
+                    "--model",
+                    str(tiny_model_dir),
+                    "--limit",
+                    "4",
+                    "--batch-size",
+                    "2",
+                    "--retriever",
+                    srv.url,
+                    "retrieval.retries=0",
+                    *small,
+                    "--output-dir",
+                    str(out),
+                ]
+            )
 
         assert run(tmp_path / "whole") == 0
         real = mhgpo.run.evaluate.append_jsonl
@@ -357,8 +399,10 @@ def test_a_service_failure_mid_eval_keeps_the_finished_questions_and_resume_comp
         capsys.readouterr()
         assert run(tmp_path / "cut") == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1] == (f"mhgpo: error: retrieval service {srv.url}: HTTP 503 (scripted 503) after 1 try; is the "
-                           f"server running? (mhgpo serve-retriever starts one)")
+        assert err[-1] == (
+            f"mhgpo: error: retrieval service {srv.url}: HTTP 503 (scripted 503) after 1 try; is the "
+            f"server running? (mhgpo serve-retriever starts one)"
+        )
         kept = (tmp_path / "cut" / "predictions.jsonl").read_text().splitlines()
         whole = (tmp_path / "whole" / "predictions.jsonl").read_text().splitlines()
         assert kept == whole[:2]

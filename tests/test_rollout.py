@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from mhgpo.config import SystemConfig
-from mhgpo.model.generation import Generation, SamplingParams
 from mhgpo.data.records import Example, Passage
+from mhgpo.model.generation import Generation, SamplingParams
 from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
-from mhgpo.team.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchSystem
-from mhgpo.team.loader import WorkflowError
 from mhgpo.rl.trainer import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
+from mhgpo.team.loader import WorkflowError
+from mhgpo.team.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchSystem
 from mhgpo.team.workflow import State, StepResult, Workflow
 
 G = 4
@@ -131,12 +131,12 @@ def search_system() -> RecordingSearch:
     return system
 
 
-def rollout(sampler, n_questions=3, rr_probs=(0.7, 0.1, 0.2), seed=0, regroup="fork", greedy=False,
-            max_rounds=64):
+def rollout(sampler, n_questions=3, rr_probs=(0.7, 0.1, 0.2), seed=0, regroup="fork", greedy=False, max_rounds=64):
     system, gen = search_system(), search_generator()
     spec = RolloutSpec(sampler=sampler, group_size=G, rr_probs=rr_probs, rr_regroup=regroup, greedy=greedy)
-    batch = run_rollouts(EXAMPLES[:n_questions], system, gen, encode, spec, np.random.default_rng(seed),
-                         max_rounds=max_rounds)
+    batch = run_rollouts(
+        EXAMPLES[:n_questions], system, gen, encode, spec, np.random.default_rng(seed), max_rounds=max_rounds
+    )
     return batch, system, gen
 
 
@@ -227,8 +227,10 @@ def test_fof_breadth_first_one_generate_call_per_agent_and_one_tool_call():
     batch, system, gen = rollout("fof", n_questions=3)
     assert [c.agents for c in gen.calls] == [[REWRITER] * 12, [RERANKER] * 12, [ANSWERER] * 12]
     assert [c.params for c in gen.calls] == [
-        SamplingParams(48, 1.0, 0.9, REWRITER), SamplingParams(16, 1.0, 0.9, RERANKER),
-        SamplingParams(24, 1.0, 0.9, ANSWERER)]  # each call names its agent
+        SamplingParams(48, 1.0, 0.9, REWRITER),
+        SamplingParams(16, 1.0, 0.9, RERANKER),
+        SamplingParams(24, 1.0, 0.9, ANSWERER),
+    ]  # each call names its agent
     assert system.tool_calls == [(RETRIEVER, 12)]
     rewriter_queries = [q for n in batch.llm_nodes() if n.agent == REWRITER for q in n.info["queries"]]
     assert system.retriever.calls == [rewriter_queries]
@@ -264,8 +266,10 @@ def test_rr_mixed_forks_still_one_call_per_agent_per_round():
 def test_greedy_spec_decodes_at_temperature_zero():
     _, _, gen = rollout("none", n_questions=2, greedy=True)
     assert [c.params for c in gen.calls] == [
-        SamplingParams(48, 0.0, 0.9, REWRITER), SamplingParams(16, 0.0, 0.9, RERANKER),
-        SamplingParams(24, 0.0, 0.9, ANSWERER)]
+        SamplingParams(48, 0.0, 0.9, REWRITER),
+        SamplingParams(16, 0.0, 0.9, RERANKER),
+        SamplingParams(24, 0.0, 0.9, ANSWERER),
+    ]
     assert [len(c.agents) for c in gen.calls] == [2, 2, 2]
 
 
@@ -318,7 +322,8 @@ def test_is_groups_keep_only_the_forked_agents_samples():
         assert len({tuple(m.prompt_ids) for m in members}) == 1
         assert len({m.parent_id for m in members}) == 1
     assert Counter((ms[0].question_index, ms[0].agent) for ms in gs.values()) == {
-        (q, a): 1 for q in range(3) for a in AGENTS}
+        (q, a): 1 for q in range(3) for a in AGENTS
+    }
     # untrained: 15 per question (the chains' prefixes and the downstream samples)
     assert sum(1 for n in batch.llm_nodes() if not n.trained) == 3 * 15
 
@@ -339,7 +344,8 @@ def test_fof_os_terminal_groups_per_parent():
         if n.agent == RERANKER:
             assert len(kids[n.node_id]) == G
     assert Counter((n.question_index, n.agent) for n in batch.llm_nodes()) == {
-        (q, a): {REWRITER: 4, RERANKER: 4, ANSWERER: 16}[a] for q in range(3) for a in AGENTS}
+        (q, a): {REWRITER: 4, RERANKER: 4, ANSWERER: 16}[a] for q in range(3) for a in AGENTS
+    }
     assert len(gs) == 3 * (1 + 1 + G)
     assert all(n.trained for n in batch.llm_nodes())
 
@@ -375,8 +381,11 @@ def test_rr_regroup_by_fork_point_or_by_role(regroup):
     batch, _, _ = rollout("rr", n_questions=6, rr_probs=(0.0, 0.5, 0.5), seed=3, regroup=regroup)
     fork_of = [f[0] for f in batch.fork_agents]
     assert Counter(fork_of) == {RERANKER: 4, ANSWERER: 2}  # rewriter singletons from both fork points
-    singles = Counter((n.agent, fork_of[n.question_index]) for n in batch.llm_nodes()
-                      if fork_order(n.agent) < fork_order(fork_of[n.question_index]))  # the prefix calls
+    singles = Counter(
+        (n.agent, fork_of[n.question_index])
+        for n in batch.llm_nodes()
+        if fork_order(n.agent) < fork_order(fork_of[n.question_index])
+    )  # the prefix calls
     pools = Counter()
     for (agent, fork), count in singles.items():
         pools[(agent, fork) if regroup == "fork" else agent] += count
@@ -407,8 +416,10 @@ def test_rr_regroup_across_roles_option():
 # ------------------------------------------------------------------------------------------ 4. tree structure
 
 
-@pytest.mark.parametrize("sampler, rr_probs", [("is", RR_FIRST), ("fof", RR_FIRST), ("fof_os", RR_FIRST),
-                                               ("rr", RR_THIRD), ("none", RR_FIRST)])
+@pytest.mark.parametrize(
+    "sampler, rr_probs",
+    [("is", RR_FIRST), ("fof", RR_FIRST), ("fof_os", RR_FIRST), ("rr", RR_THIRD), ("none", RR_FIRST)],
+)
 def test_tree_structure(sampler, rr_probs):
     batch, _, _ = rollout(sampler, n_questions=3, rr_probs=rr_probs)
     nodes = batch.nodes
@@ -453,10 +464,18 @@ def test_leaf_rewards_are_the_f1_of_known_answers():
     # answers cycle with the generation counter: 24 generations before the answerer, 12 answers
     long = " ".join(["word"] * 30 + ["Paris"])
     assert got == {
-        (0, long): 2 * (1 / 31) / (1 / 31 + 1), (0, "Paris"): 1.0, (0, "Berlin"): 0.0,
+        (0, long): 2 * (1 / 31) / (1 / 31 + 1),
+        (0, "Paris"): 1.0,
+        (0, "Berlin"): 0.0,
         (0, "Paris and Berlin"): 2 * (1 / 3) / (1 / 3 + 1),
-        (1, "Rome"): 0.0, (1, long): 0.0, (1, "Paris"): 0.0, (1, "Berlin"): 1.0,
-        (2, "Paris and Berlin"): 0.0, (2, "Rome"): 1.0, (2, long): 0.0, (2, "Paris"): 0.0,
+        (1, "Rome"): 0.0,
+        (1, long): 0.0,
+        (1, "Paris"): 0.0,
+        (1, "Berlin"): 1.0,
+        (2, "Paris and Berlin"): 0.0,
+        (2, "Rome"): 1.0,
+        (2, long): 0.0,
+        (2, "Paris"): 0.0,
     }
     penalties = [n.penalty for n in batch.leaves()]
     assert penalties == [-1.0 if n.final_answer == long else 0.0 for n in batch.leaves()]
@@ -658,11 +677,15 @@ class SolverJudge(Workflow):
 
     def apply(self, state: State, agent: str, output: str) -> StepResult:
         if agent == "solver":
-            return StepResult(state.with_values(attempts=state.get("attempts", ()) + (output,)), 0.0,
-                              {"answer": output})
+            return StepResult(
+                state.with_values(attempts=state.get("attempts", ()) + (output,)), 0.0, {"answer": output}
+            )
         verdict = "retry" if "retry" in output else "accept"
-        return StepResult(state.with_values(verdicts=state.get("verdicts", ()) + (verdict,)),
-                          -0.1 if verdict == "retry" else 0.0, {"verdict": verdict})
+        return StepResult(
+            state.with_values(verdicts=state.get("verdicts", ()) + (verdict,)),
+            -0.1 if verdict == "retry" else 0.0,
+            {"verdict": verdict},
+        )
 
     def final_answer(self, state: State) -> str:
         return state.get("attempts")[-1]
@@ -692,11 +715,19 @@ def test_looping_workflow_visits_and_groups_keyed_by_visit():
     assert [c.agents for c in gen.calls] == [["solver"] * 4, ["judge"] * 4, ["solver"] * 4, ["judge"] * 4]
     llm = batch.llm_nodes()
     assert Counter((n.agent, n.visit) for n in llm) == {
-        ("solver", 0): G, ("judge", 0): G, ("solver", 1): G, ("judge", 1): G}
+        ("solver", 0): G,
+        ("judge", 0): G,
+        ("solver", 1): G,
+        ("judge", 1): G,
+    }
     gs = groups(batch)
     assert len(gs) == 4 and all(len(ms) == G for ms in gs.values())
     assert sorted((ms[0].agent, ms[0].visit) for ms in gs.values()) == [
-        ("judge", 0), ("judge", 1), ("solver", 0), ("solver", 1)]
+        ("judge", 0),
+        ("judge", 1),
+        ("solver", 0),
+        ("solver", 1),
+    ]
     for ms in gs.values():
         assert len({(m.agent, m.visit) for m in ms}) == 1
     assert sum(1 for ms in gs.values() if ms[0].agent == "solver") == 2
@@ -727,8 +758,15 @@ def test_looping_workflow_routing_depends_on_outputs():
     assert [c.agents for c in gen.calls] == [["solver"] * 8, ["judge"] * 8, ["solver"] * 3, ["judge"] * 3]
     llm = batch.llm_nodes()
     assert Counter((n.question_index, n.agent, n.visit) for n in llm) == {
-        (0, "solver", 0): G, (0, "judge", 0): G, (1, "solver", 0): G, (1, "judge", 0): G,
-        (0, "solver", 1): 1, (0, "judge", 1): 1, (1, "solver", 1): 2, (1, "judge", 1): 2}
+        (0, "solver", 0): G,
+        (0, "judge", 0): G,
+        (1, "solver", 0): G,
+        (1, "judge", 0): G,
+        (0, "solver", 1): 1,
+        (0, "judge", 1): 1,
+        (1, "solver", 1): 2,
+        (1, "judge", 1): 2,
+    }
     # question 0's second-visit samples are singletons: not trained, counted
     assert batch.stats["singletons_dropped"] == 2.0
     gs = groups(batch)
@@ -771,8 +809,10 @@ class LookupSolverJudge(SolverJudge):
     def call_tools(self, tool: str, states: list[State]) -> list[StepResult]:
         assert tool == "lookup"
         self.tool_calls.append(len(states))
-        return [StepResult(s.with_values(lookups=s.get("lookups", ()) + ("fact",)), 0.0, {"batch": len(states)})
-                for s in states]
+        return [
+            StepResult(s.with_values(lookups=s.get("lookups", ()) + ("fact",)), 0.0, {"batch": len(states)})
+            for s in states
+        ]
 
 
 def test_looping_workflow_with_a_tool_visited_twice():
@@ -789,15 +829,15 @@ def test_looping_workflow_with_a_tool_visited_twice():
     assert batch.fork_agents == [["solver"], ["solver"]]
     tools = [n for n in batch.nodes if n.kind == "tool"]
     assert Counter((n.agent, n.visit) for n in tools) == {("lookup", 0): 2, ("lookup", 1): 2 * G}
-    assert all(n.group_id == -1 and n.info == {"batch": len([t for t in tools if t.visit == n.visit])}
-               for n in tools)
+    assert all(n.group_id == -1 and n.info == {"batch": len([t for t in tools if t.visit == n.visit])} for n in tools)
     for n in batch.llm_nodes():
         if n.agent == "solver":
             parent = batch.nodes[n.parent_id]
             assert (parent.agent, parent.visit) == ("lookup", n.visit)
     gs = groups(batch)
     assert sorted((ms[0].question_index, ms[0].agent, ms[0].visit, len(ms)) for ms in gs.values()) == [
-        (q, a, v, G) for q in range(2) for a in ("judge", "solver") for v in (0, 1)]
+        (q, a, v, G) for q in range(2) for a in ("judge", "solver") for v in (0, 1)
+    ]
     assert len(batch.leaves()) == 2 * G
 
 
@@ -808,10 +848,14 @@ class Endless(SolverJudge):
 
 def test_workflow_that_never_finishes_raises_after_max_rounds():
     gen = FakeGenerator(loop_agent_of, lambda agent, k, text: "again")
-    with pytest.raises(WorkflowError, match=r"Endless.next_agent: did not finish within 5 rounds \(max_rounds\) "
-                                            r"\(question a, agent solver\)"):
-        run_rollouts(LOOP_EXAMPLES, Endless(), gen, encode, RolloutSpec("fof", G), np.random.default_rng(0),
-                     max_rounds=5)
+    with pytest.raises(
+        WorkflowError,
+        match=r"Endless.next_agent: did not finish within 5 rounds \(max_rounds\) "
+        r"\(question a, agent solver\)",
+    ):
+        run_rollouts(
+            LOOP_EXAMPLES, Endless(), gen, encode, RolloutSpec("fof", G), np.random.default_rng(0), max_rounds=5
+        )
     assert [len(c.agents) for c in gen.calls] == [2 * G] * 5
 
 
@@ -834,8 +878,13 @@ def test_bad_sampler_and_rr_probs_are_rejected():
 
 
 def _signature(batch):
-    return (batch.fork_agents, [n.group_id for n in batch.nodes], [n.fork_sample for n in batch.nodes],
-            [(n.agent, n.parent_id) for n in batch.nodes], batch.stats)
+    return (
+        batch.fork_agents,
+        [n.group_id for n in batch.nodes],
+        [n.fork_sample for n in batch.nodes],
+        [(n.agent, n.parent_id) for n in batch.nodes],
+        batch.stats,
+    )
 
 
 def test_rr_same_seed_same_forks_and_groups():
@@ -860,8 +909,11 @@ def test_rr_regrouping_is_seeded():
     assert a.stats["singletons_dropped"] == 4.0
 
     def regrouped(batch):
-        return sorted((ms[0].agent, sorted(m.question_index for m in ms))
-                      for ms in groups(batch).values() if ms[0].agent != ANSWERER)
+        return sorted(
+            (ms[0].agent, sorted(m.question_index for m in ms))
+            for ms in groups(batch).values()
+            if ms[0].agent != ANSWERER
+        )
 
     assert regrouped(a) == [(RERANKER, [0, 1, 2, 5]), (REWRITER, [0, 1, 3, 4])]
     c, _, _ = rollout("rr", n_questions=6, rr_probs=RR_THIRD, seed=2)
@@ -883,8 +935,14 @@ def test_chains_sampler_runs_g_independent_chains_with_every_call_trained_on_its
     assert all(len(k) == 1 for k in children(batch).values())  # chains: no node has two children
     assert sum(n.parent_id == -1 for n in batch.nodes) == 12 and len(batch.leaves()) == 12
     assert batch.fork_agents == [[None] * G] * 3
-    assert batch.stats == {"groups": 0.0, "singletons_dropped": 0.0, "samples": 36.0, "llm_calls": 36.0,
-                           "tokens_generated": float(sum(len(n.output_ids) for n in llm)), "failed_questions": 0.0}
+    assert batch.stats == {
+        "groups": 0.0,
+        "singletons_dropped": 0.0,
+        "samples": 36.0,
+        "llm_calls": 36.0,
+        "tokens_generated": float(sum(len(n.output_ids) for n in llm)),
+        "failed_questions": 0.0,
+    }
     rewards = assign_shared_rewards(batch, "mean", True, np.random.default_rng(0))
     assert [n.reward for n in batch.nodes] == list(rewards)
     for n in llm:  # a chain passes its leaf's score back unchanged; the penalty is the agent's own
@@ -912,8 +970,14 @@ def test_single_agent_grpo_groups_are_g_answers_to_one_prompt():
 
     answers = ["Paris", "Berlin", "Rome", "Madrid", "Tokyo"]
     gen = FakeGenerator(llm_only_agent_of, lambda agent, k, text: answers[k % len(answers)])
-    batch = run_rollouts(EXAMPLES[:3], LLMOnly(SystemConfig()), gen, encode, RolloutSpec(sampler="fof", group_size=G),
-                         np.random.default_rng(0))
+    batch = run_rollouts(
+        EXAMPLES[:3],
+        LLMOnly(SystemConfig()),
+        gen,
+        encode,
+        RolloutSpec(sampler="fof", group_size=G),
+        np.random.default_rng(0),
+    )
     assert [c.agents for c in gen.calls] == [["llm"] * 12]
     gs = groups(batch)
     assert len(gs) == 3

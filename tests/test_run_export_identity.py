@@ -63,14 +63,24 @@ def runs(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     """Run specs by case: a LoRA run (latest checkpoint), one of its earlier checkpoints, a full fine-tuning run,
     and a LoRA run started from the full one (a chain: full weights, then an adapter merged on top)."""
     root = tmp_path_factory.mktemp("identity")
-    lora = write_run(root / "lora", str(tiny_model_dir), LORA,
-                     {1: lora_tensors(tiny_model_dir, seed=1), 2: lora_tensors(tiny_model_dir, seed=2)})
+    lora = write_run(
+        root / "lora",
+        str(tiny_model_dir),
+        LORA,
+        {1: lora_tensors(tiny_model_dir, seed=1), 2: lora_tensors(tiny_model_dir, seed=2)},
+    )
     full = write_run(root / "full", str(tiny_model_dir), {"enabled": False}, {1: full_tensors(tiny_model_dir)})
     chain = write_run(root / "chain", "full", LORA, {1: lora_tensors(tiny_model_dir, seed=3)})
-    roles = write_run(root / "roles", "full", {**LORA, "per_role": True},
-                      {1: lora_tensors(tiny_model_dir, adapters=AGENTS, seed=4)})
-    return {"lora": lora, "lora-step_1": lora / "checkpoints" / "step_1", "full": full, "lora-on-full": chain,
-            "per-role-on-full": roles}
+    roles = write_run(
+        root / "roles", "full", {**LORA, "per_role": True}, {1: lora_tensors(tiny_model_dir, adapters=AGENTS, seed=4)}
+    )
+    return {
+        "lora": lora,
+        "lora-step_1": lora / "checkpoints" / "step_1",
+        "full": full,
+        "lora-on-full": chain,
+        "per-role-on-full": roles,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +135,9 @@ def test_a_run_loaded_in_bfloat16_is_its_float32_weights_rounded_once(runs, case
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("case", ["lora", "full"])
 @pytest.mark.parametrize("new_lora", [True, False])
-def test_a_new_run_starts_from_the_same_weights_from_a_run_or_its_export(runs, exports, case, precision,
-                                                                          new_lora) -> None:
+def test_a_new_run_starts_from_the_same_weights_from_a_run_or_its_export(
+    runs, exports, case, precision, new_lora
+) -> None:
     dtype = weight_dtype(precision, trainable=not new_lora)  # as the trainer stores its initial weights
     run, _ = initial_weights(str(runs[case]), "init", new_lora, device="cpu", dtype=dtype)
     exp, _ = initial_weights(str(exports[case]), "init", new_lora, device="cpu", dtype=dtype)
@@ -152,6 +163,8 @@ def test_a_per_role_run_and_its_export_are_the_same_team(runs, exports, precisio
     for spec, where, shared in ((run_spec, run_spec, runs["full"]), (exp_spec, exp_spec, exp_spec / "base")):
         with pytest.raises(InputError, match="one adapter per agent") as refused:
             initial_weights(str(spec), "init", True, device="cpu", dtype=dtype)
-        assert str(refused.value) == (f"{where}: one adapter per agent (lora.per_role), so no single set of weights "
-                                      f"to start another run from; start from the model beneath the adapters "
-                                      f"({shared})")
+        assert str(refused.value) == (
+            f"{where}: one adapter per agent (lora.per_role), so no single set of weights "
+            f"to start another run from; start from the model beneath the adapters "
+            f"({shared})"
+        )

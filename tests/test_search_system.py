@@ -12,16 +12,16 @@ from mhgpo.team.search_system import (
     REWRITER,
     SearchSystem,
     format_documents,
-    load_prompts,
-    merge_candidates,
-    parse_answer,
-    parse_reranker,
-    parse_rewriter,
     format_ids,
     format_queries,
     gold_ids,
     gold_queries,
     grounded,
+    load_prompts,
+    merge_candidates,
+    parse_answer,
+    parse_reranker,
+    parse_rewriter,
 )
 
 Q = "Who directed Blue Harbor?"
@@ -100,11 +100,19 @@ def test_reranker_none_is_a_valid_empty_selection():
 
 
 def test_gold_queries_use_the_decomposition_else_the_titles_the_question_names():
-    ex = Example("q", "Which was founded first, Arda Motors or Tel Foods?", ("Arda Motors",),
-                 supporting_titles=("Tel Foods", "Arda Motors"))
+    ex = Example(
+        "q",
+        "Which was founded first, Arda Motors or Tel Foods?",
+        ("Arda Motors",),
+        supporting_titles=("Tel Foods", "Arda Motors"),
+    )
     assert gold_queries(ex) == ("Arda Motors", "Tel Foods")  # the question's order
-    bridge = Example("q", "The director of 'Big Stone Gap' is based in what New York city?", ("Greenwich Village",),
-                     supporting_titles=("Big Stone Gap (film)", "Adriana Trigiani"))
+    bridge = Example(
+        "q",
+        "The director of 'Big Stone Gap' is based in what New York city?",
+        ("Greenwich Village",),
+        supporting_titles=("Big Stone Gap (film)", "Adriana Trigiani"),
+    )
     assert gold_queries(bridge) == ("Big Stone Gap", bridge.question)  # the hidden bridge title is never used
     nothing = Example("q", "Who?", ("x",), supporting_titles=("Alpha",))
     assert gold_queries(nothing) == ("Who?",)
@@ -113,8 +121,11 @@ def test_gold_queries_use_the_decomposition_else_the_titles_the_question_names()
 
 
 def test_gold_ids_and_grounded_answers():
-    passages = [Passage("a", "Alpha", "Alpha was born in 1918."), Passage("b", "Beta", "beta"),
-                Passage("c", "Gamma", "gamma")]
+    passages = [
+        Passage("a", "Alpha", "Alpha was born in 1918."),
+        Passage("b", "Beta", "beta"),
+        Passage("c", "Gamma", "gamma"),
+    ]
     assert gold_ids(passages, ("Gamma", "Alpha")) == (0, 2)  # retrieval order
     assert gold_ids(passages, ("Delta",)) == ()
     assert grounded("1918", "When?", passages[:1]) and not grounded("1918", "When?", passages[1:])
@@ -123,11 +134,19 @@ def test_gold_ids_and_grounded_answers():
 
 
 def test_demonstrations_walk_the_pipeline_with_gold_outputs():
-    passages = [Passage("a", "Alpha", "Alpha is a film by Beta."), Passage("b", "Beta", "Beta was born in Gam."),
-                Passage("c", "Gamma", "gamma")]
+    passages = [
+        Passage("a", "Alpha", "Alpha is a film by Beta."),
+        Passage("b", "Beta", "Beta was born in Gam."),
+        Passage("c", "Gamma", "gamma"),
+    ]
     system = SearchSystem(FakeRetriever(passages), SystemConfig(top_k=2))
-    ex = Example("q1", "Where was the director of Alpha born?", ("Gam",), supporting_titles=("Alpha", "Beta"),
-                 decomposition=("Who directed Alpha?", "Where was the director of Alpha born?"))
+    ex = Example(
+        "q1",
+        "Where was the director of Alpha born?",
+        ("Gam",),
+        supporting_titles=("Alpha", "Beta"),
+        decomposition=("Who directed Alpha?", "Where was the director of Alpha born?"),
+    )
     s = system.init_state(ex)
     assert system.demonstration(s, REWRITER) == "### Who directed Alpha?; Where was the director of Alpha born? ###"
     s = system.apply(s, REWRITER, system.demonstration(s, REWRITER)).state

@@ -12,16 +12,16 @@ import torch
 
 from mhgpo.config import RetrievalConfig, SFTConfig, SystemConfig, load_config
 from mhgpo.data.formats import load_hotpotqa
-from mhgpo.team.build import build_workflow
-from mhgpo.rl.losses import token_weights
+from mhgpo.errors import InputError
 from mhgpo.model.pretrained import encode_chat
 from mhgpo.model.trained import load_model
+from mhgpo.rl.losses import token_weights
 from mhgpo.rl.policy import Policy, Sample
-from mhgpo.errors import InputError
 from mhgpo.rl.runlog import read_metrics
-from mhgpo.team.search_system import ANSWERER, RERANKER, REWRITER, format_ids, format_queries, gold_ids, grounded
 from mhgpo.rl.sft import collect_demonstrations, sft_loss, sft_update, target_encoder
 from mhgpo.run.warm_start import resume_sft, run_sft
+from mhgpo.team.build import build_workflow
+from mhgpo.team.search_system import ANSWERER, RERANKER, REWRITER, format_ids, format_queries, gold_ids, grounded
 
 VOLATILE = ("seconds/", "memory/")
 
@@ -40,11 +40,22 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def sft_config(model_dir: Path, world: Path, out: Path, **extra: object) -> SFTConfig:
     settings: dict[str, object] = {
-        "model": model_dir, "data": f"hotpotqa:{world / 'train.jsonl'}", "val_data": f"hotpotqa:{world / 'dev.jsonl'}",
-        "retrieval.corpus": world / "corpus.jsonl", "output_dir": out, "steps": 3, "batch_size": 6, "val_limit": 2,
-        "format_limit": 2, "search.rewriter.max_new_tokens": 6, "search.reranker.max_new_tokens": 4,
-        "search.answerer.max_new_tokens": 4, "search.snippet_words": 8, "search.max_candidates": 4,
-        "optim.lr": 0.01, "lora.r": 4,
+        "model": model_dir,
+        "data": f"hotpotqa:{world / 'train.jsonl'}",
+        "val_data": f"hotpotqa:{world / 'dev.jsonl'}",
+        "retrieval.corpus": world / "corpus.jsonl",
+        "output_dir": out,
+        "steps": 3,
+        "batch_size": 6,
+        "val_limit": 2,
+        "format_limit": 2,
+        "search.rewriter.max_new_tokens": 6,
+        "search.reranker.max_new_tokens": 4,
+        "search.answerer.max_new_tokens": 4,
+        "search.snippet_words": 8,
+        "search.max_candidates": 4,
+        "optim.lr": 0.01,
+        "lora.r": 4,
     }
     settings.update(extra)
     return load_config(SFTConfig, None, [f"{k}={v}" for k, v in settings.items()])
@@ -52,8 +63,7 @@ def sft_config(model_dir: Path, world: Path, out: Path, **extra: object) -> SFTC
 
 def test_demonstrations_are_the_teams_prompts_with_gold_outputs(tiny_lm, world: Path) -> None:
     examples = load_hotpotqa(world / "train.jsonl")
-    workflow = build_workflow("mas", "hotpotqa:x", RetrievalConfig(corpus=str(world / "corpus.jsonl")),
-                              SystemConfig())
+    workflow = build_workflow("mas", "hotpotqa:x", RetrievalConfig(corpus=str(world / "corpus.jsonl")), SystemConfig())
     encode = lambda m: encode_chat(tiny_lm.tokenizer, m)  # noqa: E731
     to_ids = target_encoder(tiny_lm.tokenizer)
     demos, skipped = collect_demonstrations(examples, workflow, encode, to_ids)
@@ -83,14 +93,19 @@ def test_demonstrations_are_the_teams_prompts_with_gold_outputs(tiny_lm, world: 
 def _samples(tiny_lm) -> list[Sample]:
     tok = tiny_lm.tokenizer
     to_ids = target_encoder(tok)
-    rows = [("rewriter", "Who wrote Dune?", "### Dune author ###"), ("reranker", "Which river?", "0, 2"),
-            ("answerer", "Capital of France?", "Paris"), ("answerer", "Largest planet?", "Jupiter, the largest"),
-            ("rewriter", "When did the wall fall?", "### Berlin Wall; 1989 ###")]
+    rows = [
+        ("rewriter", "Who wrote Dune?", "### Dune author ###"),
+        ("reranker", "Which river?", "0, 2"),
+        ("answerer", "Capital of France?", "Paris"),
+        ("answerer", "Largest planet?", "Jupiter, the largest"),
+        ("rewriter", "When did the wall fall?", "### Berlin Wall; 1989 ###"),
+    ]
     return [Sample(encode_chat(tok, [{"role": "user", "content": q}]), to_ids(t), [], 0.0, a) for a, q, t in rows]
 
 
-def test_sft_loss_is_the_role_averaged_cross_entropy_and_ignores_the_micro_batch_cut(tiny_model_dir: Path,
-                                                                                     tiny_lm) -> None:
+def test_sft_loss_is_the_role_averaged_cross_entropy_and_ignores_the_micro_batch_cut(
+    tiny_model_dir: Path, tiny_lm
+) -> None:
     from mhgpo.config import LoraConfig, OptimConfig
 
     samples = _samples(tiny_lm)
@@ -98,8 +113,9 @@ def test_sft_loss_is_the_role_averaged_cross_entropy_and_ignores_the_micro_batch
     for tokens in (10_000, 40):  # one micro-batch, then one or two samples each
         loaded = load_model(str(tiny_model_dir), device="cpu")
         optim = OptimConfig(lr=1e-3, kl_beta=0.0, micro_batch_tokens=tokens, gradient_checkpointing=False)
-        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(enabled=False), 1,
-                        keep_reference=False)
+        policy = Policy(
+            loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(enabled=False), 1, keep_reference=False
+        )
         assert policy.ref_model is None
         before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
         metrics = sft_update(policy, samples)
@@ -132,8 +148,12 @@ def test_sft_loss_weights_masked_tokens_zero() -> None:
 
 def test_sft_run_directory_learning_and_start_for_rl(tiny_model_dir: Path, world: Path, tmp_path: Path) -> None:
     out = tmp_path / "sft"
-    trainer = run_sft(sft_config(tiny_model_dir, world, out, steps=12, limit=4, batch_size=6, **{"optim.lr": 1e-2,
-                                 "lora.enabled": "false"}), progress=False)
+    trainer = run_sft(
+        sft_config(
+            tiny_model_dir, world, out, steps=12, limit=4, batch_size=6, **{"optim.lr": 1e-2, "lora.enabled": "false"}
+        ),
+        progress=False,
+    )
     assert trainer.step == 12
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(1, 13))
@@ -158,9 +178,10 @@ def test_sft_resume_continues_exactly(tiny_model_dir: Path, world: Path, tmp_pat
     assert resume_sft(part, ["steps=4"], progress=False).step == 4
 
     def comparable(d: Path) -> list[dict]:  # the 2-step run also evaluated its last step, step 2
-        return [{k: v for k, v in r.items() if not k.startswith(VOLATILE) and not k.endswith(("format_ok", "exact",
-                                                                                               "/f1"))}
-                for r in read_metrics(d)]
+        return [
+            {k: v for k, v in r.items() if not k.startswith(VOLATILE) and not k.endswith(("format_ok", "exact", "/f1"))}
+            for r in read_metrics(d)
+        ]
 
     assert comparable(part) == comparable(full)
     from safetensors.torch import load_file
@@ -177,8 +198,9 @@ def test_sft_config_errors_name_the_key(tiny_model_dir: Path, world: Path, tmp_p
         run_sft(sft_config(tiny_model_dir, world, tmp_path / "y", roles="[planner]"), progress=False)
 
 
-def test_balanced_batches_hold_the_roles_in_equal_shares_and_cover_each_role(tiny_model_dir: Path, world: Path,
-                                                                             tmp_path: Path) -> None:
+def test_balanced_batches_hold_the_roles_in_equal_shares_and_cover_each_role(
+    tiny_model_dir: Path, world: Path, tmp_path: Path
+) -> None:
     from mhgpo.rl.sft import SFTTrainer, build_sft
 
     cfg = sft_config(tiny_model_dir, world, tmp_path / "b", batch_size=6, limit=5, balance_roles="true", val_limit=0)
@@ -196,6 +218,14 @@ def test_balanced_batches_hold_the_roles_in_equal_shares_and_cover_each_role(tin
         assert sorted(first) == sorted(i for i, d in enumerate(demos) if d.agent == role)
     trainer.position = 0
     again = trainer._next_demos()  # the order is a function of the position alone (resume)
-    assert [id(d) for d in again] == [id(demos[i]) for i in
-                                     [drawn[REWRITER][0], drawn[RERANKER][0], drawn[ANSWERER][0],
-                                      drawn[REWRITER][1], drawn[RERANKER][1], drawn[ANSWERER][1]]]
+    assert [id(d) for d in again] == [
+        id(demos[i])
+        for i in [
+            drawn[REWRITER][0],
+            drawn[RERANKER][0],
+            drawn[ANSWERER][0],
+            drawn[REWRITER][1],
+            drawn[RERANKER][1],
+            drawn[ANSWERER][1],
+        ]
+    ]

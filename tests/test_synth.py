@@ -54,11 +54,12 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_differs(tmp_path:
 def test_written_files_are_utf8_jsonl_with_counts(tmp_path: Path) -> None:
     paths = synth.write_world(tmp_path / "w", seed=1, n_train=30, n_dev=10)
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == sorted(synth.FILES)  # no temporary files left
-    rows = {name: [json.loads(line) for line in paths[name].read_text("utf-8").splitlines()]
-            for name in ("corpus", "train", "dev")}
+    rows = {
+        name: [json.loads(line) for line in paths[name].read_text("utf-8").splitlines()]
+        for name in ("corpus", "train", "dev")
+    }
     meta = json.loads(paths["world"].read_text("utf-8"))
-    assert meta == {"version": synth.VERSION, "seed": 1, "n_train": 30, "n_dev": 10,
-                    "n_passages": len(rows["corpus"])}
+    assert meta == {"version": synth.VERSION, "seed": 1, "n_train": 30, "n_dev": 10, "n_passages": len(rows["corpus"])}
     assert (len(rows["train"]), len(rows["dev"])) == (30, 10)
     assert rows["train"] == synth.generate_world(seed=1, n_train=30, n_dev=10).train
 
@@ -183,8 +184,9 @@ def test_every_question_of_the_default_world_is_answerable(default: synth.World)
 
 
 def test_answerability_check_catches_a_wrong_answer(small: synth.World) -> None:
-    broken = synth.World(corpus=small.corpus, train=[dict(q) for q in small.train[:30]], dev=[],
-                         entities=small.entities)
+    broken = synth.World(
+        corpus=small.corpus, train=[dict(q) for q in small.train[:30]], dev=[], entities=small.entities
+    )
     for q in broken.train:
         q["answer"] = {"yes": "no", "no": "yes"}.get(q["answer"], "Nowhere")
         with pytest.raises(AssertionError):
@@ -201,8 +203,10 @@ def test_train_and_dev_do_not_overlap(fixture: str, request: pytest.FixtureReque
     dev = [q["question"] for q in world.dev]
     assert len(set(train)) == len(train) and len(set(dev)) == len(dev)
     assert not set(train) & set(dev)
-    facts = [{(frozenset(t for t, _ in q["supporting_facts"]), q["answer"]) for q in rows}
-             for rows in (world.train, world.dev)]
+    facts = [
+        {(frozenset(t for t, _ in q["supporting_facts"]), q["answer"]) for q in rows}
+        for rows in (world.train, world.dev)
+    ]
     assert not facts[0] & facts[1]  # not even rephrased
 
 
@@ -239,8 +243,13 @@ def test_confusable_names_exist_and_serve_as_distractors(default: synth.World) -
         first, last = name.split(" ")
         by_first.setdefault(first, []).append(last)
         by_last.setdefault(last, []).append(first)
-    near_twins = [(f, a, b) for f, lasts in by_first.items() for a in lasts for b in lasts
-                  if a != b and (b == a + "s" or b == a + "e" or (len(a) == len(b) and a[:-1] == b[:-1]))]
+    near_twins = [
+        (f, a, b)
+        for f, lasts in by_first.items()
+        for a in lasts
+        for b in lasts
+        if a != b and (b == a + "s" or b == a + "e" or (len(a) == len(b) and a[:-1] == b[:-1]))
+    ]
     assert len(near_twins) >= 20
     assert sum(len(firsts) > 1 for firsts in by_last.values()) >= 100  # about 60 by chance alone
     titles = {e.name for e in default.entities if e.kind in ("film", "novel", "album")}
@@ -252,8 +261,22 @@ def test_confusable_names_exist_and_serve_as_distractors(default: synth.World) -
         assert any(confusable(g, title) for g in gold for title, _ in q["context"] if title not in gold), q
 
 
-COMMON = {*synth_vocab.NOUNS, *(n + "s" for n in synth_vocab.NOUNS), *synth_vocab.ADJECTIVES, *synth_vocab.COMPANIES,
-          *synth_vocab.BAND_NOUNS, "The", "A", "An", "of", "for", "University", "Institute", "Technology", "College"}
+COMMON = {
+    *synth_vocab.NOUNS,
+    *(n + "s" for n in synth_vocab.NOUNS),
+    *synth_vocab.ADJECTIVES,
+    *synth_vocab.COMPANIES,
+    *synth_vocab.BAND_NOUNS,
+    "The",
+    "A",
+    "An",
+    "of",
+    "for",
+    "University",
+    "Institute",
+    "Technology",
+    "College",
+}
 
 
 def confusable(a: str, b: str) -> bool:

@@ -16,20 +16,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from test_rollout import G, LookupSolverJudge, SolverJudge, decode, loop_agent_of
 
 from mhgpo.config import EvalConfig, TrainConfig, dump_config, load_config
-from mhgpo.team.build import build_workflow, prepare_system
-from mhgpo.model.generation import Generation
-from mhgpo.rl.losses import token_weights
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError
+from mhgpo.model.generation import Generation
+from mhgpo.rl.losses import token_weights
 from mhgpo.rl.rollout import RolloutSpec, run_rollouts
-from mhgpo.team.search_system import SearchSystem
-from mhgpo.run.pipeline import resume, train
-from mhgpo.team.loader import WorkflowError, construct, display_path, load_workflow_class, system_spec, team_config
 from mhgpo.rl.trainer import TooManyFailures, assign_rewards
+from mhgpo.run.pipeline import resume
+from mhgpo.team.build import build_workflow, prepare_system
+from mhgpo.team.loader import WorkflowError, construct, display_path, load_workflow_class, system_spec, team_config
+from mhgpo.team.search_system import SearchSystem
 from mhgpo.team.workflow import State, StepResult, Workflow
-from test_rollout import G, LookupSolverJudge, SolverJudge, decode, loop_agent_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,8 @@ def here() -> str:
     """How the errors name this file: relative to the working directory."""
     return display_path(__file__)
 
-ECHO = '''\
+
+ECHO = """\
 from dataclasses import dataclass
 
 from mhgpo.team.workflow import State, StepResult, Workflow
@@ -68,7 +69,7 @@ class Echo(Workflow):
 
     def final_answer(self, state):
         return state.get("said")[-1]
-'''
+"""
 
 
 @pytest.fixture
@@ -80,34 +81,48 @@ def team_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "imports.py").write_text("import os\nimport no_such_module_for_mhgpo_tests\n")
     (tmp_path / "half.py").write_text(
         "from mhgpo.team.workflow import Workflow\n\nclass Half(Workflow):\n    agents = ('a',)\n\n"
-        "    def next_agent(self, state):\n        return None\n")
+        "    def next_agent(self, state):\n        return None\n"
+    )
     (tmp_path / "noagents.py").write_text(ECHO.replace('agents = ("echo",)', "agents = ()"))
     (tmp_path / "badconfig.py").write_text(ECHO.replace("config_class = EchoConfig", "config_class = dict"))
     (tmp_path / "noconfigarg.py").write_text(ECHO.replace("def __init__(self, config):", "def __init__(self):"))
-    (tmp_path / "raises.py").write_text(ECHO.replace("        self.config = config",
-                                                     "        self.config = config\n        raise ValueError('boom')"))
+    (tmp_path / "raises.py").write_text(
+        ECHO.replace("        self.config = config", "        self.config = config\n        raise ValueError('boom')")
+    )
     return tmp_path
 
 
 # ----------------------------------------------------------------------------------------------------- loading
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("missing.py:Echo", r"system: missing.py: file not found$"),
-    ("syntax.py:A", r"syntax.py:3: importing the file failed: SyntaxError: "),
-    ("imports.py:A", r"imports.py:2: importing the file failed: ModuleNotFoundError: No module named "
-                     r"'no_such_module_for_mhgpo_tests'$"),
-    ("echo.py:Nope", r"echo.py: no class 'Nope' \(Workflow classes there: Echo\)$"),
-    ("echo.py:EchoConfig", r"echo.py: EchoConfig is not a subclass of mhgpo.team.workflow.Workflow$"),
-    ("half.py:Half", r"half.py: Half does not define apply, build_prompt, final_answer$"),
-    ("noagents.py:Echo", r"noagents.py: Echo.agents must name the LLM agents \(a tuple of strings\), got \(\)$"),
-    ("badconfig.py:Echo", r"badconfig.py: Echo.config_class must be a dataclass, got <class 'dict'>$"),
-    ("no_such_module_for_mhgpo_tests:X", r"system: importing module 'no_such_module_for_mhgpo_tests' failed: "
-                                         r"ModuleNotFoundError"),
-    ("mhgpo.team.search_system:Nope", r"search_system.py: no class 'Nope' \(Workflow classes there: LLMOnly, "
-                                 r"SearchSystem\)$"),
-    ("echo.py:", r"system: expected PATH.py:Class or module.path:Class, got 'echo.py:'$"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("missing.py:Echo", r"system: missing.py: file not found$"),
+        ("syntax.py:A", r"syntax.py:3: importing the file failed: SyntaxError: "),
+        (
+            "imports.py:A",
+            r"imports.py:2: importing the file failed: ModuleNotFoundError: No module named "
+            r"'no_such_module_for_mhgpo_tests'$",
+        ),
+        ("echo.py:Nope", r"echo.py: no class 'Nope' \(Workflow classes there: Echo\)$"),
+        ("echo.py:EchoConfig", r"echo.py: EchoConfig is not a subclass of mhgpo.team.workflow.Workflow$"),
+        ("half.py:Half", r"half.py: Half does not define apply, build_prompt, final_answer$"),
+        ("noagents.py:Echo", r"noagents.py: Echo.agents must name the LLM agents \(a tuple of strings\), got \(\)$"),
+        ("badconfig.py:Echo", r"badconfig.py: Echo.config_class must be a dataclass, got <class 'dict'>$"),
+        (
+            "no_such_module_for_mhgpo_tests:X",
+            r"system: importing module 'no_such_module_for_mhgpo_tests' failed: "
+            r"ModuleNotFoundError",
+        ),
+        (
+            "mhgpo.team.search_system:Nope",
+            r"search_system.py: no class 'Nope' \(Workflow classes there: LLMOnly, "
+            r"SearchSystem\)$",
+        ),
+        ("echo.py:", r"system: expected PATH.py:Class or module.path:Class, got 'echo.py:'$"),
+    ],
+)
 def test_loading_errors_name_the_file_and_class(team_dir: Path, spec: str, message: str) -> None:
     with pytest.raises(InputError) as err:
         load_workflow_class(spec)
@@ -136,8 +151,11 @@ def test_constructor_gets_its_config_and_the_retriever_only_when_it_asks(team_di
     assert team.config.rounds == 3 and team.config.word == "hi" and built == []
     search = construct(SearchSystem, team_config(SearchSystem, {"top_k": 7}), retriever)
     assert search.retriever == "the retriever" and search.config.top_k == 7 and built == [1]
-    with pytest.raises(InputError, match=r"^noconfigarg.py: Echo declares config_class but its constructor takes "
-                                         r"no `config` argument$"):
+    with pytest.raises(
+        InputError,
+        match=r"^noconfigarg.py: Echo declares config_class but its constructor takes "
+        r"no `config` argument$",
+    ):
         construct(*_class_and_config("noconfigarg.py:Echo"), retriever)
     line = next(i for i, text in enumerate((team_dir / "raises.py").read_text().splitlines(), 1) if "raise" in text)
     with pytest.raises(WorkflowError, match=rf"^raises.py:{line}: Echo.__init__: ValueError: boom$"):
@@ -166,15 +184,24 @@ def test_team_section_is_checked_dumped_and_loaded_back(team_dir: Path) -> None:
     assert team.config.rounds == 3
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["system=echo.py:Echo", "team.round=3"], r"^unknown config key team.round; valid keys here: team.rounds, "
-                                              r"team.word$"),
-    (["system=echo.py:Echo", "team.rounds=many"], r"^team.rounds: expected an integer, got 'many'$"),
-    (["system=echo.py:Echo", "team=3"], r"^team: expected a mapping of keys to values, got 3$"),
-    (["team.rounds=3"], r"^team.rounds: the team section configures a workflow class \(system: PATH.py:Class\); "
-                        r"system=mas is configured under search.\*$"),
-    (["system=crew"], r"^system: unknown system 'crew' \(mas, llm, or a workflow class"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["system=echo.py:Echo", "team.round=3"],
+            r"^unknown config key team.round; valid keys here: team.rounds, "
+            r"team.word$",
+        ),
+        (["system=echo.py:Echo", "team.rounds=many"], r"^team.rounds: expected an integer, got 'many'$"),
+        (["system=echo.py:Echo", "team=3"], r"^team: expected a mapping of keys to values, got 3$"),
+        (
+            ["team.rounds=3"],
+            r"^team.rounds: the team section configures a workflow class \(system: PATH.py:Class\); "
+            r"system=mas is configured under search.\*$",
+        ),
+        (["system=crew"], r"^system: unknown system 'crew' \(mas, llm, or a workflow class"),
+    ],
+)
 def test_bad_team_keys_are_named(team_dir: Path, overrides: list[str], message: str) -> None:
     with pytest.raises(InputError, match=message):
         cfg = load_config(EvalConfig, None, overrides)
@@ -240,15 +267,35 @@ BAD = Example("bad", "Solve Bad", ("right answer",))
 
 
 def _summary(batch):
-    return [(n.node_id, n.parent_id, n.question_index, n.agent, n.visit, n.output, n.group_id,
-             None if np.isnan(n.terminal) else n.terminal, n.reward, n.advantage) for n in batch.nodes]
+    return [
+        (
+            n.node_id,
+            n.parent_id,
+            n.question_index,
+            n.agent,
+            n.visit,
+            n.output,
+            n.group_id,
+            None if np.isnan(n.terminal) else n.terminal,
+            n.reward,
+            n.advantage,
+        )
+        for n in batch.nodes
+    ]
 
 
 @pytest.mark.parametrize("sampler", ["fof", "is", "fof_os"])
 def test_a_failing_question_leaves_the_rest_of_the_batch_as_without_it(sampler: str) -> None:
     spec = RolloutSpec(sampler=sampler, group_size=G)
-    skipped = run_rollouts([GOOD[0], BAD, GOOD[1]], FailsOnBad(), PerPromptGenerator(respond), encode, spec,
-                           np.random.default_rng(0), on_error="skip")
+    skipped = run_rollouts(
+        [GOOD[0], BAD, GOOD[1]],
+        FailsOnBad(),
+        PerPromptGenerator(respond),
+        encode,
+        spec,
+        np.random.default_rng(0),
+        on_error="skip",
+    )
     alone = run_rollouts(GOOD, FailsOnBad(), PerPromptGenerator(respond), encode, spec, np.random.default_rng(0))
     assert [e.id for e in skipped.examples] == ["a", "c"]
     assert skipped.fork_agents == alone.fork_agents
@@ -259,21 +306,39 @@ def test_a_failing_question_leaves_the_rest_of_the_batch_as_without_it(sampler: 
     for key in ("groups", "singletons_dropped", "samples"):
         assert skipped.stats[key] == alone.stats[key]
     assert skipped.stats["failed_questions"] == 1.0 and alone.stats["failed_questions"] == 0.0
-    weights = [token_weights([n.agent for n in b.llm_nodes()], [len(n.output_ids) for n in b.llm_nodes()],
-                             [n.trained for n in b.llm_nodes()]) for b in (skipped, alone)]
+    weights = [
+        token_weights(
+            [n.agent for n in b.llm_nodes()],
+            [len(n.output_ids) for n in b.llm_nodes()],
+            [n.trained for n in b.llm_nodes()],
+        )
+        for b in (skipped, alone)
+    ]
     assert weights[0].tolist() == weights[1].tolist()  # the step's loss normalisers
     (f,) = skipped.failures
     assert (f.question_id, f.workflow, f.method, f.agent) == ("bad", "FailsOnBad", "apply", "judge")
-    assert re.fullmatch(rf"{here()}:\d+: FailsOnBad.apply: ValueError: no verdict for bad \(question bad, agent "
-                        rf"judge\)", f.message()), f.message()
+    assert re.fullmatch(
+        rf"{here()}:\d+: FailsOnBad.apply: ValueError: no verdict for bad \(question bad, agent "
+        rf"judge\)",
+        f.message(),
+    ), f.message()
     assert "raise ValueError" in f.traceback and f.traceback.rstrip().endswith("ValueError: no verdict for bad")
 
 
 def test_a_failing_question_stops_the_batch_when_asked_to_raise() -> None:
-    with pytest.raises(WorkflowError, match=rf"^{here()}:\d+: FailsOnBad.apply: ValueError: no verdict for bad "
-                                            rf"\(question bad, agent judge\)$"):
-        run_rollouts([GOOD[0], BAD], FailsOnBad(), PerPromptGenerator(respond), encode, RolloutSpec("fof", G),
-                     np.random.default_rng(0))
+    with pytest.raises(
+        WorkflowError,
+        match=rf"^{here()}:\d+: FailsOnBad.apply: ValueError: no verdict for bad "
+        rf"\(question bad, agent judge\)$",
+    ):
+        run_rollouts(
+            [GOOD[0], BAD],
+            FailsOnBad(),
+            PerPromptGenerator(respond),
+            encode,
+            RolloutSpec("fof", G),
+            np.random.default_rng(0),
+        )
 
 
 class LookupFailsOnBad(LookupSolverJudge):
@@ -291,16 +356,32 @@ class Misroutes(SolverJudge):
 
 def test_a_batched_tool_that_fails_is_retried_one_state_at_a_time_and_wrong_names_fail() -> None:
     team = LookupFailsOnBad()
-    batch = run_rollouts([GOOD[0], BAD, GOOD[1]], team, PerPromptGenerator(respond), encode, RolloutSpec("fof", G),
-                         np.random.default_rng(0), on_error="skip")
+    batch = run_rollouts(
+        [GOOD[0], BAD, GOOD[1]],
+        team,
+        PerPromptGenerator(respond),
+        encode,
+        RolloutSpec("fof", G),
+        np.random.default_rng(0),
+        on_error="skip",
+    )
     assert team.tool_calls[:4] == [3, 1, 1, 1]  # the batch, then each state alone
     assert [e.id for e in batch.examples] == ["a", "c"] and len(batch.leaves()) == 2 * G
     (f,) = batch.failures
     assert (f.question_id, f.method, f.agent, f.error) == ("bad", "call_tools", "lookup", "KeyError: 'bad'")
-    batch = run_rollouts([BAD, GOOD[0]], Misroutes(), PerPromptGenerator(respond), encode, RolloutSpec("fof", G),
-                         np.random.default_rng(0), on_error="skip")
-    assert batch.failures[0].message() == (f"{here()}: Misroutes.next_agent: returned 'solvr', which is neither an "
-                                           f"agent (solver, judge) nor a tool (none) (question bad)")
+    batch = run_rollouts(
+        [BAD, GOOD[0]],
+        Misroutes(),
+        PerPromptGenerator(respond),
+        encode,
+        RolloutSpec("fof", G),
+        np.random.default_rng(0),
+        on_error="skip",
+    )
+    assert batch.failures[0].message() == (
+        f"{here()}: Misroutes.next_agent: returned 'solvr', which is neither an "
+        f"agent (solver, judge) nor a tool (none) (question bad)"
+    )
     assert {n.question_index for n in batch.nodes} == {0} and batch.examples == [GOOD[0]]
 
 
@@ -350,13 +431,27 @@ def _four_questions(world: Path, folder: Path) -> tuple[Path, list[str]]:  # noq
 
 
 def _parrot_config(tiny_model_dir: Path, data: Path, out: Path, fail_on: list[str], **extra) -> dict:
-    return {"model": str(tiny_model_dir), "data": f"hotpotqa:{data}", "output_dir": str(out), "steps": 3,
-            "questions_per_step": 2, "group_size": 2, "eval_every": 0, "save_every": 0, "lora": {"r": 4},
-            "optim": {"lr": 0.01}, "team": {"fail_on": fail_on}, **extra}
+    return {
+        "model": str(tiny_model_dir),
+        "data": f"hotpotqa:{data}",
+        "output_dir": str(out),
+        "steps": 3,
+        "questions_per_step": 2,
+        "group_size": 2,
+        "eval_every": 0,
+        "save_every": 0,
+        "lora": {"r": 4},
+        "optim": {"lr": 0.01},
+        "team": {"fail_on": fail_on},
+        **extra,
+    }
 
 
 def test_training_skips_a_failing_question_logs_it_and_stops_past_max_failures(
-    tiny_model_dir: Path, world: Path, tmp_path: Path, capsys  # noqa: F811
+    tiny_model_dir: Path,
+    world: Path,
+    tmp_path: Path,
+    capsys,  # noqa: F811
 ) -> None:
     import mhgpo
 
@@ -364,17 +459,22 @@ def test_training_skips_a_failing_question_logs_it_and_stops_past_max_failures(
     out = tmp_path / "run"
     # One bad question: seen once in steps 1-2 (the first epoch) and again in step 3; max_failures=1 allows one.
     with pytest.raises(TooManyFailures) as err:
-        mhgpo.train(_parrot_config(tiny_model_dir, data, out, [ids[0]], max_failures=1), workflow=Parrot,
-                    progress=False)
-    assert re.fullmatch(rf"{here()}:\d+: Parrot.apply: RuntimeError: cannot parrot {ids[0]} \(question {ids[0]}, "
-                        rf"agent parrot\); 2 questions failed in the workflow, more than max_failures=1 \(tracebacks "
-                        rf"in {re.escape(str(out / 'errors.jsonl'))}\)", str(err.value)), str(err.value)
+        mhgpo.train(
+            _parrot_config(tiny_model_dir, data, out, [ids[0]], max_failures=1), workflow=Parrot, progress=False
+        )
+    assert re.fullmatch(
+        rf"{here()}:\d+: Parrot.apply: RuntimeError: cannot parrot {ids[0]} \(question {ids[0]}, "
+        rf"agent parrot\); 2 questions failed in the workflow, more than max_failures=1 \(tracebacks "
+        rf"in {re.escape(str(out / 'errors.jsonl'))}\)",
+        str(err.value),
+    ), str(err.value)
     stderr = capsys.readouterr()
     assert f"mhgpo: stopped; saved {out / 'checkpoints' / 'step_2'}" in stderr.out
     assert stderr.err.count("question skipped, traceback in") == 2
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert [(e["step"], e["phase"], e["question_id"], e["method"], e["workflow"]) for e in errors][1:] == [
-        (3, "train", ids[0], "apply", "Parrot")]
+        (3, "train", ids[0], "apply", "Parrot")
+    ]
     assert errors[0]["step"] in (1, 2) and "RuntimeError: cannot parrot" in errors[0]["traceback"]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
@@ -382,8 +482,9 @@ def test_training_skips_a_failing_question_logs_it_and_stops_past_max_failures(
     failed_step = errors[0]["step"]
     rows = [json.loads(line) for line in (out / "rollouts" / f"step_{failed_step:06d}.jsonl").read_text().splitlines()]
     assert {r["question_id"] for r in rows} == set(ids) - {ids[0]} - _questions(out, 3 - failed_step)
-    check = subprocess.run([sys.executable, str(REPO / "scripts" / "check_rollouts.py"), str(out)],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check_rollouts.py"), str(out)], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stderr
     state = json.loads((out / "checkpoints" / "step_2" / "state.json").read_text())
     assert state["position"] == 4 and state["failures"] == 1  # the stopped step's failure is not kept
@@ -400,7 +501,9 @@ def _questions(run: Path, step: int) -> set[str]:
 
 
 def test_api_trains_and_evaluates_a_workflow_class_and_instance(
-    tiny_model_dir: Path, world: Path, tmp_path: Path  # noqa: F811
+    tiny_model_dir: Path,
+    world: Path,
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     import mhgpo
 
@@ -413,22 +516,32 @@ def test_api_trains_and_evaluates_a_workflow_class_and_instance(
     assert cfg["sampler"] == "fof" and not (out / "errors.jsonl").exists()
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert {"parrot/samples", "parrot/penalty_rate", "parrot/output_tokens"} <= set(metrics)
-    result = mhgpo.evaluate({"model": str(tiny_model_dir), "data": f"hotpotqa:{data}", "limit": 3,
-                             "output_dir": str(tmp_path / "eval")}, workflow=Parrot(ParrotConfig(max_new_tokens=3)),
-                            progress=False)
+    result = mhgpo.evaluate(
+        {"model": str(tiny_model_dir), "data": f"hotpotqa:{data}", "limit": 3, "output_dir": str(tmp_path / "eval")},
+        workflow=Parrot(ParrotConfig(max_new_tokens=3)),
+        progress=False,
+    )
     assert result.metrics["n"] == 3 and [p["id"] for p in result.predictions] == ids[:3]
     assert all(len(p["trace"]["steps"]) == 2 for p in result.predictions)
     saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert {k: saved[k] for k in result.metrics} == result.metrics and saved["system"] == "test_teams:Parrot"
-    with pytest.raises(WorkflowError, match=rf"^{here()}:\d+: Parrot.apply: RuntimeError: cannot parrot {ids[1]} "
-                                            rf"\(question {ids[1]}, agent parrot\)$"):
-        mhgpo.evaluate({"model": str(tiny_model_dir), "data": f"hotpotqa:{data}", "limit": 3},
-                       workflow=Parrot(ParrotConfig(fail_on=[ids[1]])), progress=False)
+    with pytest.raises(
+        WorkflowError,
+        match=rf"^{here()}:\d+: Parrot.apply: RuntimeError: cannot parrot {ids[1]} "
+        rf"\(question {ids[1]}, agent parrot\)$",
+    ):
+        mhgpo.evaluate(
+            {"model": str(tiny_model_dir), "data": f"hotpotqa:{data}", "limit": 3},
+            workflow=Parrot(ParrotConfig(fail_on=[ids[1]])),
+            progress=False,
+        )
 
 
 def test_importing_the_package_stays_light() -> None:
-    code = ("import sys, mhgpo; mhgpo.train; mhgpo.evaluate; mhgpo.Workflow; "
-            "print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, mhgpo; mhgpo.train; mhgpo.evaluate; mhgpo.Workflow; "
+        "print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert res.returncode == 0, res.stderr
@@ -450,10 +563,20 @@ def test_the_documented_example_is_a_working_team(tmp_path: Path, monkeypatch: p
     from test_rollout import FakeGenerator
 
     gen = FakeGenerator(agent_of, lambda agent, k, text: outputs[k])
-    batch = run_rollouts([Example("q", "Which city?", ("Paris",)), Example("r", "Which city?", ("Paris",))], cls(),
-                         gen, encode, RolloutSpec(greedy=True), np.random.default_rng(0))
-    assert [(n.agent, n.output) for n in batch.llm_nodes()] == [("drafter", outputs[0]), ("drafter", outputs[1]),
-                                                                ("editor", outputs[2]), ("editor", outputs[3])]
+    batch = run_rollouts(
+        [Example("q", "Which city?", ("Paris",)), Example("r", "Which city?", ("Paris",))],
+        cls(),
+        gen,
+        encode,
+        RolloutSpec(greedy=True),
+        np.random.default_rng(0),
+    )
+    assert [(n.agent, n.output) for n in batch.llm_nodes()] == [
+        ("drafter", outputs[0]),
+        ("drafter", outputs[1]),
+        ("editor", outputs[2]),
+        ("editor", outputs[3]),
+    ]
     assert "Draft: It is Paris, I think." in decode(gen.calls[1].prompts[0])
     assert [n.penalty for n in batch.llm_nodes()] == [0.0, 0.0, 0.0, -0.5]
     assert [leaf.terminal for leaf in batch.leaves()] == [1.0, 0.0]  # exact match, not F1: no partial credit
@@ -463,13 +586,22 @@ def test_the_documented_example_is_a_working_team(tmp_path: Path, monkeypatch: p
 def test_the_default_trace_keeps_what_json_can_hold() -> None:
     from mhgpo.data.records import Passage
 
-    state = State(GOOD[0]).with_values(attempts=("x", "y"), n=2, info={"a": [1, 2]},
-                                       documents=(Passage("p", "T", "text"),), mixed=["ok", Passage("q", "U", "")])
+    state = State(GOOD[0]).with_values(
+        attempts=("x", "y"),
+        n=2,
+        info={"a": [1, 2]},
+        documents=(Passage("p", "T", "text"),),
+        mixed=["ok", Passage("q", "U", "")],
+    )
     assert SolverJudge().trace(state) == {"attempts": ("x", "y"), "n": 2, "info": {"a": [1, 2]}}
 
 
-def test_api_evaluation_resumes_after_an_interrupt(tiny_model_dir: Path, world: Path, tmp_path: Path,  # noqa: F811
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_evaluation_resumes_after_an_interrupt(
+    tiny_model_dir: Path,
+    world: Path,
+    tmp_path: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """`mhgpo.evaluate` runs the same routine as `mhgpo eval`: Ctrl-C after the first batch keeps it, and
     `resume=True` finishes the other questions with the saved config, giving the uninterrupted predictions."""
     import mhgpo
@@ -477,8 +609,14 @@ def test_api_evaluation_resumes_after_an_interrupt(tiny_model_dir: Path, world: 
     from mhgpo.run.evaluate import EvalInterrupted
 
     data, ids = _four_questions(world, tmp_path)
-    cfg = {"model": str(tiny_model_dir), "data": f"hotpotqa:{data}", "limit": 4, "batch_size": 2, "precision": "fp32",
-           "output_dir": str(tmp_path / "whole")}
+    cfg = {
+        "model": str(tiny_model_dir),
+        "data": f"hotpotqa:{data}",
+        "limit": 4,
+        "batch_size": 2,
+        "precision": "fp32",
+        "output_dir": str(tmp_path / "whole"),
+    }
     whole = mhgpo.evaluate(cfg, workflow=Parrot, progress=False)
     real = routine.evaluate_examples
 
@@ -486,6 +624,7 @@ def test_api_evaluation_resumes_after_an_interrupt(tiny_model_dir: Path, world: 
         def keep_then_stop(rows):
             on_batch(rows)
             raise KeyboardInterrupt
+
         return real(examples, *args, on_batch=keep_then_stop, **kwargs)
 
     monkeypatch.setattr(routine, "evaluate_examples", cut_after_one_batch)

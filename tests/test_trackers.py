@@ -26,9 +26,14 @@ INSTALLED = [name for name in ("wandb", "mlflow", "trackio") if importlib.util.f
 def offline_trackers(tmp_path_factory, monkeypatch):
     """W&B offline, MLflow's local store in the run directory, Trackio's database in a scratch folder."""
     scratch = tmp_path_factory.mktemp("trackers")
-    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": scratch / "wandb-config",
-                       "WANDB_CACHE_DIR": scratch / "wandb-cache", "WANDB_DATA_DIR": scratch / "wandb-data",
-                       "TRACKIO_DIR": scratch / "trackio"}.items():
+    for key, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": scratch / "wandb-config",
+        "WANDB_CACHE_DIR": scratch / "wandb-cache",
+        "WANDB_DATA_DIR": scratch / "wandb-data",
+        "TRACKIO_DIR": scratch / "trackio",
+    }.items():
         monkeypatch.setenv(key, str(value))
     for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_PROJECT"):
         monkeypatch.delenv(key, raising=False)
@@ -52,10 +57,10 @@ def wandb_records(run_dir: Path) -> list:
             if left < 7:
                 pos += left
                 continue
-            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
             if length == 0 and kind == 0:
                 break
-            buf += data[pos + 7:pos + 7 + length]
+            buf += data[pos + 7 : pos + 7 + length]
             pos += 7 + length
             if kind in (1, 4):  # a full record, or the last chunk of one
                 record = pb.Record()
@@ -103,8 +108,12 @@ def mlflow_history(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict]:
             history.setdefault(m.step, {})[key] = m.value
     config = json.loads(Path(client.download_artifacts(ids["run_id"], "config.json", str(run_dir / "dl"))).read_text())
     assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(run_dir.resolve())
-    return history, {"params": run.data.params, "status": run.info.status, "config": config,
-                     "runs": len(client.search_runs([run.info.experiment_id]))}
+    return history, {
+        "params": run.data.params,
+        "status": run.info.status,
+        "config": config,
+        "runs": len(client.search_runs([run.info.experiment_id])),
+    }
 
 
 def trackio_history(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict]:
@@ -123,8 +132,10 @@ def expected(run_dir: Path, key=lambda k: k) -> dict[int, dict[str, float]]:
 
 def within(part: dict, whole: dict) -> bool:
     """Every key of `part` is in `whole` with the same value (sections compared key by key)."""
-    return all(k in whole and (within(v, whole[k]) if isinstance(v, dict) and isinstance(whole[k], dict)
-                               else whole[k] == v) for k, v in part.items())
+    return all(
+        k in whole and (within(v, whole[k]) if isinstance(v, dict) and isinstance(whole[k], dict) else whole[k] == v)
+        for k, v in part.items()
+    )
 
 
 def assert_tracker_holds_metrics(name: str, run_dir: Path, config: dict, sessions: int = 1) -> None:
@@ -161,11 +172,13 @@ def assert_tracker_holds_metrics(name: str, run_dir: Path, config: dict, session
 # ------------------------------------------------------------------------------------------------ run logs
 
 
-ROWS = [{"loss": 0.25, "reward/mean": 0.5, "val/f1": float("nan"), "rewriter/num_subqueries": 2},
-        {"loss": -0.125, "reward/mean": 0.75, "val/f1": 33.3333333333, "odd key(%)": 1e-9},
-        {"loss": 0.1, "reward/mean": 1.0 / 3.0, "memory/peak_mb": 1234.5},
-        {"loss": 0.2, "reward/mean": 0.0, "val/f1": 50.0},
-        {"loss": 0.3, "reward/mean": 1.0}]
+ROWS = [
+    {"loss": 0.25, "reward/mean": 0.5, "val/f1": float("nan"), "rewriter/num_subqueries": 2},
+    {"loss": -0.125, "reward/mean": 0.75, "val/f1": 33.3333333333, "odd key(%)": 1e-9},
+    {"loss": 0.1, "reward/mean": 1.0 / 3.0, "memory/peak_mb": 1234.5},
+    {"loss": 0.2, "reward/mean": 0.0, "val/f1": 50.0},
+    {"loss": 0.3, "reward/mean": 1.0},
+]
 
 
 @pytest.mark.parametrize("name", ["tensorboard", *INSTALLED])
@@ -223,9 +236,14 @@ def test_a_run_and_its_resumption_report_to_every_installed_tracker(tiny_model_d
 def test_report_to_names_only_known_trackers_once() -> None:
     assert from_dict(TrainConfig, {}).report_to == ["tensorboard"]
     assert from_dict(TrainConfig, {"report_to": []}).report_to == []
-    for value, message in ((["neptune"], "report_to: unknown tracker 'neptune' (choose from tensorboard, wandb, "
-                                          "mlflow, trackio; [] for metrics.jsonl alone)"),
-                           (["mlflow", "mlflow"], "report_to: ['mlflow', 'mlflow'] names a tracker twice")):
+    for value, message in (
+        (
+            ["neptune"],
+            "report_to: unknown tracker 'neptune' (choose from tensorboard, wandb, "
+            "mlflow, trackio; [] for metrics.jsonl alone)",
+        ),
+        (["mlflow", "mlflow"], "report_to: ['mlflow', 'mlflow'] names a tracker twice"),
+    ):
         with pytest.raises(InputError) as err:
             from_dict(TrainConfig, {"report_to": value})
         assert str(err.value) == message
@@ -247,6 +265,8 @@ def test_a_tracker_that_is_not_installed_is_one_line_naming_its_extra_before_the
     out = tmp_path / "run"
     rc = main(["train", *train_overrides(tiny_model_dir, world, out), f"report_to=[tensorboard,{name}]"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err[-1] == (f"mhgpo: error: report_to: {name} is not installed; pip install 'mhgpo[{name}]' "
-                                   f"(or leave {name} out of report_to)")
+    assert rc == 2 and err[-1] == (
+        f"mhgpo: error: report_to: {name} is not installed; pip install 'mhgpo[{name}]' "
+        f"(or leave {name} out of report_to)"
+    )
     assert not (out / "checkpoints").exists()

@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import TINY_SPECIAL_TOKENS
+from helpers import make_config as _make_config
 from safetensors.torch import load_file
+from test_trainer import hand_samples
 
 from mhgpo.cli.main import main
 from mhgpo.config import TrainConfig, load_config
@@ -24,23 +27,32 @@ from mhgpo.model.logprobs import output_logprobs
 from mhgpo.model.pretrained import CHATML_TEMPLATE, encode_chat
 from mhgpo.model.trained import load_model
 from mhgpo.rl.policy import Sample
-from mhgpo.run.pipeline import resume, train
 from mhgpo.rl.trainer import Trainer, build_team
-from conftest import TINY_SPECIAL_TOKENS
-from helpers import make_config as _make_config
-from test_trainer import hand_samples
+from mhgpo.run.pipeline import resume, train
+
 
 def make_config(*args: object, **extra: object):
     """The trainer tests' config in fp32: the comparisons below are exact to 1e-5."""
     return _make_config(*args, **{"precision": "fp32", **extra})
 
 
-SMALL_SEARCH = ["search.rewriter.max_new_tokens=8", "search.reranker.max_new_tokens=4",
-                "search.answerer.max_new_tokens=4", "search.max_answer_words=1"]
+SMALL_SEARCH = [
+    "search.rewriter.max_new_tokens=8",
+    "search.reranker.max_new_tokens=4",
+    "search.answerer.max_new_tokens=4",
+    "search.max_answer_words=1",
+]
 TOL = 1e-5
 PAD = TINY_SPECIAL_TOKENS.index("<|pad|>")  # the tiny tokenizer's pad id
-LAYER_MODULES = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                 "mlp.up_proj", "mlp.down_proj"]
+LAYER_MODULES = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+]
 
 
 @dataclass
@@ -79,8 +91,9 @@ def samples(tiny_model_dir) -> list[Sample]:
 def logprobs(model: torch.nn.Module, samples: list[Sample]) -> torch.Tensor:
     """The log-probs of every sample's output tokens, concatenated (1-D, float32)."""
     with torch.no_grad():
-        logp, mask = output_logprobs(model, [s.prompt_ids for s in samples], [s.output_ids for s in samples],
-                                     pad_id=PAD)
+        logp, mask = output_logprobs(
+            model, [s.prompt_ids for s in samples], [s.output_ids for s in samples], pad_id=PAD
+        )
     return logp[mask.bool()]
 
 
@@ -136,14 +149,24 @@ def exported(run, tmp_path_factory) -> Path:
 
 def test_export_writes_a_plain_model_folder_with_a_card(run, exported, tiny_model_dir, cli) -> None:
     assert sorted(p.name for p in exported.iterdir()) == [
-        "README.md", "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
-        "tokenizer.json", "tokenizer_config.json"]
+        "README.md",
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     assert not list(exported.parent.glob(".*tmp*"))
     config = json.loads((exported / "config.json").read_text())
     assert "quantization_config" not in config and config["architectures"] == ["LlamaForCausalLM"]
     generation = json.loads((exported / "generation_config.json").read_text())
-    assert generation == {"bos_token_id": 1, "eos_token_id": [2], "pad_token_id": PAD,  # no decoding settings
-                          "transformers_version": generation["transformers_version"]}
+    assert generation == {
+        "bos_token_id": 1,
+        "eos_token_id": [2],
+        "pad_token_id": PAD,  # no decoding settings
+        "transformers_version": generation["transformers_version"],
+    }
     assert (exported / "chat_template.jinja").read_text() == CHATML_TEMPLATE
     assert json.loads((exported / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     card = (exported / "README.md").read_text()
@@ -210,8 +233,14 @@ def test_transformers_alone_loads_the_export_and_agrees_with_the_run(run, export
     messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who wrote Dune?"}]
     output = samples[3].output_ids
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, "-c", NO_MHGPO, str(exported), json.dumps(messages), json.dumps(output)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", NO_MHGPO, str(exported), json.dumps(messages), json.dumps(output)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["mhgpo"] == []
@@ -227,9 +256,9 @@ def test_eval_of_the_run_of_the_export_and_of_transformers_loading_agree(run, ex
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mhgpo.config import EvalConfig
+    from mhgpo.model.generation import HFGenerator
     from mhgpo.rl.evaluation import evaluate_examples
     from mhgpo.team.build import build_workflow, load_examples
-    from mhgpo.model.generation import HFGenerator
 
     data = f"hotpotqa:{world / 'dev.jsonl'}"
     # fp32 like the direct evaluation below (`auto` may be bf16-mixed, whose rounding differs by CPU)
@@ -254,8 +283,10 @@ def test_eval_of_the_run_of_the_export_and_of_transformers_loading_agree(run, ex
     cfg = load_config(EvalConfig, None, [f"retrieval.corpus={world / 'corpus.jsonl'}", *SMALL_SEARCH])
     workflow = build_workflow("mas", data, cfg.retrieval, cfg.search)
     direct = evaluate_examples(load_examples(data, 4), workflow, HFGenerator(model, tok), encode, progress=False)
-    rows = {name: [json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
-            for name in ("run", "export")}
+    rows = {
+        name: [json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
+        for name in ("run", "export")
+    }
     for name, predictions in rows.items():
         assert [p["trace"] for p in predictions] == [p["trace"] for p in direct.predictions], name
         assert [p["prediction"] for p in predictions] == [p["prediction"] for p in direct.predictions], name
@@ -303,8 +334,12 @@ def test_the_default_gguf_model_exports_to_a_plain_folder_with_tied_embeddings(t
     tok = AutoTokenizer.from_pretrained(out)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = encode_chat(gguf.tokenizer, messages)
-    assert tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-               add_special_tokens=False)["input_ids"] == prompt
+    assert (
+        tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False)[
+            "input_ids"
+        ]
+        == prompt
+    )
     output = gguf.tokenizer("The capital of France is Paris.", add_special_tokens=False)["input_ids"]
     sample = [Sample(prompt, output, [], 0.0, "answerer")]
     assert_close(logprobs(model, sample), logprobs(gguf.model, sample))
@@ -335,7 +370,8 @@ def test_a_new_run_starts_from_the_trained_weights_with_the_chosen_reference(
     assert_close(current, trained)
     assert_close(ref, trained)  # reference=init: the loaded weights
     policy, ref, current = _reference_and_policy(
-        make_config(run.path, world, tmp_path / "b", reference="base", **lora), samples)
+        make_config(run.path, world, tmp_path / "b", reference="base", **lora), samples
+    )
     assert_close(current, trained)
     assert_close(ref, base)
     # LoRA on LoRA: the run's adapter, negated, gives the base; otherwise a frozen base model of its own
@@ -349,8 +385,18 @@ def test_a_chain_of_runs_loads_recursively_and_moves_as_a_folder(
     home = tmp_path / "project"
     shutil.copytree(lora_run.path, home / "runs" / "warm")
     monkeypatch.chdir(home)
-    second = train(make_config(tiny_model_dir, world, Path("runs/rl"), model="runs/warm", reference="base",
-                               steps=1, **{"lora.enabled": "false"}), progress=False)
+    second = train(
+        make_config(
+            tiny_model_dir,
+            world,
+            Path("runs/rl"),
+            model="runs/warm",
+            reference="base",
+            steps=1,
+            **{"lora.enabled": "false"},
+        ),
+        progress=False,
+    )
     assert load_config(TrainConfig, home / "runs" / "rl" / "config.yaml").model == "warm"
     expected = logprobs(second.setup.policy.model, samples)
     assert float((expected - trained_logprobs(lora_run, samples)).abs().max()) > 1e-3
@@ -366,13 +412,27 @@ def test_a_chain_of_runs_loads_recursively_and_moves_as_a_folder(
 
 def test_ask_and_eval_retrieval_take_a_checkpoint(lora_run, world, cli, tmp_path) -> None:
     ckpt = lora_run.path / "checkpoints" / "step_1"
-    code, stdout, stderr = cli("ask", "Who founded the harbour company?", "--model", ckpt, "--corpus",
-                               world / "corpus.jsonl", *SMALL_SEARCH)
+    code, stdout, stderr = cli(
+        "ask", "Who founded the harbour company?", "--model", ckpt, "--corpus", world / "corpus.jsonl", *SMALL_SEARCH
+    )
     assert code == 0, stderr
     assert "answerer" in stdout and "answer" in stdout
-    code, _, stderr = cli("eval-retrieval", "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--corpus",
-                          world / "corpus.jsonl", "--query", "rewriter", "--model", ckpt, "--limit", 2,
-                          "--output-dir", tmp_path / "recall", *SMALL_SEARCH[:1])
+    code, _, stderr = cli(
+        "eval-retrieval",
+        "--data",
+        f"hotpotqa:{world / 'dev.jsonl'}",
+        "--corpus",
+        world / "corpus.jsonl",
+        "--query",
+        "rewriter",
+        "--model",
+        ckpt,
+        "--limit",
+        2,
+        "--output-dir",
+        tmp_path / "recall",
+        *SMALL_SEARCH[:1],
+    )
     assert code == 0, stderr
     assert json.loads((tmp_path / "recall" / "metrics.json").read_text())["query"] == "rewriter"
 
@@ -400,15 +460,19 @@ def _bad_input(case: str, run: TrainedRun, tiny_model_dir: Path, tmp: Path) -> P
     if case == "no checkpoint":
         shutil.rmtree(copy / "checkpoints")
     elif case == "another base model":
-        text = (copy / "config.yaml").read_text().replace(f"model: {tiny_model_dir}",
-                                                          f"model: {_other_base(tiny_model_dir, tmp / 'other')}")
+        text = (
+            (copy / "config.yaml")
+            .read_text()
+            .replace(f"model: {tiny_model_dir}", f"model: {_other_base(tiny_model_dir, tmp / 'other')}")
+        )
         (copy / "config.yaml").write_text(text)
     elif case == "truncated":
         weights = copy / "checkpoints" / "step_2" / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     elif case == "loop":
-        (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace(
-            f"model: {tiny_model_dir}", f"model: {copy}"))
+        (copy / "config.yaml").write_text(
+            (copy / "config.yaml").read_text().replace(f"model: {tiny_model_dir}", f"model: {copy}")
+        )
     return copy
 
 
@@ -416,8 +480,8 @@ ERRORS = {
     "empty directory": r"the directory has no config\.json .*no config\.yaml or checkpoints/ \(not a run directory\)",
     "no checkpoint": r"copy: no checkpoint to load \(checkpoints/step_N/model\.safetensors\)",
     "another base model": r"step_2/model\.safetensors: tensor '.*mlp.*' has shape \[.*\] where the base model "
-                          r"'.*other' \(from .*copy/config\.yaml\) has \[.*\]: the checkpoint was trained from "
-                          r"another base model",
+    r"'.*other' \(from .*copy/config\.yaml\) has \[.*\]: the checkpoint was trained from "
+    r"another base model",
     "truncated": r"step_2/model\.safetensors: not a readable safetensors file, truncated or damaged",
     "loop": r"copy/config\.yaml: its model '.*copy' leads back to itself",
 }
@@ -428,9 +492,20 @@ def test_bad_run_directories_give_one_line_and_exit_2(case, run, tiny_model_dir,
     import re
 
     spec = _bad_input(case, run, tiny_model_dir, tmp_path)
-    for args in (["eval", "--model", spec, "--data", f"hotpotqa:{world / 'dev.jsonl'}", "--corpus",
-                  world / "corpus.jsonl", "--output-dir", tmp_path / "out"],
-                 ["export", spec, "--out", tmp_path / "out"]):
+    for args in (
+        [
+            "eval",
+            "--model",
+            spec,
+            "--data",
+            f"hotpotqa:{world / 'dev.jsonl'}",
+            "--corpus",
+            world / "corpus.jsonl",
+            "--output-dir",
+            tmp_path / "out",
+        ],
+        ["export", spec, "--out", tmp_path / "out"],
+    ):
         code, stdout, stderr = cli(*args)
         assert (code, stdout) == (2, ""), stderr
         assert len(stderr.strip().splitlines()) == 1 and stderr.startswith("mhgpo: error: "), stderr

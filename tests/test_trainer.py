@@ -17,17 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from mhgpo.model.checkpoint import list_checkpoints
-from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
-from mhgpo.model.logprobs import backbone_and_head, output_logprobs
-from mhgpo.rl.policy import Policy, Sample, micro_batches
-from mhgpo.errors import InputError
-from mhgpo.rl.runlog import read_metrics
-from mhgpo.run.pipeline import resume, train
-
 from helpers import REPO, comparable, make_config, train_overrides
 
+from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
+from mhgpo.errors import InputError
+from mhgpo.model.checkpoint import list_checkpoints
+from mhgpo.model.logprobs import backbone_and_head, output_logprobs
+from mhgpo.rl.policy import Policy, Sample, micro_batches
+from mhgpo.rl.runlog import read_metrics
+from mhgpo.run.pipeline import resume, train
 
 # ------------------------------------------------------------------------------------ one update, by hand
 
@@ -67,8 +65,12 @@ def base_logprobs(model_dir: Path, samples: list[Sample]) -> list[torch.Tensor]:
     """Log-probs of the samples' outputs under a freshly loaded copy of the initial model."""
     loaded = fresh_model(model_dir)
     with torch.no_grad():
-        logp, mask = output_logprobs(loaded.model, [s.prompt_ids for s in samples], [s.output_ids for s in samples],
-                                     pad_id=loaded.tokenizer.pad_token_id)
+        logp, mask = output_logprobs(
+            loaded.model,
+            [s.prompt_ids for s in samples],
+            [s.output_ids for s in samples],
+            pad_id=loaded.tokenizer.pad_token_id,
+        )
     return [logp[i, : int(mask[i].sum())] for i in range(len(samples))]
 
 
@@ -109,8 +111,12 @@ def test_lora_update_changes_b_first_then_a_and_nothing_else(tiny_model_dir: Pat
     base = base_logprobs(tiny_model_dir, samples)
     assert all(torch.equal(r, b) for r, b in zip(ref, base))
     with torch.no_grad():
-        current, mask = output_logprobs(policy.model, [s.prompt_ids for s in samples],
-                                        [s.output_ids for s in samples], pad_id=loaded.tokenizer.pad_token_id)
+        current, mask = output_logprobs(
+            policy.model,
+            [s.prompt_ids for s in samples],
+            [s.output_ids for s in samples],
+            pad_id=loaded.tokenizer.pad_token_id,
+        )
     assert float((current[mask.bool()] - torch.cat(base)).abs().max()) > 1e-4  # the policy itself has moved
 
 
@@ -142,8 +148,13 @@ def test_loss_and_gradient_do_not_depend_on_the_micro_batch_cut(tiny_model_dir: 
     for max_tokens in (1, 10**6):
         loaded = fresh_model(tiny_model_dir)
         samples = hand_samples(loaded, offsets=True)
-        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id,
-                        OptimConfig(micro_batch_tokens=max_tokens, **optim), LoraConfig(enabled=False), 10)
+        policy = Policy(
+            loaded.model,
+            loaded.tokenizer.pad_token_id,
+            OptimConfig(micro_batch_tokens=max_tokens, **optim),
+            LoraConfig(enabled=False),
+            10,
+        )
         with torch.no_grad():  # move the reference away from the policy, so that the KL term counts too
             for p in policy.ref_model.parameters():
                 p.mul_(1.05)
@@ -167,13 +178,38 @@ def test_loss_and_gradient_do_not_depend_on_the_micro_batch_cut(tiny_model_dir: 
 
 # ------------------------------------------------------------------------------------------ the run folder
 
-STEP_KEYS = ["step", "reward/mean", "kl", "clip_fraction", "loss", "grad_norm", "samples", "groups",
-             "singletons_dropped", "zero_variance_groups", "llm_calls", "tokens_generated", "seconds/rollout",
-             "seconds/train", "memory/peak_mb"]
+STEP_KEYS = [
+    "step",
+    "reward/mean",
+    "kl",
+    "clip_fraction",
+    "loss",
+    "grad_norm",
+    "samples",
+    "groups",
+    "singletons_dropped",
+    "zero_variance_groups",
+    "llm_calls",
+    "tokens_generated",
+    "seconds/rollout",
+    "seconds/train",
+    "memory/peak_mb",
+]
 AGENT_KEYS = [f"{a}/{k}" for a in ("rewriter", "reranker", "answerer") for k in ("reward", "penalty", "advantage_abs")]
 VAL_KEYS = ["val/f1", "val/em", "val/acc"]
-ROLLOUT_KEYS = ["question_id", "node_id", "parent_id", "agent", "group_id", "trained", "reward_shared",
-                "reward_specific", "reward", "advantage", "output"]
+ROLLOUT_KEYS = [
+    "question_id",
+    "node_id",
+    "parent_id",
+    "agent",
+    "group_id",
+    "trained",
+    "reward_shared",
+    "reward_specific",
+    "reward",
+    "advantage",
+    "output",
+]
 
 
 def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(reference_run) -> None:
@@ -231,7 +267,8 @@ def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(refe
         umask = os.umask(0)
         os.umask(umask)
         assert {p.name: oct(p.stat().st_mode & 0o777) for p in ckpt.iterdir()} == {
-            p.name: oct(0o666 & ~umask) for p in ckpt.iterdir()}  # the usual permissions, as any file
+            p.name: oct(0o666 & ~umask) for p in ckpt.iterdir()
+        }  # the usual permissions, as any file
 
 
 def test_tensorboard_scalars_match_metrics(reference_run) -> None:
@@ -363,10 +400,21 @@ def test_sigterm_to_a_training_process_saves_a_checkpoint_and_exits_nonzero(
 ) -> None:
     out = tmp_path / "sigterm"
     args = ["train", *train_overrides(tiny_model_dir, world, out, steps=1000, save_every=1000, eval_every=0)]
-    env = {**os.environ, "MHGPO_CACHE": str(cache_dir), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "mhgpo", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "MHGPO_CACHE": str(cache_dir),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mhgpo", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         metrics = out / "metrics.jsonl"
@@ -416,8 +464,11 @@ def test_unknown_or_mistyped_config_keys_name_the_key(tmp_path: Path) -> None:
 def test_train_refuses_a_directory_with_checkpoints_and_resume_needs_one(reference_run, tmp_path) -> None:
     cfg, out, _ = reference_run
     again = load_config(TrainConfig, out / "config.yaml")
-    with pytest.raises(InputError, match=r"already holds a run \(checkpoints/ \(step_3, step_4\), config\.yaml, "
-                                         r"metrics\.jsonl \(4 lines\), .*continue it with: mhgpo train --resume"):
+    with pytest.raises(
+        InputError,
+        match=r"already holds a run \(checkpoints/ \(step_3, step_4\), config\.yaml, "
+        r"metrics\.jsonl \(4 lines\), .*continue it with: mhgpo train --resume",
+    ):
         train(again, progress=False)
     assert [p.name for p in list_checkpoints(out)] == ["step_3", "step_4"]
     empty = tmp_path / "empty"
@@ -451,8 +502,10 @@ def test_role_ablations_train_exactly_the_chosen_roles(
 
     monkeypatch.setattr(Policy, "update", update)
     out = tmp_path / "run"
-    train(make_config(tiny_model_dir, world, out, sampler="fof", steps=1, eval_every=0, save_every=0, **switch),
-          progress=False)
+    train(
+        make_config(tiny_model_dir, world, out, sampler="fof", steps=1, eval_every=0, save_every=0, **switch),
+        progress=False,
+    )
     rows = [json.loads(line) for line in (out / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     llm = [r for r in rows if r["kind"] == "llm"]
     assert Counter(r["agent"] for r in llm) == {"rewriter": 4, "reranker": 4, "answerer": 4}  # all acted
@@ -470,15 +523,17 @@ def test_role_ablations_train_exactly_the_chosen_roles(
 
 
 def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tmp_path, monkeypatch) -> None:
-    from mhgpo.team.search_system import LLMOnly
     from mhgpo.rl.trainer import Trainer, build_team
+    from mhgpo.team.search_system import LLMOnly
 
     # The tiny model's answers score F1 0: a reward read off the answer's text gives each group of two different
     # sampled answers different rewards, so the step has a learning signal.
-    monkeypatch.setattr(LLMOnly, "reward",
-                        lambda self, state, example: sum(map(ord, self.final_answer(state))) % 101 / 100)
-    cfg = make_config(tiny_model_dir, world, tmp_path / "grpo", system="llm", algo="grpo", sampler="null",
-                      steps=1, eval_every=0)
+    monkeypatch.setattr(
+        LLMOnly, "reward", lambda self, state, example: sum(map(ord, self.final_answer(state))) % 101 / 100
+    )
+    cfg = make_config(
+        tiny_model_dir, world, tmp_path / "grpo", system="llm", algo="grpo", sampler="null", steps=1, eval_every=0
+    )
     assert cfg.sampler == "fof"
     trainer = Trainer(cfg, build_team(cfg), tmp_path / "grpo", progress=False)
     metrics = trainer.train_step()
@@ -518,9 +573,13 @@ def test_gradient_checkpointing_recomputes_the_layers_and_keeps_loss_and_gradien
         samples = hand_samples(loaded, offsets=True)
         calls = count_forward_calls(backbone_and_head(loaded.model)[0].layers[0].mlp)  # inside a decoder layer
         torch.manual_seed(0)  # the same LoRA initialisation in both runs
-        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id,
-                        OptimConfig(lr=1e-3, kl_beta=0.05, micro_batch_tokens=64, gradient_checkpointing=checkpointing),
-                        LoraConfig(enabled=lora, r=4), 10)
+        policy = Policy(
+            loaded.model,
+            loaded.tokenizer.pad_token_id,
+            OptimConfig(lr=1e-3, kl_beta=0.05, micro_batch_tokens=64, gradient_checkpointing=checkpointing),
+            LoraConfig(enabled=lora, r=4),
+            10,
+        )
         n_batches = len(micro_batches([s for s in samples if s.output_ids], 64))
         stats = policy.update(samples)
         grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
@@ -561,8 +620,20 @@ def test_zero_variance_filter_trains_only_informative_groups_and_draws_more(
 
     monkeypatch.setattr(Policy, "update", update)
     out = tmp_path / "run"
-    train(make_config(tiny_model_dir, world, out, sampler="fof", steps=2, eval_every=0, save_every=1,
-                      filter_zero_variance=True, filter_max_questions=6), progress=False)
+    train(
+        make_config(
+            tiny_model_dir,
+            world,
+            out,
+            sampler="fof",
+            steps=2,
+            eval_every=0,
+            save_every=1,
+            filter_zero_variance=True,
+            filter_max_questions=6,
+        ),
+        progress=False,
+    )
     metrics = read_metrics(out)
     drawn = [m["filter/questions"] for m in metrics]
     for step, m in enumerate(metrics, start=1):
@@ -588,5 +659,4 @@ def test_zero_variance_filter_is_refused_for_critic_algorithms(tmp_path: Path) -
     with pytest.raises(InputError, match="filter_zero_variance"):
         load_config(TrainConfig, None, ["algo=mappo", "filter_zero_variance=true"])
     with pytest.raises(InputError, match="filter_max_questions"):
-        load_config(TrainConfig, None, ["questions_per_step=4", "filter_zero_variance=true",
-                                        "filter_max_questions=2"])
+        load_config(TrainConfig, None, ["questions_per_step=4", "filter_zero_variance=true", "filter_max_questions=2"])

@@ -25,15 +25,24 @@ TOLERANCE = 1e-4  # fp32 on both sides
 
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-vllm"), hidden_size=64, heads=2, kv_heads=1,
-                            max_positions=4096)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-vllm"), hidden_size=64, heads=2, kv_heads=1, max_positions=4096
+    )
 
 
 def _trainer(model_dir: Path, world: Path, out: Path, **extra: object):
     from mhgpo.rl.trainer import Trainer, build_team
 
-    settings = {"generation.engine": "vllm", "generation.kv_cache_gb": 1, "precision": "fp32", "eval_every": 0,
-                "optim.lr": 0.05, "questions_per_step": 2, "group_size": 2, **extra}
+    settings = {
+        "generation.engine": "vllm",
+        "generation.kv_cache_gb": 1,
+        "precision": "fp32",
+        "eval_every": 0,
+        "optim.lr": 0.05,
+        "questions_per_step": 2,
+        "group_size": 2,
+        **extra,
+    }
     cfg = make_config(model_dir, world, out, **settings)
     return Trainer(cfg, build_team(cfg), out, progress=False)
 
@@ -51,8 +60,9 @@ def _close_engine(trainer) -> None:
     trainer.setup.generator.close()
 
 
-@pytest.mark.parametrize("extra", [{}, {"lora.per_role": True}, {"lora.enabled": False}],
-                         ids=["lora", "lora-per-role", "full"])
+@pytest.mark.parametrize(
+    "extra", [{}, {"lora.per_role": True}, {"lora.enabled": False}], ids=["lora", "lora-per-role", "full"]
+)
 def test_engine_follows_the_update(vllm_model_dir: Path, world: Path, tmp_path: Path, extra: dict) -> None:
     trainer = _trainer(vllm_model_dir, world, tmp_path / "run", **extra)
     try:
@@ -76,8 +86,9 @@ def test_engine_follows_the_update(vllm_model_dir: Path, world: Path, tmp_path: 
         _close_engine(trainer)
 
 
-def test_a_skipped_sync_stops_the_run(vllm_model_dir: Path, world: Path, tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_skipped_sync_stops_the_run(
+    vllm_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mhgpo.rl import engine_sync
 
     trainer = _trainer(vllm_model_dir, world, tmp_path / "run")
@@ -120,9 +131,17 @@ def test_evaluation_on_the_engine_answers_as_on_the_trainers_loop(vllm_model_dir
     """`mhgpo.evaluate` with generation.engine=vllm: greedy, so the same predictions as generation.engine=hf."""
     from mhgpo.api import evaluate
 
-    settings = [f"model={vllm_model_dir}", f"data=hotpotqa:{world / 'dev.jsonl'}", "limit=3", "precision=fp32",
-                f"retrieval.corpus={world / 'corpus.jsonl'}", "search.rewriter.max_new_tokens=8",
-                "search.reranker.max_new_tokens=4", "search.answerer.max_new_tokens=6", "generation.kv_cache_gb=1"]
+    settings = [
+        f"model={vllm_model_dir}",
+        f"data=hotpotqa:{world / 'dev.jsonl'}",
+        "limit=3",
+        "precision=fp32",
+        f"retrieval.corpus={world / 'corpus.jsonl'}",
+        "search.rewriter.max_new_tokens=8",
+        "search.reranker.max_new_tokens=4",
+        "search.answerer.max_new_tokens=6",
+        "generation.kv_cache_gb=1",
+    ]
     hf = evaluate(overrides=settings, progress=False)
     ours = evaluate(overrides=[*settings, "generation.engine=vllm"], progress=False)
     gc.collect()
@@ -131,7 +150,8 @@ def test_evaluation_on_the_engine_answers_as_on_the_trainers_loop(vllm_model_dir
 
 
 def test_a_run_logs_the_gap_and_a_resumed_run_starts_from_its_checkpoints_weights(
-        vllm_model_dir: Path, world: Path, tmp_path: Path) -> None:
+    vllm_model_dir: Path, world: Path, tmp_path: Path
+) -> None:
     """`train` then `resume`: every step logs its sync check, and the resumed run's engine is handed the
     checkpoint's adapter before its first rollouts (else its first check would fail)."""
     import json
@@ -139,8 +159,12 @@ def test_a_run_logs_the_gap_and_a_resumed_run_starts_from_its_checkpoints_weight
     from mhgpo.run.pipeline import resume, train
 
     out = tmp_path / "run"
-    cfg = make_config(vllm_model_dir, world, out, **{"generation.engine": "vllm", "generation.kv_cache_gb": 1,
-                                                     "precision": "fp32", "eval_every": 0, "steps": 2})
+    cfg = make_config(
+        vllm_model_dir,
+        world,
+        out,
+        **{"generation.engine": "vllm", "generation.kv_cache_gb": 1, "precision": "fp32", "eval_every": 0, "steps": 2},
+    )
     train(cfg, progress=False).setup.generator.close()
     resume(out, ["steps=3"], progress=False).setup.generator.close()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -4,23 +4,32 @@ translation, and loading a model with a generator over it."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from mhgpo.config.choices import RETRIEVERS
 
-DATA_HELP = ("synthetic (default), synthetic:train, hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH, "
-             "or hotpotqa / 2wiki / musique (from the Hugging Face hub)")
+DATA_HELP = (
+    "synthetic (default), synthetic:train, hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH, "
+    "or hotpotqa / 2wiki / musique (from the Hugging Face hub)"
+)
 CORPUS_HELP = "'context' (the data's own paragraphs), a JSONL corpus (id, title, text) or a DPR .tsv file"
-RETRIEVER_HELP = ("bm25 (default), dense (sentence-transformers + FAISS; encoder: retrieval.model=M), or the URL of "
-                  "a retrieval service: http://HOST:PORT/retrieve (mhgpo serve-retriever, Search-R1's server)")
+RETRIEVER_HELP = (
+    "bm25 (default), dense (sentence-transformers + FAISS; encoder: retrieval.model=M), or the URL of "
+    "a retrieval service: http://HOST:PORT/retrieve (mhgpo serve-retriever, Search-R1's server)"
+)
 INDEX_HELP = "a built index folder to reuse (mhgpo index build)"
-MODEL_HELP = ("smollm2-135m (default), a Hugging Face id, a local folder, a .gguf file, or a trained run: a run "
-              "directory (its latest checkpoint) or RUN/checkpoints/step_N")
-SYSTEM_HELP = ("mas (the default team), llm (the model alone), or a Workflow class of your own: PATH.py:Class or "
-               "module.path:Class (its config section: team.KEY=value)")
+MODEL_HELP = (
+    "smollm2-135m (default), a Hugging Face id, a local folder, a .gguf file, or a trained run: a run "
+    "directory (its latest checkpoint) or RUN/checkpoints/step_N"
+)
+SYSTEM_HELP = (
+    "mas (the default team), llm (the model alone), or a Workflow class of your own: PATH.py:Class or "
+    "module.path:Class (its config section: team.KEY=value)"
+)
 
-TRUST_HELP = ("with --resume: import the workflow class (system: PATH.py:Class or module:Class) that the folder's "
-              "saved config names; without it (or the same --system again) such a folder is refused")
+TRUST_HELP = (
+    "with --resume: import the workflow class (system: PATH.py:Class or module:Class) that the folder's "
+    "saved config names; without it (or the same --system again) such a folder is refused"
+)
 
 
 def flag_overrides(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:

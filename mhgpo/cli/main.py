@@ -12,10 +12,12 @@ import os
 import sys
 from pathlib import Path
 
-from mhgpo.cli import retrieval as retrieval_cli, serve as serve_cli, train as train_cli
-from mhgpo.model.allocator import keep_freed_memory
-from mhgpo.config.choices import EXPORT_DTYPES
+from mhgpo.cli import retrieval as retrieval_cli
+from mhgpo.cli import serve as serve_cli
+from mhgpo.cli import train as train_cli
 from mhgpo.cli.common import DATA_HELP, TRUST_HELP, add_common_flags, flag_overrides
+from mhgpo.config.choices import EXPORT_DTYPES
+from mhgpo.model.allocator import keep_freed_memory
 from mhgpo.model.loading import load_generator
 from mhgpo.model.precision import resolve_config_precision
 
@@ -46,15 +48,16 @@ def _console():
 
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
-    from mhgpo.io import prepare_output_dir
-    from mhgpo.errors import InputError
     from mhgpo.data.synth import write_world
+    from mhgpo.errors import InputError
+    from mhgpo.io import prepare_output_dir
 
     for flag, value in (("--train", args.train), ("--dev", args.dev)):
         if value < 1:
             raise InputError(f"{flag}: must be at least 1, got {value}")
-    paths = write_world(prepare_output_dir(Path(args.out)), seed=args.seed, n_train=args.train, n_dev=args.dev,
-                        overwrite=args.overwrite)
+    paths = write_world(
+        prepare_output_dir(Path(args.out)), seed=args.seed, n_train=args.train, n_dev=args.dev, overwrite=args.overwrite
+    )
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
@@ -65,8 +68,9 @@ def cmd_data_split(args: argparse.Namespace) -> int:
 
     sizes = _int_list(args.sizes, "--sizes")
     names = [n.strip() for n in args.names.split(",")] if args.names else None
-    for name, (spec, count) in split_data(args.data, Path(args.out), sizes, args.seed, names,
-                                          overwrite=args.overwrite).items():
+    for name, (spec, count) in split_data(
+        args.data, Path(args.out), sizes, args.seed, names, overwrite=args.overwrite
+    ).items():
         print(f"{name}: {count} records, --data {spec}")
     return 0
 
@@ -91,27 +95,41 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ask(args: argparse.Namespace) -> int:
     import numpy as np
-
-    from mhgpo.config import EvalConfig, load_config
-    from mhgpo.team.build import build_workflow, resolve_team
-    from mhgpo.data.records import Example
-    from mhgpo.rl.rollout import RolloutSpec, run_rollouts
     from rich.markup import escape
 
-    overrides = flag_overrides(args, {"model": "model", "corpus": "retrieval.corpus",
-                                       "retriever": "retrieval.retriever", "index": "retrieval.index",
-                                       "system": "system"})
+    from mhgpo.config import EvalConfig, load_config
+    from mhgpo.data.records import Example
+    from mhgpo.rl.rollout import RolloutSpec, run_rollouts
+    from mhgpo.team.build import build_workflow, resolve_team
+
+    overrides = flag_overrides(
+        args,
+        {
+            "model": "model",
+            "corpus": "retrieval.corpus",
+            "retriever": "retrieval.retriever",
+            "index": "retrieval.index",
+            "system": "system",
+        },
+    )
     cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
     console = _console()
     team = resolve_team(cfg)
     workflow = build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
     reason = resolve_config_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
-        loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason,
-                                                   cfg.generation)
+        loaded, generator, encode = load_generator(
+            cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason, cfg.generation
+        )
     example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
-    batch = run_rollouts([example], workflow, generator, encode, RolloutSpec(greedy=True, max_prompt_tokens=cfg.max_prompt_tokens),
-                         np.random.default_rng(0))
+    batch = run_rollouts(
+        [example],
+        workflow,
+        generator,
+        encode,
+        RolloutSpec(greedy=True, max_prompt_tokens=cfg.max_prompt_tokens),
+        np.random.default_rng(0),
+    )
     for node in batch.nodes:
         if node.kind == "tool":
             console.rule(f"[bold]{node.agent}[/] (tool)")
@@ -193,9 +211,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     behaviour = {k: v for k, v in metrics.items() if "/" in k}
     console.print("  ".join(f"{k} {v:.2f}" for k, v in behaviour.items()))
     new = len(result.predictions) - metrics.get("resumed", 0)
-    console.print(f"{new} questions in {metrics['seconds']:.1f} s ({new / max(metrics['seconds'], 1e-9):.2f} "
-                  f"questions/s)" + (f"; {metrics['resumed']} from earlier sessions" if "resumed" in metrics
-                                     else ""))
+    console.print(
+        f"{new} questions in {metrics['seconds']:.1f} s ({new / max(metrics['seconds'], 1e-9):.2f} "
+        f"questions/s)" + (f"; {metrics['resumed']} from earlier sessions" if "resumed" in metrics else "")
+    )
     if cfg.output_dir:
         out = Path(cfg.output_dir).expanduser()
         console.print(f"wrote {out / METRICS} and {out / PREDICTIONS}")
@@ -203,8 +222,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from mhgpo.io import prepare_output_dir
     from mhgpo.errors import InputError
+    from mhgpo.io import prepare_output_dir
     from mhgpo.run.report import build_report
 
     runs = [Path(p) for p in args.runs] + [Path(p) for p in args.eval or []]
@@ -225,9 +244,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mhgpo", description="Train and evaluate LLM multi-agent search systems with MHGPO.",
+        prog="mhgpo",
+        description="Train and evaluate LLM multi-agent search systems with MHGPO.",
         epilog="Errors in the input end with one line (exit status 2); --debug (anywhere on the line) shows the "
-               "traceback instead.",
+        "traceback instead.",
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -242,14 +262,16 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--overwrite", action="store_true", help="replace the files of an earlier world in --out")
     synth.set_defaults(func=cmd_data_synth)
     split = data_sub.add_parser("split", help="disjoint seeded parts of a question file, as its original records")
-    split.add_argument("--data", required=True, help="hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH or "
-                       "synthetic:train|dev")
+    split.add_argument(
+        "--data", required=True, help="hotpotqa:PATH, 2wiki:PATH, musique:PATH, jsonl:PATH or synthetic:train|dev"
+    )
     split.add_argument("--out", required=True, help="output folder")
     split.add_argument("--sizes", required=True, help="records per part, e.g. 200,100")
     split.add_argument("--names", help="file names of the parts (default train,val,test)")
     split.add_argument("--seed", type=int, default=0)
-    split.add_argument("--overwrite", action="store_true",
-                       help="replace existing part files in --out (never the source file)")
+    split.add_argument(
+        "--overwrite", action="store_true", help="replace existing part files in --out (never the source file)"
+    )
     split.set_defaults(func=cmd_data_split)
 
     ask = sub.add_parser("ask", help="run the team on one question and show what each agent did")
@@ -263,13 +285,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, help="evaluate the first N questions")
     ev.add_argument("--batch-size", type=int, help="questions per breadth-first batch")
     ev.add_argument("--seed", type=int)
-    ev.add_argument("--output-dir", help="where to write metrics.json and predictions.jsonl (appended as questions "
-                    "finish)")
-    ev.add_argument("--resume", metavar="DIR", help="continue the interrupted evaluation in DIR (same config; "
-                    "finished questions are skipped)")
-    ev.add_argument("--oracle", metavar="ROLE[,ROLE]", help="roles that give their gold output instead of calling "
-                    "the model (rewriter, reranker; context: the gold paragraphs shown to the Answerer), to measure "
-                    "a role's headroom")
+    ev.add_argument(
+        "--output-dir", help="where to write metrics.json and predictions.jsonl (appended as questions finish)"
+    )
+    ev.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the interrupted evaluation in DIR (same config; finished questions are skipped)",
+    )
+    ev.add_argument(
+        "--oracle",
+        metavar="ROLE[,ROLE]",
+        help="roles that give their gold output instead of calling "
+        "the model (rewriter, reranker; context: the gold paragraphs shown to the Answerer), to measure "
+        "a role's headroom",
+    )
     ev.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     add_common_flags(ev)
     ev.set_defaults(func=cmd_eval)
@@ -281,8 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_report)
 
     exp = sub.add_parser("export", help="a trained run as a Hugging Face model folder (or its PEFT adapter)")
-    exp.add_argument("model", metavar="RUN_OR_CHECKPOINT", help="a run directory, RUN/checkpoints/step_N, or any "
-                     "--model")
+    exp.add_argument(
+        "model", metavar="RUN_OR_CHECKPOINT", help="a run directory, RUN/checkpoints/step_N, or any --model"
+    )
     exp.add_argument("--out", required=True, help="the folder to write (must not exist, or be empty)")
     exp.add_argument("--dtype", choices=EXPORT_DTYPES, default="float32", help="weights' dtype (float32)")
     exp.add_argument("--lora-only", action="store_true", help="write the LoRA adapter as a PEFT folder instead")

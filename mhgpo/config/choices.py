@@ -3,7 +3,8 @@ the modules that dispatch on them all read these tuples."""
 
 from __future__ import annotations
 
-from mhgpo.config.samplers import GROUP_SAMPLERS, SAMPLERS as _SAMPLER_TABLE, TRAIN_SAMPLERS
+from mhgpo.config.samplers import SAMPLERS as _SAMPLER_TABLE
+from mhgpo.config.samplers import TRAIN_SAMPLERS
 
 SYSTEMS = ("mas", "llm")  # the built-in teams; any other `system` names a workflow class (mhgpo/team/loader.py)
 ALGOS = ("mhgpo", "grpo", "mappo", "ppo")

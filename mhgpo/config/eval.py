@@ -6,7 +6,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mhgpo.config.choices import ENGINES, INDEX_TYPES, PRECISIONS, QUERIES, RETRIEVERS, SYSTEMS, is_retriever_url, one_of
+from mhgpo.config.choices import (
+    ENGINES,
+    INDEX_TYPES,
+    PRECISIONS,
+    QUERIES,
+    RETRIEVERS,
+    SYSTEMS,
+    is_retriever_url,
+    one_of,
+)
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.errors import InputError
 
@@ -53,8 +62,7 @@ class GenerationConfig:
         if self.kv_cache_gb <= 0:
             raise InputError(f"generation.kv_cache_gb: must be positive, got {self.kv_cache_gb}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise InputError(f"generation.gpu_memory_utilization: must be in (0, 1], "
-                             f"got {self.gpu_memory_utilization}")
+            raise InputError(f"generation.gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.sync_check < 0:
             raise InputError(f"generation.sync_check: must be >= 0, got {self.sync_check}")
         if self.sync_tolerance is not None and self.sync_tolerance <= 0:
@@ -82,8 +90,15 @@ class SystemConfig:
     answerer: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=24))
 
     def validate(self) -> None:
-        for key in ("top_k", "max_candidates", "snippet_words", "snippet_chars", "max_subqueries",
-                    "max_query_chars", "max_answer_words"):
+        for key in (
+            "top_k",
+            "max_candidates",
+            "snippet_words",
+            "snippet_chars",
+            "max_subqueries",
+            "max_query_chars",
+            "max_answer_words",
+        ):
             at_least(self, key, 1, "search.")
 
 
@@ -109,15 +124,20 @@ class RetrievalConfig:
 
             parts = urlsplit(self.retriever)
             if not parts.hostname:
-                raise InputError(f"retrieval.retriever: {self.retriever!r} names no host (expected "
-                                 f"http://HOST:PORT/retrieve)")
+                raise InputError(
+                    f"retrieval.retriever: {self.retriever!r} names no host (expected http://HOST:PORT/retrieve)"
+                )
             for key in ("corpus", "index"):
                 if getattr(self, key):
-                    raise InputError(f"retrieval.{key}: the retrieval service at {self.retriever} searches its own "
-                                     f"corpus; leave {key} out (or use --retriever bm25|dense)")
+                    raise InputError(
+                        f"retrieval.{key}: the retrieval service at {self.retriever} searches its own "
+                        f"corpus; leave {key} out (or use --retriever bm25|dense)"
+                    )
         elif self.retriever not in RETRIEVERS:
-            raise InputError(f"retrieval.retriever: expected {one_of(RETRIEVERS)} or the URL of a retrieval service "
-                             f"(http://HOST:PORT/retrieve), got {self.retriever!r}")
+            raise InputError(
+                f"retrieval.retriever: expected {one_of(RETRIEVERS)} or the URL of a retrieval service "
+                f"(http://HOST:PORT/retrieve), got {self.retriever!r}"
+            )
         if self.request_queries < 1:
             raise InputError(f"retrieval.request_queries: must be at least 1, got {self.request_queries}")
         if not self.timeout > 0:
@@ -140,7 +160,9 @@ class EvalConfig:
     data: str = "synthetic"
     model: str = "smollm2-135m"
     system: str = "mas"
-    precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py); runs record the resolved one
+    precision: str = (
+        "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py); runs record the resolved one
+    )
     limit: int | None = None
     batch_size: int = 32  # questions per breadth-first batch
     gen_batch_size: int = 16  # sequences per generate() call
@@ -178,12 +200,14 @@ def check_system(system: str, team: dict[str, Any]) -> None:
     workflow is built (unknown keys named; the resolved section is written to config.yaml). The built-in teams
     are configured under `search:`."""
     if system not in BUILT_IN and not is_custom(system):
-        raise InputError(f"system: unknown system {system!r} (mas, llm, or a workflow class: PATH.py:Class or "
-                         f"module.path:Class)")
+        raise InputError(
+            f"system: unknown system {system!r} (mas, llm, or a workflow class: PATH.py:Class or module.path:Class)"
+        )
     if team and not is_custom(system):
-        raise InputError(f"team.{sorted(team)[0]}: the team section configures a workflow class "
-                         f"(system: PATH.py:Class); system={system} is configured under search.*")
-
+        raise InputError(
+            f"team.{sorted(team)[0]}: the team section configures a workflow class "
+            f"(system: PATH.py:Class); system={system} is configured under search.*"
+        )
 
 
 @dataclasses.dataclass
@@ -238,8 +262,10 @@ class ServeConfig:
 
     def validate(self) -> None:
         if is_retriever_url(self.retrieval.retriever):
-            raise InputError(f"retrieval.retriever: serve-retriever serves a local retriever ({one_of(RETRIEVERS)}), "
-                             f"not {self.retrieval.retriever}")
+            raise InputError(
+                f"retrieval.retriever: serve-retriever serves a local retriever ({one_of(RETRIEVERS)}), "
+                f"not {self.retrieval.retriever}"
+            )
         if not 1 <= self.port <= 65535:
             raise InputError(f"port: expected 1..65535, got {self.port}")
         check_counts(self, ("max_queries", "max_topk", "max_body_bytes", "default_topk"))

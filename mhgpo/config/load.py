@@ -33,7 +33,6 @@ def check_counts(obj: Any, keys: tuple[str, ...], optional: str = "") -> None:
         at_least(obj, optional, 1)
 
 
-
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -207,7 +206,6 @@ def dump_config(obj: Any, path: str | Path) -> None:
     from mhgpo.io import atomic_write_text
 
     atomic_write_text(Path(path), yaml.safe_dump(to_dict(obj), sort_keys=False))
-
 
 
 def differences(a: dict, b: dict, prefix: str = "") -> list[str]:

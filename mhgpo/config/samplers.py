@@ -34,14 +34,17 @@ class Sampler:
         return self.forks not in ("none", "chains")
 
 
-SAMPLERS: dict[str, Sampler] = {s.name: s for s in (
-    Sampler("is", forks="every", fork_samples_only=True, algos=("mhgpo", "grpo")),
-    Sampler("fof", forks="first", algos=("mhgpo", "grpo")),
-    Sampler("rr", forks="drawn", regroup_singletons=True, algos=("mhgpo",)),
-    Sampler("fof_os", forks="first", oversample_terminal=True, algos=("mhgpo",)),
-    Sampler("chains", forks="chains", algos=("mappo", "ppo")),
-    Sampler("none", forks="none"),
-)}
+SAMPLERS: dict[str, Sampler] = {
+    s.name: s
+    for s in (
+        Sampler("is", forks="every", fork_samples_only=True, algos=("mhgpo", "grpo")),
+        Sampler("fof", forks="first", algos=("mhgpo", "grpo")),
+        Sampler("rr", forks="drawn", regroup_singletons=True, algos=("mhgpo",)),
+        Sampler("fof_os", forks="first", oversample_terminal=True, algos=("mhgpo",)),
+        Sampler("chains", forks="chains", algos=("mappo", "ppo")),
+        Sampler("none", forks="none"),
+    )
+}
 
 TRAIN_SAMPLERS = tuple(name for name, s in SAMPLERS.items() if s.algos)  # `sampler` in a train config
 GROUP_SAMPLERS = tuple(name for name, s in SAMPLERS.items() if s.groups)  # samplers that form groups

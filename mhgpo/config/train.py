@@ -6,12 +6,31 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
-from mhgpo.config.choices import (ADVANTAGE_SCHEMES, AGGREGATORS, ALGOS, CRITIC_ALGOS, GROUP_SAMPLERS, OLD_LOGPROBS,
-                                  REFERENCES, RR_REGROUP, SAMPLERS, SCHEDULES, SINGLE_AGENT_ALGOS, TRACKERS, one_of)
-from mhgpo.config.eval import (MAX_PROMPT_TOKENS, GenerationConfig, RetrievalConfig, SystemConfig, check_precision,
-                               check_system)
+from mhgpo.config.choices import (
+    ADVANTAGE_SCHEMES,
+    AGGREGATORS,
+    ALGOS,
+    CRITIC_ALGOS,
+    GROUP_SAMPLERS,
+    OLD_LOGPROBS,
+    REFERENCES,
+    RR_REGROUP,
+    SAMPLERS,
+    SCHEDULES,
+    SINGLE_AGENT_ALGOS,
+    TRACKERS,
+    one_of,
+)
+from mhgpo.config.eval import (
+    MAX_PROMPT_TOKENS,
+    GenerationConfig,
+    RetrievalConfig,
+    SystemConfig,
+    check_precision,
+    check_system,
+)
 from mhgpo.config.load import at_least, check_counts
+from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
 from mhgpo.errors import InputError
 
 
@@ -93,7 +112,7 @@ class LoraConfig:
 CRITIC_LR_FACTOR = 2.0  # the critic learns this much faster than the actor when critic.lr is null
 
 
-def critic_lr(critic: "CriticConfig", optim: OptimConfig) -> float:
+def critic_lr(critic: CriticConfig, optim: OptimConfig) -> float:
     """The critic's learning rate: `critic.lr`, or `CRITIC_LR_FACTOR × optim.lr` when it is null."""
     return critic.lr if critic.lr is not None else CRITIC_LR_FACTOR * optim.lr
 
@@ -234,7 +253,7 @@ class TrainConfig:
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
     team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
 
-    def resolved(self) -> "TrainConfig":
+    def resolved(self) -> TrainConfig:
         """This config with the defaults that depend on other keys filled in (the loader calls it before
         :meth:`validate`, so the dumped config names them): `sampler` from `algo` and `system`."""
         if self.sampler is not None:
@@ -251,43 +270,62 @@ class TrainConfig:
         if self.algo not in ALGOS:
             raise InputError(f"algo: expected {one_of(ALGOS)}, got {self.algo!r}")
         if self.algo in SINGLE_AGENT_ALGOS and self.system != "llm":
-            raise InputError(f"algo: {self.algo} is the single-agent baseline (system=llm); the team "
-                             f"(system={self.system}) trains with mhgpo or mappo")
+            raise InputError(
+                f"algo: {self.algo} is the single-agent baseline (system=llm); the team "
+                f"(system={self.system}) trains with mhgpo or mappo"
+            )
         check_sampler(self.sampler, self.algo)
         least = 1 if self.algo in CRITIC_ALGOS else 2  # a group needs 2; chains per question need 1
         if self.group_size < least:
             raise InputError(f"group_size: must be at least {least}, got {self.group_size}")
-        check_counts(self, ("steps", "questions_per_step", "val_limit", "eval_batch_size", "gen_batch_size",
-                             "max_rounds", "max_prompt_tokens"))
+        check_counts(
+            self,
+            (
+                "steps",
+                "questions_per_step",
+                "val_limit",
+                "eval_batch_size",
+                "gen_batch_size",
+                "max_rounds",
+                "max_prompt_tokens",
+            ),
+        )
         for key in ("eval_every", "save_every", "keep_checkpoints"):
             if getattr(self, key) < 0:
                 raise InputError(f"{key}: must be >= 0 (0: never / keep all), got {getattr(self, key)}")
         # rr_probs is a distribution over the agents: rejected rather than normalised, so that the config that is
         # dumped with the run is the one that ran
         if any(p < 0 for p in self.rr_probs) or abs(sum(self.rr_probs) - 1.0) > 1e-6:
-            raise InputError(f"rr_probs: expected non-negative probabilities that sum to 1, got {self.rr_probs} "
-                             f"(sum {sum(self.rr_probs):g})")
+            raise InputError(
+                f"rr_probs: expected non-negative probabilities that sum to 1, got {self.rr_probs} "
+                f"(sum {sum(self.rr_probs):g})"
+            )
         if self.advantage not in ADVANTAGE_SCHEMES:
             raise InputError(f"advantage: expected {one_of(ADVANTAGE_SCHEMES)}, got {self.advantage!r}")
         if self.advantage != "mhgpo" and self.algo in CRITIC_ALGOS:
-            raise InputError(f"advantage: {self.algo}'s advantages come from its critic (GAE); advantage="
-                             f"{self.advantage} is for group-relative algorithms (mhgpo, grpo)")
+            raise InputError(
+                f"advantage: {self.algo}'s advantages come from its critic (GAE); advantage="
+                f"{self.advantage} is for group-relative algorithms (mhgpo, grpo)"
+            )
         if self.rr_regroup not in RR_REGROUP:
             raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
         check_precision(self.precision)
         if self.filter_zero_variance and self.algo in CRITIC_ALGOS:
             raise InputError(f"filter_zero_variance: {self.algo} forms no groups (its critic is the baseline)")
         if self.filter_max_questions is not None and self.filter_max_questions < self.questions_per_step:
-            raise InputError(f"filter_max_questions: must be at least questions_per_step ({self.questions_per_step}),"
-                             f" got {self.filter_max_questions}")
+            raise InputError(
+                f"filter_max_questions: must be at least questions_per_step ({self.questions_per_step}),"
+                f" got {self.filter_max_questions}"
+            )
 
 
 def check_report_to(names: list[str]) -> None:
     """`report_to`: trackers from TRACKERS, each once (whether each is installed is checked when a run starts)."""
     for name in names:
         if name not in TRACKERS:
-            raise InputError(f"report_to: unknown tracker {name!r} (choose from {', '.join(TRACKERS)}; [] for "
-                             f"metrics.jsonl alone)")
+            raise InputError(
+                f"report_to: unknown tracker {name!r} (choose from {', '.join(TRACKERS)}; [] for metrics.jsonl alone)"
+            )
     if len(set(names)) != len(names):
         raise InputError(f"report_to: {names} names a tracker twice")
 
@@ -347,6 +385,8 @@ class SFTConfig:
         if self.limit is not None and self.limit < 1:
             raise InputError(f"limit: must be at least 1, got {self.limit}")
         if self.lora.per_role:
-            raise InputError("lora.per_role: a warm start trains one shared adapter (merged into the base when an RL "
-                             "run starts from it); set lora.per_role=true on the RL run instead")
+            raise InputError(
+                "lora.per_role: a warm start trains one shared adapter (merged into the base when an RL "
+                "run starts from it); set lora.per_role=true on the RL run instead"
+            )
         check_precision(self.precision)

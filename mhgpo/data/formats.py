@@ -18,8 +18,9 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Union
 
 from mhgpo.data.records import Example, Passage
 from mhgpo.errors import InputError
@@ -267,14 +268,18 @@ def _musique_hops(record: dict, where: str) -> tuple[str, ...]:
         text = item.get("question") if isinstance(item, dict) else None
         if not isinstance(text, str) or not text.strip():
             raise InputError(f"{where}: question_decomposition[{i}]: missing key 'question'")
-        text = re.sub(r"#(\d+)", lambda m: hops[int(m.group(1)) - 1].rstrip("?") if 0 < int(m.group(1)) <= len(hops)
-                      else m.group(0), text)
+        text = re.sub(
+            r"#(\d+)",
+            lambda m: hops[int(m.group(1)) - 1].rstrip("?") if 0 < int(m.group(1)) <= len(hops) else m.group(0),
+            text,
+        )
         hops.append(" ".join(text.replace(">>", " ").split()))
     return tuple(hops)
 
 
-def _titled_example(record: dict, where: str, ordinal: int, answer_key: str, titles_key: str,
-                    id_keys: tuple[str, ...]) -> Example:
+def _titled_example(
+    record: dict, where: str, ordinal: int, answer_key: str, titles_key: str, id_keys: tuple[str, ...]
+) -> Example:
     """An `Example` from a record whose gold paragraphs are named by title (HotpotQA layout, generic JSONL)."""
     question = _question(record, where)
     answers = _answer_list(_require(record, answer_key, where), answer_key, where)

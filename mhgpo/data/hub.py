@@ -13,8 +13,9 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlparse
 
 from mhgpo.data.formats import hotpot_example, musique_example
@@ -41,11 +42,13 @@ class HubSource:
 
 
 HUB_SOURCES: dict[str, HubSource] = {
-    "hotpotqa": HubSource("hotpotqa/hotpot_qa", "distractor", "validation", hotpot_example,
-                          "hotpotqa:hotpot_dev_distractor_v1.json"),
+    "hotpotqa": HubSource(
+        "hotpotqa/hotpot_qa", "distractor", "validation", hotpot_example, "hotpotqa:hotpot_dev_distractor_v1.json"
+    ),
     "2wiki": HubSource("framolfese/2WikiMultihopQA", None, "validation", hotpot_example, "2wiki:dev.json"),
-    "musique": HubSource("dgslibisey/MuSiQue", None, "validation", musique_example,
-                         "musique:musique_ans_v1.0_dev.jsonl"),
+    "musique": HubSource(
+        "dgslibisey/MuSiQue", None, "validation", musique_example, "musique:musique_ans_v1.0_dev.jsonl"
+    ),
 }
 
 

@@ -15,11 +15,20 @@ The file layouts are read by `mhgpo/data/formats.py`, the hub's splits fetched b
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from mhgpo.data.formats import (PathLike, generic_example, hotpot_example, load_2wiki, load_generic, load_hotpotqa,
-                        load_musique, musique_example, parsed_records)
+from mhgpo.data.formats import (
+    PathLike,
+    generic_example,
+    hotpot_example,
+    load_2wiki,
+    load_generic,
+    load_hotpotqa,
+    load_musique,
+    musique_example,
+    parsed_records,
+)
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError
 

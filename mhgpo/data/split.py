@@ -13,14 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from mhgpo.data.spec import question_records
-from mhgpo.io import atomic_write_json, atomic_write_jsonl, check_outputs
 from mhgpo.errors import InputError
+from mhgpo.io import atomic_write_json, atomic_write_jsonl, check_outputs
 
 DEFAULT_NAMES = ("train", "val", "test")
 
 
-def split_data(spec: str, out: Path, sizes: list[int], seed: int = 0, names: list[str] | None = None,
-               overwrite: bool = False) -> dict[str, tuple[str, int]]:
+def split_data(
+    spec: str, out: Path, sizes: list[int], seed: int = 0, names: list[str] | None = None, overwrite: bool = False
+) -> dict[str, tuple[str, int]]:
     """Write the parts; return {name: (data spec of the part, number of records)}. Existing part files (and
     split.json) are refused unless `overwrite`; the source file is never written, `overwrite` or not."""
     if not sizes or any(n < 1 for n in sizes):
@@ -45,6 +46,14 @@ def split_data(spec: str, out: Path, sizes: list[int], seed: int = 0, names: lis
         target = out / f"{name}.jsonl"
         atomic_write_jsonl(target, (records[i] for i in chosen))
         parts[name] = (f"{layout}:{target}", size)
-    atomic_write_json(out / "split.json", {"source": str(path), "layout": layout, "seed": seed,
-                                           "questions": len(records), "parts": dict(zip(names, sizes))})
+    atomic_write_json(
+        out / "split.json",
+        {
+            "source": str(path),
+            "layout": layout,
+            "seed": seed,
+            "questions": len(records),
+            "parts": dict(zip(names, sizes)),
+        },
+    )
     return parts

@@ -31,21 +31,58 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
+from mhgpo.data.synth_vocab import (
+    ADJECTIVES,
+    BAND_NOUNS,
+    BRIDGE_HOPS,
+    BRIDGE_TEMPLATES,
+    CHOICE_TEMPLATES,
+    CITY_ENDS,
+    CODAS,
+    COMPANIES,
+    COUNTRY_FORMS,
+    CREATOR_SENTENCE,
+    DATE_HOPS,
+    FEATURES,
+    FIELDS,
+    GENRES,
+    HQ_SENTENCE,
+    HQ_VERBS,
+    NOUNS,
+    ONSETS,
+    ORG_KINDS,
+    OTHER_OCCUPATIONS,
+    PLOTS,
+    QUALITIES,
+    ROLE_OCCUPATIONS,
+    ROLES,
+    SAME_HOPS,
+    SURNAME_ENDS,
+    TEMPLATES,
+    UNIVERSITY_FORMS,
+    VOWELS,
+    WORK_KINDS,
+    YESNO_TEMPLATES,
+)
+from mhgpo.errors import InputError
 from mhgpo.io import atomic_write_bytes, check_outputs
 from mhgpo.paths import world_dir
-from mhgpo.errors import InputError
-from mhgpo.data.synth_vocab import (ADJECTIVES, BAND_NOUNS, BRIDGE_HOPS, BRIDGE_TEMPLATES, CHOICE_TEMPLATES, CITY_ENDS,
-                              CODAS, COMPANIES, COUNTRY_FORMS, CREATOR_SENTENCE, DATE_HOPS, FEATURES, FIELDS, GENRES,
-                              HQ_SENTENCE, HQ_VERBS, NOUNS, ONSETS, ORG_KINDS, OTHER_OCCUPATIONS, PLOTS, QUALITIES,
-                              ROLES, ROLE_OCCUPATIONS, SAME_HOPS, SURNAME_ENDS, TEMPLATES, UNIVERSITY_FORMS, VOWELS,
-                              WORK_KINDS, YESNO_TEMPLATES)
 
-__all__ = ["Entity", "World", "generate_world", "write_world", "default_world_dir", "ensure_default_world",
-           "VERSION", "DEFAULT_N_TRAIN", "DEFAULT_N_DEV"]
+__all__ = [
+    "Entity",
+    "World",
+    "generate_world",
+    "write_world",
+    "default_world_dir",
+    "ensure_default_world",
+    "VERSION",
+    "DEFAULT_N_TRAIN",
+    "DEFAULT_N_DEV",
+]
 
 VERSION = 2  # 2: records carry `decomposition` (the sub-questions of each hop)
 DEFAULT_N_TRAIN = 2000
@@ -53,6 +90,7 @@ DEFAULT_N_DEV = 200
 MIN_ENTITIES = 60
 MAX_CONTEXT = 10
 FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "world.json")
+
 
 @dataclass
 class Entity:
@@ -197,10 +235,19 @@ class _Builder:
 
     def _person(self, name: str, occupation: str, twin_of: str = "") -> None:
         country = self.rng.choice(self.by_kind["country"])
-        self._add(Entity("person", name, year=self.rng.randint(1880, 1985),
-                         city=self.rng.choice(self.by_kind["city"]).name, country=country.name,
-                         nationality=country.nationality, occupation=occupation,
-                         pronoun=self.rng.choice(("He", "She"))), twin_of)
+        self._add(
+            Entity(
+                "person",
+                name,
+                year=self.rng.randint(1880, 1985),
+                city=self.rng.choice(self.by_kind["city"]).name,
+                country=country.name,
+                nationality=country.nationality,
+                occupation=occupation,
+                pronoun=self.rng.choice(("He", "She")),
+            ),
+            twin_of,
+        )
 
     def _occupation(self, counts: dict[str, int]) -> str:
         roles = list(ROLE_OCCUPATIONS)
@@ -226,9 +273,12 @@ class _Builder:
     def _title(self, kind: str) -> str:
         rng, word = self.rng, self.names.word
         if kind in WORK_KINDS:
-            forms = (lambda: f"The {rng.choice(NOUNS)} of {word(2)}", lambda: f"{word(2)}'s {rng.choice(NOUNS)}",
-                     lambda: f"{rng.choice(ADJECTIVES)} {word(2, CITY_ENDS)}",
-                     lambda: f"A{_a(rng.choice(NOUNS))[1:]} for {word(2)}")
+            forms = (
+                lambda: f"The {rng.choice(NOUNS)} of {word(2)}",
+                lambda: f"{word(2)}'s {rng.choice(NOUNS)}",
+                lambda: f"{rng.choice(ADJECTIVES)} {word(2, CITY_ENDS)}",
+                lambda: f"A{_a(rng.choice(NOUNS))[1:]} for {word(2)}",
+            )
             return self.names.unique(lambda: rng.choice(forms)())
         if kind == "company":
             return self.names.unique(lambda: f"{word(2)} {rng.choice(list(COMPANIES))}")
@@ -267,8 +317,17 @@ class _Builder:
         creator = self.rng.choice(self.creators[kind])
         gap = self.rng.randint(22, 55) if kind in WORK_KINDS else self.rng.randint(25, 60)
         genre = COMPANIES[title.split(" ")[-1]] if kind == "company" else self.rng.choice(GENRES.get(kind, ("",)))
-        return self._add(Entity(kind, title, year=min(creator.year + gap, 2023), person=creator.name, genre=genre,
-                                city=self.rng.choice(self.by_kind["city"]).name), twin_of)
+        return self._add(
+            Entity(
+                kind,
+                title,
+                year=min(creator.year + gap, 2023),
+                person=creator.name,
+                genre=genre,
+                city=self.rng.choice(self.by_kind["city"]).name,
+            ),
+            twin_of,
+        )
 
     # --- paragraphs ------------------------------------------------------------------------------------------
 
@@ -285,29 +344,51 @@ class _Builder:
         """The facts of `e` and the filler of its paragraph (drawn the same way for every kind)."""
         r = self.rng
         city2 = r.choice([c.name for c in r.sample(self.by_kind["city"], 2) if c.name != e.city])
-        return {**e.__dict__, "a_year": _a(str(e.year)), "a_genre": _a(e.genre or "x"),
-                "a_nationality": _a(e.nationality or "x"), "a_size": _a(r.choice(("small", "large", "coastal",
-                                                                                  "hillside", "river"))),
-                "a_access": _a(r.choice(("public", "private"))), "possessive": {"He": "His"}.get(e.pronoun, "Her"),
-                "part": r.choice(("north", "south", "east", "west", "centre")), "word": self.names.word(2),
-                "season": r.choice(("spring", "summer", "autumn")), "feature": r.choice(FEATURES),
-                "plot": r.choice(PLOTS), "quality": r.choice(QUALITIES), "field": r.choice(FIELDS),
-                "trade": r.choice(list(COMPANIES.values())), "staff": r.randint(2, 900) * 100,
-                "single": f"{r.choice(ADJECTIVES)} {r.choice(NOUNS)}", "top": r.choice((5, 10, 20, 40)),
-                "small": r.randint(3, 40), "tracks": r.randint(8, 16), "minutes": r.randint(78, 175),
-                "pages": r.randint(150, 900), "thousands": r.randint(2, 900), "recent": r.randint(1990, 2020),
-                "year2": r.randint(1200, 1960), "later": min(e.year + r.randint(5, 60), 2023),
-                "decade": min(e.year + r.randint(0, 30), 2010) // 10 * 10, "city2": city2,
-                "university": r.choice(self.by_kind["university"]).name,
-                "known": f"{e.pronoun} is best known for {' and '.join(known[:2])}." if known else
-                f"{e.pronoun} spent most of {'his' if e.pronoun == 'He' else 'her'} working life in {city2}."}
+        return {
+            **e.__dict__,
+            "a_year": _a(str(e.year)),
+            "a_genre": _a(e.genre or "x"),
+            "a_nationality": _a(e.nationality or "x"),
+            "a_size": _a(r.choice(("small", "large", "coastal", "hillside", "river"))),
+            "a_access": _a(r.choice(("public", "private"))),
+            "possessive": {"He": "His"}.get(e.pronoun, "Her"),
+            "part": r.choice(("north", "south", "east", "west", "centre")),
+            "word": self.names.word(2),
+            "season": r.choice(("spring", "summer", "autumn")),
+            "feature": r.choice(FEATURES),
+            "plot": r.choice(PLOTS),
+            "quality": r.choice(QUALITIES),
+            "field": r.choice(FIELDS),
+            "trade": r.choice(list(COMPANIES.values())),
+            "staff": r.randint(2, 900) * 100,
+            "single": f"{r.choice(ADJECTIVES)} {r.choice(NOUNS)}",
+            "top": r.choice((5, 10, 20, 40)),
+            "small": r.randint(3, 40),
+            "tracks": r.randint(8, 16),
+            "minutes": r.randint(78, 175),
+            "pages": r.randint(150, 900),
+            "thousands": r.randint(2, 900),
+            "recent": r.randint(1990, 2020),
+            "year2": r.randint(1200, 1960),
+            "later": min(e.year + r.randint(5, 60), 2023),
+            "decade": min(e.year + r.randint(0, 30), 2010) // 10 * 10,
+            "city2": city2,
+            "university": r.choice(self.by_kind["university"]).name,
+            "known": f"{e.pronoun} is best known for {' and '.join(known[:2])}."
+            if known
+            else f"{e.pronoun} spent most of {'his' if e.pronoun == 'He' else 'her'} working life in {city2}.",
+        }
 
     # --- questions -------------------------------------------------------------------------------------------
 
     def questions(self, sizes: Sequence[int]) -> list[list[dict]]:
         """One shuffled list of questions per size; the slots cycle bridge, choice, bridge, yes/no, bridge."""
-        bridges = [(relation, e) for kind in WORK_KINDS + ORG_KINDS for e in self.by_kind[kind]
-                   for relation in ("birth_city", "birth_year", "nationality")]
+        bridges = [
+            (relation, e)
+            for kind in WORK_KINDS + ORG_KINDS
+            for e in self.by_kind[kind]
+            for relation in ("birth_city", "birth_year", "nationality")
+        ]
         bridges += [("hq_country", e) for e in self.orgs]
         self.rng.shuffle(bridges)
         splits = []
@@ -321,8 +402,13 @@ class _Builder:
         for _ in range(1000):
             if slot == "bridge" and not bridges:
                 break
-            row = self._bridge(*bridges.pop()) if slot == "bridge" else \
-                self._choice() if slot == "choice" else self._yesno()
+            row = (
+                self._bridge(*bridges.pop())
+                if slot == "bridge"
+                else self._choice()
+                if slot == "choice"
+                else self._yesno()
+            )
             if row is not None:
                 return row
         raise InputError("the world is too small for this many questions; raise n_entities")
@@ -341,8 +427,10 @@ class _Builder:
             city = self.by_name[host.city]
             verb = HQ_VERBS[host.kind]
             question = template.format(o=host.name, verb=verb)
-            hops = [f"In which city is {host.name} {verb}?",
-                    f"In which country is the city where {host.name} is {verb}?"]
+            hops = [
+                f"In which city is {host.name} {verb}?",
+                f"In which country is the city where {host.name} is {verb}?",
+            ]
             return self._record(question, city.country, "bridge", [(host, HQ_SENTENCE), (city, 0)], hops)
         person = self.by_name[host.person]
         phrase = _pick(self.rng, ROLES[host.kind if host.kind in WORK_KINDS else "org"]).format(host.name)
@@ -393,16 +481,21 @@ class _Builder:
             self.groups[key] = [g for g in by_value.values() if len(g) > 1]
         return self.groups[key]
 
-    def _record(self, question: str, answer: str, qtype: str, gold: list[tuple[Entity, int]],
-                hops: list[str]) -> dict:
+    def _record(self, question: str, answer: str, qtype: str, gold: list[tuple[Entity, int]], hops: list[str]) -> dict:
         distractors, hard = self._distractors([e for e, _ in gold])
         paragraphs = [e for e, _ in gold] + distractors
         self.rng.shuffle(paragraphs)
-        digest = hashlib.sha1(f"{self.seed}\n{question}".encode("utf-8")).hexdigest()[:24]
-        return {"_id": digest, "question": question, "answer": answer, "type": qtype,
-                "supporting_facts": [[e.name, i] for e, i in gold],
-                "context": [[e.name, _hotpot_sentences(e.sentences)] for e in paragraphs],
-                "level": "hard" if hard else "medium", "decomposition": hops}
+        digest = hashlib.sha1(f"{self.seed}\n{question}".encode()).hexdigest()[:24]
+        return {
+            "_id": digest,
+            "question": question,
+            "answer": answer,
+            "type": qtype,
+            "supporting_facts": [[e.name, i] for e, i in gold],
+            "context": [[e.name, _hotpot_sentences(e.sentences)] for e in paragraphs],
+            "level": "hard" if hard else "medium",
+            "decomposition": hops,
+        }
 
     def _distractors(self, gold: list[Entity]) -> tuple[list[Entity], bool]:
         """Confusable names of the gold entities first, then entities of the same kinds, then any."""
@@ -438,8 +531,9 @@ def _check_size(name: str, value: object, minimum: int) -> None:
         raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def generate_world(seed: int = 0, n_train: int = DEFAULT_N_TRAIN, n_dev: int = DEFAULT_N_DEV,
-                   n_entities: int | None = None) -> World:
+def generate_world(
+    seed: int = 0, n_train: int = DEFAULT_N_TRAIN, n_dev: int = DEFAULT_N_DEV, n_entities: int | None = None
+) -> World:
     """Build the world of `seed`: about `n_entities` paragraphs (default: one per question, at least 120) and
     `n_train` + `n_dev` questions; no question (nor a rephrasing of it) is in both splits."""
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -455,8 +549,10 @@ def generate_world(seed: int = 0, n_train: int = DEFAULT_N_TRAIN, n_dev: int = D
     order = list(range(len(entities)))
     builder.rng.shuffle(order)
     width = max(5, len(str(len(entities))))
-    corpus = [{"id": f"w{n:0{width}d}", "title": entities[i].name, "text": " ".join(entities[i].sentences)}
-              for n, i in enumerate(order)]
+    corpus = [
+        {"id": f"w{n:0{width}d}", "title": entities[i].name, "text": " ".join(entities[i].sentences)}
+        for n, i in enumerate(order)
+    ]
     return World(corpus=corpus, train=train, dev=dev, seed=seed, entities=entities)
 
 
@@ -464,22 +560,34 @@ def _jsonl(rows: Sequence[dict]) -> bytes:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
 
 
-def write_world(out_dir: str | os.PathLike[str], seed: int = 0, n_train: int = DEFAULT_N_TRAIN,
-                n_dev: int = DEFAULT_N_DEV, n_entities: int | None = None, overwrite: bool = False) -> dict[str, Path]:
+def write_world(
+    out_dir: str | os.PathLike[str],
+    seed: int = 0,
+    n_train: int = DEFAULT_N_TRAIN,
+    n_dev: int = DEFAULT_N_DEV,
+    n_entities: int | None = None,
+    overwrite: bool = False,
+) -> dict[str, Path]:
     """Generate a world and write `corpus.jsonl`, `train.jsonl`, `dev.jsonl` and, last, `world.json` (the
     seed and the counts) into `out_dir`; files already there are refused unless `overwrite`. Returns the paths by
     name: corpus, train, dev, world."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a folder")
-    check_outputs([out / f"{name}.jsonl" for name in ("corpus", "train", "dev")] + [out / "world.json"], [],
-                  overwrite)
+    check_outputs([out / f"{name}.jsonl" for name in ("corpus", "train", "dev")] + [out / "world.json"], [], overwrite)
     world = generate_world(seed=seed, n_train=n_train, n_dev=n_dev, n_entities=n_entities)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {name: atomic_write_bytes(out / f"{name}.jsonl", _jsonl(rows))
-             for name, rows in (("corpus", world.corpus), ("train", world.train), ("dev", world.dev))}
-    meta = {"version": VERSION, "seed": seed, "n_train": len(world.train), "n_dev": len(world.dev),
-            "n_passages": len(world.corpus)}
+    paths = {
+        name: atomic_write_bytes(out / f"{name}.jsonl", _jsonl(rows))
+        for name, rows in (("corpus", world.corpus), ("train", world.train), ("dev", world.dev))
+    }
+    meta = {
+        "version": VERSION,
+        "seed": seed,
+        "n_train": len(world.train),
+        "n_dev": len(world.dev),
+        "n_passages": len(world.corpus),
+    }
     paths["world"] = atomic_write_bytes(out / "world.json", (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
     return paths
 

@@ -29,8 +29,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from mhgpo.io import fsync_dir, fsync_file, usual_permissions, write_synced
 from mhgpo.errors import InputError
+from mhgpo.io import fsync_dir, fsync_file, usual_permissions, write_synced
 from mhgpo.model.sharding import full, is_dtensor, placed
 from mhgpo.model.statecodec import StateError, decode, decode_rng_states, encode, restore_rng_states
 
@@ -63,8 +63,10 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """`optimizer.state_dict()` with whole tensors: the state of sharded parameters (FSDP) gathered, so that every
     rank must call it."""
     sd = optimizer.state_dict()
-    state = {i: {k: full(v).cpu() if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
-             for i, entry in sd["state"].items()}
+    state = {
+        i: {k: full(v).cpu() if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+        for i, entry in sd["state"].items()
+    }
     return {**sd, "state": state}
 
 
@@ -80,9 +82,11 @@ class Snapshot:
 def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extras: Extras | None = None) -> Snapshot:
     """The trained tensors and optimiser states of a checkpoint; a collective when `model` is sharded (FSDP):
     every rank calls it, rank 0 writes it."""
-    return Snapshot(trainable_state(model), optimizer_state(optimizer),
-                    {name: (trainable_state(module), optimizer_state(opt))
-                     for name, (module, opt) in (extras or {}).items()})
+    return Snapshot(
+        trainable_state(model),
+        optimizer_state(optimizer),
+        {name: (trainable_state(module), optimizer_state(opt)) for name, (module, opt) in (extras or {}).items()},
+    )
 
 
 def checkpoint_step(path: Path) -> int:
@@ -133,8 +137,7 @@ def clean_leftovers(run_dir: Path) -> list[Path]:
     the run's lock (nothing else writes there then). Returns what was removed."""
     run_dir = Path(run_dir)
     root = run_dir / "checkpoints"
-    found = [p for p in root.iterdir() if p.name.startswith((".tmp_", ".del_")) and p.is_dir()] \
-        if root.is_dir() else []
+    found = [p for p in root.iterdir() if p.name.startswith((".tmp_", ".del_")) and p.is_dir()] if root.is_dir() else []
     for folder in (run_dir, run_dir / "rollouts"):
         if folder.is_dir():
             found += [p for p in folder.glob(".*.tmp") if p.is_file() and not p.is_symlink()]
@@ -182,8 +185,15 @@ def save_checkpoint(
         if sched_tensors:
             raise TypeError("the scheduler's state holds tensors; checkpoints keep it as JSON")
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-        state = {"format": FORMAT, "step": step, **trainer_state, "files": files, "optimizers": optimizers,
-                 "scheduler": sched, "rng": rng}
+        state = {
+            "format": FORMAT,
+            "step": step,
+            **trainer_state,
+            "files": files,
+            "optimizers": optimizers,
+            "scheduler": sched,
+            "rng": rng,
+        }
         write_synced(tmp / STATE_FILE, _state_text(state))
         fsync_dir(tmp)
         if final.exists():
@@ -209,8 +219,10 @@ def check_checkpoint(path: Path) -> dict[str, Any]:
     state_file = path / STATE_FILE
     old = path / OLD_FILE
     if old.exists():
-        raise CheckpointError(f"{old}: a checkpoint of an earlier mhgpo version, with pickled optimiser state; "
-                              f"mhgpo never unpickles files, so it cannot be resumed (start a new run)")
+        raise CheckpointError(
+            f"{old}: a checkpoint of an earlier mhgpo version, with pickled optimiser state; "
+            f"mhgpo never unpickles files, so it cannot be resumed (start a new run)"
+        )
     if not state_file.is_file():
         raise CheckpointError(f"{state_file}: missing")
     try:
@@ -222,15 +234,19 @@ def check_checkpoint(path: Path) -> dict[str, Any]:
     version = state.get("format")
     if version != FORMAT:
         what = "an earlier" if not isinstance(version, int) or version < FORMAT else "a newer"
-        raise CheckpointError(f"{state_file}: written by {what} mhgpo version (checkpoint format {version}; this "
-                              f"version reads format {FORMAT})")
+        raise CheckpointError(
+            f"{state_file}: written by {what} mhgpo version (checkpoint format {version}; this "
+            f"version reads format {FORMAT})"
+        )
     for key, kind in (("step", int), ("position", int), ("files", dict), ("optimizers", dict), ("rng", dict)):
         if not isinstance(state.get(key), kind):
-            raise CheckpointError(f"{state_file}: {key} is missing or not a{'n' if kind is int else ''} "
-                                  f"{kind.__name__}")
+            raise CheckpointError(
+                f"{state_file}: {key} is missing or not a{'n' if kind is int else ''} {kind.__name__}"
+            )
     if state["step"] != checkpoint_step(path) or state["position"] < 0:
-        raise CheckpointError(f"{state_file}: step {state['step']} / position {state['position']} do not fit "
-                              f"the folder {path.name}")
+        raise CheckpointError(
+            f"{state_file}: step {state['step']} / position {state['position']} do not fit the folder {path.name}"
+        )
     for name, size in state["files"].items():
         file = path / str(name)
         if Path(str(name)).name != name or not name.endswith(".safetensors"):
@@ -286,27 +302,37 @@ def _check_tensors(file: Path, tensors: dict[str, torch.Tensor], module: torch.n
     params = {n: p for n, p in module.named_parameters() if p.requires_grad}
     missing, extra = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
     if extra:
-        raise CheckpointMismatch(f"{file}: holds {len(extra)} tensors the model does not train, e.g. {extra[0]} "
-                                 f"(another model or LoRA setting?)")
+        raise CheckpointMismatch(
+            f"{file}: holds {len(extra)} tensors the model does not train, e.g. {extra[0]} "
+            f"(another model or LoRA setting?)"
+        )
     if missing:
-        raise CheckpointMismatch(f"{file}: lacks {len(missing)} of the model's trained tensors, e.g. {missing[0]} "
-                                 f"(another model or LoRA setting?)")
+        raise CheckpointMismatch(
+            f"{file}: lacks {len(missing)} of the model's trained tensors, e.g. {missing[0]} "
+            f"(another model or LoRA setting?)"
+        )
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(params[name].shape):
-            raise CheckpointMismatch(f"{file}: {name} has shape {list(t.shape)}, the model's is "
-                                     f"{list(params[name].shape)} (another model or LoRA setting?)")
+            raise CheckpointMismatch(
+                f"{file}: {name} has shape {list(t.shape)}, the model's is "
+                f"{list(params[name].shape)} (another model or LoRA setting?)"
+            )
 
 
 def _check_optimizer(file: Path, name: str, saved: Any, optimizer: torch.optim.Optimizer) -> None:
     live = optimizer.state_dict()
     where = f"{file}: the {name} optimiser state"
-    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list) \
-            or not isinstance(saved.get("state"), dict):
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("param_groups"), list)
+        or not isinstance(saved.get("state"), dict)
+    ):
         raise CheckpointError(f"{where} is malformed")
     groups = saved["param_groups"]
     if len(groups) != len(live["param_groups"]) or any(
-            not isinstance(g, dict) or len(g.get("params", [])) != len(h["params"])
-            for g, h in zip(groups, live["param_groups"])):
+        not isinstance(g, dict) or len(g.get("params", [])) != len(h["params"])
+        for g, h in zip(groups, live["param_groups"])
+    ):
         raise CheckpointMismatch(f"{where} does not fit the model (another model or LoRA setting?)")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     ids = [i for g in groups for i in g["params"]]
@@ -316,8 +342,10 @@ def _check_optimizer(file: Path, name: str, saved: Any, optimizer: torch.optim.O
         shape = tuple(params[ids.index(index)].shape)
         for key, value in entry.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shape:
-                raise CheckpointMismatch(f"{where}: {key} of parameter {index} has shape {list(value.shape)}, "
-                                         f"the parameter's is {list(shape)}")
+                raise CheckpointMismatch(
+                    f"{where}: {key} of parameter {index} has shape {list(value.shape)}, "
+                    f"the parameter's is {list(shape)}"
+                )
 
 
 @dataclass
@@ -346,8 +374,9 @@ def read_checkpoint(path: Path, live: Live) -> LoadedCheckpoint:
     optimizers = {}
     for name, opt in wanted.items():
         if name not in state["optimizers"]:
-            raise CheckpointMismatch(f"{state_file}: holds no {name} optimiser state (was the run trained with another "
-                                     f"algo?)")
+            raise CheckpointMismatch(
+                f"{state_file}: holds no {name} optimiser state (was the run trained with another algo?)"
+            )
         try:
             optimizers[name] = decode(state["optimizers"][name], opt_tensors)
         except StateError as e:

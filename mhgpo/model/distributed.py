@@ -79,8 +79,10 @@ class Ranks(Single):
         except (RuntimeError, OSError) as e:  # gloo / NCCL: a peer closed the connection, or the timeout passed
             from mhgpo.errors import RunError
 
-            raise RunError(f"rank {self.rank} of {self.world}: another rank stopped answering "
-                           f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); the run stops") from e
+            raise RunError(
+                f"rank {self.rank} of {self.world}: another rank stopped answering "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); the run stops"
+            ) from e
         finally:
             self.comm_seconds += time.perf_counter() - t
 
@@ -129,13 +131,14 @@ class Ranks(Single):
         """Replace each parameter's gradient by its sum over the ranks, in one flat all-reduce; a parameter that no
         rank gave a gradient keeps none (AdamW then leaves it alone, as in one process)."""
         has = self.sum([1.0 if p.grad is not None else 0.0 for p in params])
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                          for p in params])  # (P,)
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
+        )  # (P,)
         self._timed(torch.distributed.all_reduce, flat)
         at = 0
         for p, h in zip(params, has):
             n = p.numel()
-            p.grad = flat[at: at + n].view_as(p).to(p.dtype) if h > 0 else None
+            p.grad = flat[at : at + n].view_as(p).to(p.dtype) if h > 0 else None
             at += n
 
     def barrier(self) -> None:

@@ -20,9 +20,10 @@ autocast, as the trainer's forwards do.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Protocol
 
 import torch
 from peft.helpers import disable_input_dtype_casting
@@ -30,8 +31,8 @@ from transformers import LogitsProcessor
 from transformers.cache_utils import DynamicCache, StaticLayer
 
 from mhgpo.model.logprobs import backbone_and_head, causal_lm
-from mhgpo.model.pretrained import stop_token_ids
 from mhgpo.model.precision import autocast
+from mhgpo.model.pretrained import stop_token_ids
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,8 @@ def prefill(model: Any, prompts: list[list[int]], n_prefix: int, width: int) -> 
         ids = torch.full((len(rests), w), 0, dtype=torch.long)  # (b, w), left-padded
         mask = torch.zeros((len(rests), w), dtype=torch.long)  # (b, w)
         for j, rest in enumerate(rests):
-            ids[j, w - len(rest):] = torch.tensor(rest, dtype=torch.long)
-            mask[j, w - len(rest):] = 1
+            ids[j, w - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            mask[j, w - len(rest) :] = 1
         positions = n_prefix + (mask.cumsum(-1) - 1).clamp(min=0)  # (b, w)
         past = None
         if head is not None:
@@ -175,12 +176,19 @@ def prefill(model: Any, prompts: list[list[int]], n_prefix: int, width: int) -> 
             for layer, (k, v) in enumerate(head):
                 past.update(k.expand(len(rests), -1, -1, -1), v.expand(len(rests), -1, -1, -1), layer)
             mask = torch.cat([torch.ones((len(rests), n_prefix), dtype=torch.long), mask], dim=1)  # (b, P + w)
-        out = backbone(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                       use_cache=True, **{cache_argument(backbone): past}).past_key_values
+        out = backbone(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            use_cache=True,
+            **{cache_argument(backbone): past},
+        ).past_key_values
         for j, rest in enumerate(rests):
             rows, n = rows_of[rest], len(rest)
             for layer, computed in enumerate(out.layers):
-                place(layer, computed.keys[j, :, -n:], computed.values[j, :, -n:], rows, slice(width - 1 - n, width - 1))
+                place(
+                    layer, computed.keys[j, :, -n:], computed.values[j, :, -n:], rows, slice(width - 1 - n, width - 1)
+                )
     cache = DynamicCache()
     for layer, (k, v) in enumerate(zip(keys, values)):
         cache.update(k, v, layer)
@@ -200,8 +208,9 @@ def prefill_buckets(lengths: list[int]) -> list[tuple[int, int]]:
     lo, real = 0, 0
     for i, n in enumerate(lengths):
         padded = (i - lo + 1) * n
-        if i > lo and (padded > MAX_PREFILL_TOKENS or
-                       padded > max((1 + MAX_PREFILL_PADDING) * (real + n), MIN_PREFILL_TOKENS)):
+        if i > lo and (
+            padded > MAX_PREFILL_TOKENS or padded > max((1 + MAX_PREFILL_PADDING) * (real + n), MIN_PREFILL_TOKENS)
+        ):
             runs.append((lo, i))
             lo, real = i, 0
         real += n
@@ -242,8 +251,10 @@ class _StaticLayer(StaticLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = torch.promote_types(self.keys.dtype, key_states.dtype), \
-            torch.promote_types(self.values.dtype, value_states.dtype)
+        keys, values = (
+            torch.promote_types(self.keys.dtype, key_states.dtype),
+            torch.promote_types(self.values.dtype, value_states.dtype),
+        )
         self.keys, self.values = self.keys.to(keys), self.values.to(values)
         return super().update(key_states.to(keys), value_states.to(values), *args, **kwargs)
 
@@ -252,8 +263,14 @@ class HFGenerator:
     """:class:`Generator` over a Hugging Face causal LM (plain or peft-wrapped) and its tokenizer; ``precision`` is a
     resolved one (:mod:`mhgpo.model.precision`): ``bf16-mixed`` decodes under bfloat16 autocast."""
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, precision: str = "fp32",
-                 select: Callable[[str | None], ContextManager[None]] | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        batch_size: int = 16,
+        precision: str = "fp32",
+        select: Callable[[str | None], AbstractContextManager[None]] | None = None,
+    ) -> None:
         """``select(agent)``: a context in which ``model`` acts as that agent (its own adapter, `lora.per_role`)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -309,8 +326,9 @@ class HFGenerator:
         from transformers import StaticCache
 
         cache = StaticCache(config=causal_lm(self.model).config, max_cache_len=length)
-        cache.layers = [_StaticLayer(max_cache_len=length) if type(layer) is StaticLayer else layer
-                        for layer in cache.layers]
+        cache.layers = [
+            _StaticLayer(max_cache_len=length) if type(layer) is StaticLayer else layer for layer in cache.layers
+        ]
         for layer, filled in zip(cache.layers, prefilled.layers if prefilled is not None else []):
             keys, values = filled.keys, filled.values  # (B, heads, P, dim)
             layer.lazy_initialization(keys, values)
@@ -319,8 +337,9 @@ class HFGenerator:
             layer.cumulative_length.fill_(keys.shape[2])
         return cache
 
-    def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any, filled: int,
-                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any, filled: int, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode the left-padded batch ``input_ids``, ``attention_mask`` (B, W) on ``cache`` (its first ``filled``
         columns computed): greedily, or by sampling from ``softmax(logits / T)`` truncated by top-p
         (:class:`_Nucleus`), until every row has given an EOS token or ``max_new_tokens``. Returns the new ids (B, S),
@@ -340,10 +359,20 @@ class HFGenerator:
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, filled:]  # (B, W - filled)
         for t in range(steps):
             end = width + t  # columns computed after this step's forward
-            extra = {"cache_position": torch.arange(end - feed.shape[1], end, device=device)} \
-                if self._takes_cache_position else {}
-            logits = self.model(input_ids=feed, attention_mask=mask[:, :end], position_ids=positions, use_cache=True,
-                                **{self._cache_argument: cache}, **self._last_logits, **extra).logits
+            extra = (
+                {"cache_position": torch.arange(end - feed.shape[1], end, device=device)}
+                if self._takes_cache_position
+                else {}
+            )
+            logits = self.model(
+                input_ids=feed,
+                attention_mask=mask[:, :end],
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_argument: cache},
+                **self._last_logits,
+                **extra,
+            ).logits
             logits = logits[:, -1].float()  # (b, V)
             logp = torch.log_softmax(logits / params.logprob_temperature, dim=-1)  # (b, V)
             if nucleus is None:

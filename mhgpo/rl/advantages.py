@@ -134,8 +134,10 @@ def propagate_rewards_reference(
     _check_leaf_values(terminal, np.array([not c for c in children], dtype=bool))
     internal = [k for k in range(n) if children[k]]
     u = rng.random(len(internal)) if aggr == "rand" else None
-    pick = {k: (min(int(u[j] * len(children[k])), len(children[k]) - 1) if u is not None else 0)
-            for j, k in enumerate(internal)}
+    pick = {
+        k: (min(int(u[j] * len(children[k])), len(children[k]) - 1) if u is not None else 0)
+        for j, k in enumerate(internal)
+    }
 
     shared = [float("nan")] * n
     for k in reversed(range(n)):  # children have larger indices, so they are done first
@@ -335,7 +337,7 @@ def regroup_singletons(
         n_full = shuffled.shape[0] // group_size
         full = shuffled[: n_full * group_size]  # (n_full * G,)
         out[full] = next_id + np.arange(full.shape[0]) // group_size  # (n_full * G,)
-        out[shuffled[n_full * group_size:]] = -1
+        out[shuffled[n_full * group_size :]] = -1
         dropped += int(shuffled.shape[0] - full.shape[0])
         next_id += n_full
     return out, dropped
@@ -360,8 +362,9 @@ def rr_pool_keys(mode: str, roles: Sequence[str], fork_agents: Sequence[str | No
 
 def _check_token_arrays(rewards: np.ndarray, values: np.ndarray, mask: np.ndarray) -> None:
     if rewards.ndim != 2 or values.shape != rewards.shape or mask.shape != rewards.shape:
-        raise ValueError(f"rewards, values and mask must have shape (B, T), got {rewards.shape}, {values.shape}, "
-                         f"{mask.shape}")
+        raise ValueError(
+            f"rewards, values and mask must have shape (B, T), got {rewards.shape}, {values.shape}, {mask.shape}"
+        )
     lengths = mask.sum(axis=1)  # (B,)
     if np.any(mask != (np.arange(mask.shape[1])[None, :] < lengths[:, None])):
         raise ValueError("mask must be right-padded: True on each row's first |o_i| positions only")
@@ -471,8 +474,14 @@ def scheme_groups(
     if scheme == "agent":
         keys = np.stack([np.unique(agents, return_inverse=True)[1].reshape(-1)], axis=1)  # (N, 1)
     elif scheme == "prompt_agent_turn":
-        keys = np.stack([np.unique(prompt_keys, return_inverse=True)[1].reshape(-1),
-                         np.unique(agents, return_inverse=True)[1].reshape(-1), np.asarray(visits)], axis=1)  # (N, 3)
+        keys = np.stack(
+            [
+                np.unique(prompt_keys, return_inverse=True)[1].reshape(-1),
+                np.unique(agents, return_inverse=True)[1].reshape(-1),
+                np.asarray(visits),
+            ],
+            axis=1,
+        )  # (N, 3)
     else:
         raise ValueError(f"unknown advantage scheme {scheme!r}")
     out = np.full(group_ids.shape[0], -1, dtype=np.int64)  # (N,)

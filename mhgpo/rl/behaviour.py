@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -13,14 +14,26 @@ from mhgpo.team.workflow import Call, Workflow, breaks_format
 
 def call_record(node: Node) -> dict[str, Any]:
     """What the behaviour measures need of one LLM call (kept in each prediction's trace): a `Call` as a dict."""
-    return {"agent": node.agent, "penalty": node.penalty, "output_tokens": len(node.output_ids), "info": node.info,
-            "visit": node.visit, "output": node.output}
+    return {
+        "agent": node.agent,
+        "penalty": node.penalty,
+        "output_tokens": len(node.output_ids),
+        "info": node.info,
+        "visit": node.visit,
+        "output": node.output,
+    }
 
 
 def _call(n: Node | dict[str, Any]) -> Call:
     rec = n if isinstance(n, dict) else call_record(n)
-    return Call(rec["agent"], rec.get("output", ""), float(rec["penalty"]), int(rec["output_tokens"]),
-                int(rec.get("visit", 0)), dict(rec.get("info") or {}))
+    return Call(
+        rec["agent"],
+        rec.get("output", ""),
+        float(rec["penalty"]),
+        int(rec["output_tokens"]),
+        int(rec.get("visit", 0)),
+        dict(rec.get("info") or {}),
+    )
 
 
 def agent_behaviour(calls: Iterable[Node | dict[str, Any]], workflow: Workflow) -> dict[str, float]:
@@ -43,4 +56,3 @@ def agent_behaviour(calls: Iterable[Node | dict[str, Any]], workflow: Workflow) 
         for name, value in workflow.behaviour(agent, mine).items():
             out[f"{agent}/{name}"] = float(value)
     return out
-

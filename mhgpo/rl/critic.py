@@ -42,14 +42,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, critic_lr
-from mhgpo.model.logprobs import backbone_and_head, check_pairs, output_hidden_states
-from mhgpo.rl.losses import value_loss
 from mhgpo.model.distributed import Single
+from mhgpo.model.logprobs import backbone_and_head, check_pairs, output_hidden_states
 from mhgpo.model.lora import peft_lora_config
-from mhgpo.rl.policy import (Sample, accumulated_steps, cast_trainable, enable_gradient_checkpointing, micro_batches, owned, pad_rows)
 from mhgpo.model.precision import autocast, module_device
+from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
+from mhgpo.rl.losses import value_loss
+from mhgpo.rl.policy import (
+    Sample,
+    accumulated_steps,
+    cast_trainable,
+    enable_gradient_checkpointing,
+    micro_batches,
+    owned,
+    pad_rows,
+)
 
 CRITIC_ADAPTER = "critic"
 
@@ -85,8 +93,9 @@ class ValueModel(torch.nn.Module):
         return values.masked_scatter(mask, flat), mask  # (B, T), row-major order as `hidden`
 
 
-def build_value_model(model: torch.nn.Module, lora: LoraConfig, precision: str = "fp32",
-                      own_base: bool = False) -> ValueModel:
+def build_value_model(
+    model: torch.nn.Module, lora: LoraConfig, precision: str = "fp32", own_base: bool = False
+) -> ValueModel:
     """The critic for the actor ``model`` (call it before the actor is wrapped with its own LoRA adapter); its
     trainable weights in :func:`mhgpo.model.precision.weight_dtype` ``(precision, trainable=True)``. Under LoRA its
     frozen base is the actor's tensors, or with ``own_base`` a copy of its own (``critic.own_base``)."""
@@ -115,8 +124,15 @@ class Critic:
     """The value model, its optimiser, and the two things a step asks of it: :meth:`estimate` (rollout-time
     values → GAE advantages and returns on the samples) and :meth:`update` (the value loss)."""
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: CriticConfig, optim: OptimConfig, lora: LoraConfig,
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        cfg: CriticConfig,
+        optim: OptimConfig,
+        lora: LoraConfig,
+        precision: str = "fp32",
+    ):
         self.cfg, self.optim, self.pad_id, self.precision = cfg, optim, pad_id, precision
         self.ranks: Single = Single()  # the ranks of a data-parallel run (set by the trainer)
         self.model = build_value_model(model, lora, precision, cfg.own_base)
@@ -128,8 +144,9 @@ class Critic:
 
     def _values(self, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
         with autocast(self.precision, module_device(self.model)):
-            return self.model.values([s.prompt_ids for s in batch], [s.output_ids for s in batch], self.pad_id,
-                                     self.optim.share_prefix)
+            return self.model.values(
+                [s.prompt_ids for s in batch], [s.output_ids for s in batch], self.pad_id, self.optim.share_prefix
+            )
 
     @torch.no_grad()
     def values(self, samples: list[Sample]) -> list[np.ndarray]:
@@ -179,10 +196,12 @@ class Critic:
         v_tok, g_tok = values[mask], returns[mask]
         var_g = float(g_tok.var()) if g_tok.size else 0.0
         explained = 1.0 - float((g_tok - v_tok).var()) / var_g if var_g > 0 else 0.0
-        return {"critic/value_mean": float(v_tok.mean()) if v_tok.size else 0.0,
-                "critic/return_mean": float(g_tok.mean()) if g_tok.size else 0.0,
-                "critic/advantage_mean": raw_mean,
-                "critic/explained_variance": explained}
+        return {
+            "critic/value_mean": float(v_tok.mean()) if v_tok.size else 0.0,
+            "critic/return_mean": float(g_tok.mean()) if g_tok.size else 0.0,
+            "critic/advantage_mean": raw_mean,
+            "critic/explained_variance": explained,
+        }
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """``optim.ppo_epochs`` optimiser steps of the clipped value loss on samples that went through
@@ -190,8 +209,12 @@ class Critic:
         ``critic/lr``. Several ranks: as for :meth:`mhgpo.rl.policy.Policy.update`."""
         samples = [s for s in samples if s.output_ids]
         if not samples:
-            return {"critic/loss": 0.0, "critic/value_clip_fraction": 0.0, "critic/grad_norm": 0.0,
-                    "critic/lr": self.lr}
+            return {
+                "critic/loss": 0.0,
+                "critic/value_clip_fraction": 0.0,
+                "critic/grad_norm": 0.0,
+                "critic/lr": self.lr,
+            }
         if any(s.returns is None or s.old_values is None for s in samples):
             raise ValueError("Critic.update needs samples with returns and old_values (run Critic.estimate first)")
 
@@ -204,10 +227,22 @@ class Critic:
             return value_loss(v, old, ret, weights.to(v.device), mask, self.cfg.value_clip)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
-        out = accumulated_steps(self.model, self.optimizer, params, self.optim, samples, batch_loss,
-                                ("value_clip_fraction",), ranks=self.ranks)
-        return {"critic/loss": out["loss"], "critic/value_clip_fraction": out["value_clip_fraction"],
-                "critic/grad_norm": out["grad_norm"], "critic/lr": self.lr}
+        out = accumulated_steps(
+            self.model,
+            self.optimizer,
+            params,
+            self.optim,
+            samples,
+            batch_loss,
+            ("value_clip_fraction",),
+            ranks=self.ranks,
+        )
+        return {
+            "critic/loss": out["loss"],
+            "critic/value_clip_fraction": out["value_clip_fraction"],
+            "critic/grad_norm": out["grad_norm"],
+            "critic/lr": self.lr,
+        }
 
     def state(self) -> tuple[torch.nn.Module, Any]:
         """What a checkpoint holds of the critic: its module (trainable tensors) and its optimiser."""

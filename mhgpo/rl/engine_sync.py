@@ -37,8 +37,16 @@ def build_engine(cfg: Any, spec: str, loaded: Any, scratch: Path) -> Any:
     from mhgpo.model.vllm_engine import build_engine as engine_for
 
     lora = cfg.lora
-    return engine_for(spec, loaded, cfg.generation, cfg.precision, cfg.seed, lora.r if lora.enabled else None,
-                      PER_ROLE_ADAPTERS if lora.enabled and lora.per_role else 1, scratch)
+    return engine_for(
+        spec,
+        loaded,
+        cfg.generation,
+        cfg.precision,
+        cfg.seed,
+        lora.r if lora.enabled else None,
+        PER_ROLE_ADAPTERS if lora.enabled and lora.per_role else 1,
+        scratch,
+    )
 
 
 def tolerance(cfg: Any) -> float:
@@ -85,8 +93,9 @@ def sync_gap(engine: Any, policy: Policy, samples: list[Sample], count: int) -> 
     gaps: list[np.ndarray] = []
     for agent in dict.fromkeys(s.agent for s in picked):
         rows = [i for i, s in enumerate(picked) if s.agent == agent]
-        scored = engine.score([picked[i].prompt_ids for i in rows], [picked[i].output_ids for i in rows],
-                              agent if policy.roles else None)
+        scored = engine.score(
+            [picked[i].prompt_ids for i in rows], [picked[i].output_ids for i in rows], agent if policy.roles else None
+        )
         for i, engine_lp in zip(rows, scored):
             gaps.append(np.abs(np.asarray(engine_lp) - trainer[i].numpy()))
     return float(np.concatenate(gaps).mean())
@@ -98,7 +107,8 @@ def check_sync(gap: float | None, limit: float, step: int, last_checkpoint: str)
         raise EngineOutOfSync(
             f"generation.engine=vllm: after the update of step {step} the engine's log-probs of the step's outputs "
             f"differ from the trainer's by {gap:.3g} per token (generation.sync_tolerance={limit:g}): the engine "
-            f"does not sample from the trained weights; the run stops; {last_checkpoint}")
+            f"does not sample from the trained weights; the run stops; {last_checkpoint}"
+        )
 
 
 def old_logprobs(policy: Policy, samples: list[Sample], mode: str) -> dict[str, float]:
@@ -109,9 +119,11 @@ def old_logprobs(policy: Policy, samples: list[Sample], mode: str) -> dict[str, 
     if mode == "engine":
         hot = sorted({s.temperature for s in with_output if s.temperature != 1.0})
         if hot:
-            raise InputError(f"optim.old_logprobs=engine: vLLM reports the log-probs of the raw logits, which are "
-                             f"the policy's only at temperature 1; an agent samples at temperature {hot[0]:g} "
-                             f"(use optim.old_logprobs=trainer)")
+            raise InputError(
+                f"optim.old_logprobs=engine: vLLM reports the log-probs of the raw logits, which are "
+                f"the policy's only at temperature 1; an agent samples at temperature {hot[0]:g} "
+                f"(use optim.old_logprobs=trainer)"
+            )
         return {}
     recomputed = policy.current_logprobs(with_output) if with_output else []
     gaps = []

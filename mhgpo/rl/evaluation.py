@@ -9,23 +9,23 @@ prediction lines alone, so an evaluation continued with `mhgpo eval --resume` sc
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from mhgpo.rl.behaviour import agent_behaviour, call_record
-from mhgpo.model import wire
-from mhgpo.model.generation import Generator
-from mhgpo.io import atomic_write_json, atomic_write_jsonl, read_jsonl
+from mhgpo.config.eval import MAX_PROMPT_TOKENS
 from mhgpo.data.metrics import score
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError
-from mhgpo.config.eval import MAX_PROMPT_TOKENS
+from mhgpo.io import atomic_write_json, atomic_write_jsonl, read_jsonl
+from mhgpo.model import wire
+from mhgpo.model.generation import Generator
+from mhgpo.rl.behaviour import agent_behaviour, call_record
 from mhgpo.rl.rollout import Node, RolloutSpec, run_rollouts
 from mhgpo.team.workflow import Workflow
-
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
@@ -50,8 +50,7 @@ def chain_record(example: Example, chain: list[Node]) -> dict[str, Any]:
     s = score(prediction, example.answers)
     trace = dict(leaf.trace or {})
     trace["steps"] = [
-        {**call_record(n), "output": n.output} if n.kind == "llm" else {"agent": n.agent, "tool": n.info}
-        for n in chain
+        {**call_record(n), "output": n.output} if n.kind == "llm" else {"agent": n.agent, "tool": n.info} for n in chain
     ]
     return {
         "id": example.id,
@@ -109,8 +108,9 @@ def evaluate_examples(
 def merge_results(results: list[EvalResult], workflow: Workflow, seconds: float) -> EvalResult:
     """One result of the questions of `results` (shares of one set, in order; each rank's of a data-parallel
     run): predictions and failures together, the metrics computed again over all of them."""
-    return _result([p for r in results for p in r.predictions], [f for r in results for f in r.failures], workflow,
-                   seconds)
+    return _result(
+        [p for r in results for p in r.predictions], [f for r in results for f in r.failures], workflow, seconds
+    )
 
 
 def _result(predictions: list[dict[str, Any]], failures: list[Any], workflow: Workflow, seconds: float) -> EvalResult:
@@ -144,11 +144,14 @@ def finished_predictions(folder: Path, examples: list[Example]) -> list[dict[str
     for number, row in enumerate(rows, 1):
         steps = row.get("trace", {}).get("steps") if isinstance(row.get("trace"), dict) else None
         if not isinstance(steps, list) or any("tool" not in s and "output_tokens" not in s for s in steps):
-            raise InputError(f"{path}:{number}: not a prediction record of this mhgpo version; start a new "
-                             f"evaluation with another --output-dir")
+            raise InputError(
+                f"{path}:{number}: not a prediction record of this mhgpo version; start a new "
+                f"evaluation with another --output-dir"
+            )
         if row.get("id") not in known:
-            raise InputError(f"{path}:{number}: question id {row.get('id')!r} is not among the questions being "
-                             f"evaluated")
+            raise InputError(
+                f"{path}:{number}: question id {row.get('id')!r} is not among the questions being evaluated"
+            )
         if row["id"] not in seen:
             seen.add(row["id"])
             kept.append(row)
@@ -162,7 +165,7 @@ def write_eval(result: EvalResult, output_dir: Path, extra: dict[str, Any] | Non
     atomic_write_json(output_dir / "metrics.json", {**result.metrics, **(extra or {})})
 
 
-def metrics_table(rows: dict[str, dict[str, float]], title: str = "") -> "Any":
+def metrics_table(rows: dict[str, dict[str, float]], title: str = "") -> Any:
     """A rich table: one row per named result, columns n / Acc / EM / F1."""
     from rich.table import Table
 

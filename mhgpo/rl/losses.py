@@ -231,11 +231,15 @@ def value_loss(
     Departures from the paper: the paper names a critic but no value loss; this is the usual clipped one.
     """
     if values.ndim != 2 or old_values.shape != values.shape or returns.shape != values.shape:
-        raise ValueError(f"values, old_values and returns must have shape (B, T), got {tuple(values.shape)}, "
-                         f"{tuple(old_values.shape)}, {tuple(returns.shape)}")
+        raise ValueError(
+            f"values, old_values and returns must have shape (B, T), got {tuple(values.shape)}, "
+            f"{tuple(old_values.shape)}, {tuple(returns.shape)}"
+        )
     if mask.shape != values.shape or weights.shape != values.shape[:1]:
-        raise ValueError(f"mask must have shape {tuple(values.shape)} and weights ({values.shape[0]},), got "
-                         f"{tuple(mask.shape)}, {tuple(weights.shape)}")
+        raise ValueError(
+            f"mask must have shape {tuple(values.shape)} and weights ({values.shape[0]},), got "
+            f"{tuple(mask.shape)}, {tuple(weights.shape)}"
+        )
     mask = mask.bool()  # (B, T)
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     v = torch.where(mask, values, zero)  # (B, T)

@@ -21,22 +21,22 @@ import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mhgpo.model import packing
-from mhgpo.model.lora import Reference, peft_lora_config
 from mhgpo.config import LoraConfig, OptimConfig
 from mhgpo.errors import NotFinite
+from mhgpo.model import packing
 from mhgpo.model.distributed import Single, shares
-
-LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft's default name)
 from mhgpo.model.logprobs import output_logprobs
-from mhgpo.rl.losses import mhgpo_policy_loss, token_weights
+from mhgpo.model.lora import Reference, peft_lora_config
 from mhgpo.model.precision import autocast, module_device, weight_dtype
 from mhgpo.model.sharding import clip_grad_norm, gathered, is_dtensor, is_sharded, shard_model
+from mhgpo.rl.losses import mhgpo_policy_loss, token_weights
+
+LORA_ADAPTER = "default"  # the adapter's name when every agent shares one (peft's default name)
 
 
 @dataclass
@@ -58,9 +58,18 @@ class Sample:
 class Policy:
     """The trainable model, its optimiser and scheduler, and its reference."""
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, optim: OptimConfig, lora: LoraConfig, total_steps: int,
-                 reference: Reference | None = None, precision: str = "fp32", keep_reference: bool = True,
-                 roles: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        optim: OptimConfig,
+        lora: LoraConfig,
+        total_steps: int,
+        reference: Reference | None = None,
+        precision: str = "fp32",
+        keep_reference: bool = True,
+        roles: tuple[str, ...] = (),
+    ):
         """``model`` comes stored as ``precision`` asks (:func:`mhgpo.model.precision.weight_dtype`: its frozen base
         under LoRA, all of it under full fine-tuning); ``precision`` is a resolved one (not ``auto``).
         ``keep_reference=False``: no frozen copy under full fine-tuning (a warm start has no KL term).
@@ -84,8 +93,9 @@ class Policy:
 
             # the adapter's weights: float32 (peft casts them up from a bfloat16 base), except under pure bf16
             names = self.roles or (LORA_ADAPTER,)
-            model = get_peft_model(model, peft_lora_config(lora, model), adapter_name=names[0],
-                                   autocast_adapter_dtype=precision != "bf16")
+            model = get_peft_model(
+                model, peft_lora_config(lora, model), adapter_name=names[0], autocast_adapter_dtype=precision != "bf16"
+            )
             for name in names[1:]:
                 model.add_adapter(name, peft_lora_config(lora, model))
             self.reference_adapters = _add_negated_adapters(model, reference.adapters)
@@ -115,8 +125,9 @@ class Policy:
         if self.roles:
             raise ValueError("FSDP: lora.per_role is not supported (each rank would reduce other adapters)")
         if self.reference_adapters:
-            raise ValueError("FSDP: a reference made of negated adapters (reference=base on a trained LoRA run) is "
-                             "not supported")
+            raise ValueError(
+                "FSDP: a reference made of negated adapters (reference=base on a trained LoRA run) is not supported"
+            )
         shard_model(self.model, device, world)
         if self.ref_model is not None:
             shard_model(self.ref_model, device, world)
@@ -135,8 +146,9 @@ class Policy:
     def _adapter_params(model: Any, names: tuple[str, ...], precision: str) -> list[torch.nn.Parameter]:
         """The trainable adapters' parameters, in float32 unless the precision is pure bf16 (an adapter added after
         the first is made in the base's dtype)."""
-        params = [p for n, p in model.named_parameters()
-                  if any(f".lora_A.{a}." in n or f".lora_B.{a}." in n for a in names)]
+        params = [
+            p for n, p in model.named_parameters() if any(f".lora_A.{a}." in n or f".lora_B.{a}." in n for a in names)
+        ]
         cast_trainable(params, precision)
         return params
 
@@ -178,11 +190,15 @@ class Policy:
         with gathered(model), self._reference_context():
             for idx in micro_batches(samples, self.cfg.micro_batch_tokens, share=self.cfg.share_prefix):
                 with autocast(self.precision, module_device(model)):  # the base, or a frozen model: no roles
-                    logp, mask = output_logprobs(model, [samples[i].prompt_ids for i in idx],
-                                                 [samples[i].output_ids for i in idx],
-                                                 temperature=samples[idx[0]].temperature,
-                                                 chunk_size=self.cfg.logprob_chunk, pad_id=self.pad_id,
-                                                 share=self.cfg.share_prefix)
+                    logp, mask = output_logprobs(
+                        model,
+                        [samples[i].prompt_ids for i in idx],
+                        [samples[i].output_ids for i in idx],
+                        temperature=samples[idx[0]].temperature,
+                        chunk_size=self.cfg.logprob_chunk,
+                        pad_id=self.pad_id,
+                        share=self.cfg.share_prefix,
+                    )
                 for row, i in enumerate(idx):
                     out[i] = logp[row, : int(mask[row].sum())].detach()
         self.model.train(was_training)
@@ -197,8 +213,9 @@ class Policy:
         was_training = self.model.training
         self.model.eval()
         try:
-            for idx in micro_batches(samples, self.cfg.micro_batch_tokens, by_agent=bool(self.roles),
-                                     share=self.cfg.share_prefix):
+            for idx in micro_batches(
+                samples, self.cfg.micro_batch_tokens, by_agent=bool(self.roles), share=self.cfg.share_prefix
+            ):
                 logp, mask = self._logprobs(self.model, [samples[i] for i in idx])
                 for row, i in enumerate(idx):
                     out[i] = logp[row, : int(mask[row].sum())].detach().float()
@@ -235,12 +252,27 @@ class Policy:
             ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
             adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
             return mhgpo_policy_loss(
-                logp, old.to(logp.device), None if ref_b is None else ref_b.to(logp.device), adv.to(logp.device),
-                weights.to(logp.device), mask, self.cfg.clip_eps, self.cfg.kl_beta,
+                logp,
+                old.to(logp.device),
+                None if ref_b is None else ref_b.to(logp.device),
+                adv.to(logp.device),
+                weights.to(logp.device),
+                mask,
+                self.cfg.clip_eps,
+                self.cfg.kl_beta,
             )
 
-        totals = accumulated_steps(self.model, self.optimizer, self.params, self.cfg, samples, batch_loss,
-                                   ("kl", "clip_fraction", "ratio"), by_agent=bool(self.roles), ranks=ranks)
+        totals = accumulated_steps(
+            self.model,
+            self.optimizer,
+            self.params,
+            self.cfg,
+            samples,
+            batch_loss,
+            ("kl", "clip_fraction", "ratio"),
+            by_agent=bool(self.roles),
+            ranks=ranks,
+        )
         self.scheduler.step()
         totals["lr"] = self.scheduler.get_last_lr()[0]
         return totals
@@ -273,8 +305,12 @@ def accumulated_steps(
     ranks = ranks or Single()
     weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (N,)
     mine = owned(samples, ranks, optim.share_prefix)
-    batches = [[mine[j] for j in b] for b in micro_batches([samples[i] for i in mine], optim.micro_batch_tokens,
-                                                           by_agent=by_agent, share=optim.share_prefix)]
+    batches = [
+        [mine[j] for j in b]
+        for b in micro_batches(
+            [samples[i] for i in mine], optim.micro_batch_tokens, by_agent=by_agent, share=optim.share_prefix
+        )
+    ]
     real = len(batches)
     if is_sharded(model):
         busiest = int(max(ranks.gather(real)))
@@ -314,8 +350,9 @@ def check_finite(loss: float, grad_norm: float) -> None:
     """Raise NotFinite before an optimiser step that would write NaN / infinite values into the weights (a
     diverged loss, an overflowing gradient): clipping does not help, a NaN norm scales every gradient to NaN."""
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise NotFinite(f"the loss/gradient is not finite (loss {loss}, gradient norm {grad_norm}); the update "
-                        f"was not applied")
+        raise NotFinite(
+            f"the loss/gradient is not finite (loss {loss}, gradient norm {grad_norm}); the update was not applied"
+        )
 
 
 def weights_finite(params: list[torch.nn.Parameter], ranks: Single | None = None) -> bool:
@@ -441,15 +478,17 @@ def _advantages(batch: list[Sample], width: int, dtype: torch.dtype) -> torch.Te
     return pad_rows(rows, width)  # (b, T)
 
 
-def micro_batches(samples: list[Sample], max_tokens: int, by_agent: bool = False,
-                  share: bool = True) -> list[list[int]]:
+def micro_batches(
+    samples: list[Sample], max_tokens: int, by_agent: bool = False, share: bool = True
+) -> list[list[int]]:
     """Indices of samples cut into micro-batches (:func:`mhgpo.model.packing.micro_batches`): the same temperature together,
     and the same agent with `by_agent`; samples with identical prompts share a segment when `share` (the prompt
     counted once); rows × longest segment ≤ max_tokens, a larger group split, a longer single sample in a batch of
     its own."""
     keys = [(s.agent if by_agent else "", s.temperature) for s in samples]
-    return packing.micro_batches([s.prompt_ids for s in samples], [len(s.output_ids) for s in samples], max_tokens,
-                                 keys, share)
+    return packing.micro_batches(
+        [s.prompt_ids for s in samples], [len(s.output_ids) for s in samples], max_tokens, keys, share
+    )
 
 
 def _lr_lambda(cfg: OptimConfig, total_steps: int):

@@ -30,18 +30,19 @@ A `ServiceError` of a tool (its retrieval service is down) is no question's fail
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from mhgpo.rl.advantages import regroup_singletons, rr_pool_keys
-from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.config.eval import MAX_PROMPT_TOKENS
-from mhgpo.model import wire
-from mhgpo.model.generation import Generator, SamplingParams
+from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.data.records import Example
 from mhgpo.errors import ServiceError
+from mhgpo.model import wire
+from mhgpo.model.generation import Generator, SamplingParams
+from mhgpo.rl.advantages import regroup_singletons, rr_pool_keys
 from mhgpo.team.loader import RolloutFailure, WorkflowError, failure
 from mhgpo.team.workflow import State, StepResult, Workflow
 
@@ -126,8 +127,10 @@ class RolloutSpec:
 
 def too_long(tokens: int, limit: int) -> str:
     """Why a prompt is refused (the failure names the question, the agent and the method)."""
-    return (f"gave a prompt of {tokens} tokens, more than max_prompt_tokens={limit} (a very long question or "
-            f"passage?); the question is left out")
+    return (
+        f"gave a prompt of {tokens} tokens, more than max_prompt_tokens={limit} (a very long question or "
+        f"passage?); the question is left out"
+    )
 
 
 def _sampling_params(workflow: Workflow, agent: str, greedy: bool) -> SamplingParams:
@@ -218,13 +221,18 @@ def run_rollouts(
             if agent is None:
                 _finish(b, nodes, workflow, guard)
             elif agent is not _FAILED:
-                guard.fail(b.question_index, "next_agent", agent,
-                           problem=f"did not finish within {max_rounds} rounds (max_rounds)")
+                guard.fail(
+                    b.question_index,
+                    "next_agent",
+                    agent,
+                    problem=f"did not finish within {max_rounds} rounds (max_rounds)",
+                )
 
     if guard.failures:
         examples, nodes, fork_agents = _without_questions(set(guard.failures), examples, nodes, fork_agents)
-    stats = dict(llm_calls=float(llm_calls), tokens_generated=float(tokens),
-                 failed_questions=float(len(guard.failures)))
+    stats = dict(
+        llm_calls=float(llm_calls), tokens_generated=float(tokens), failed_questions=float(len(guard.failures))
+    )
     batch = RolloutBatch(examples, nodes, fork_agents, stats, list(guard.failures.values()))
     if grouped:
         assign_groups(batch, spec, rng)
@@ -274,9 +282,15 @@ class _Guard:
         name = self.call(b.question_index, "next_agent", None, self.workflow.next_agent, b.state)
         if name is None or name is _FAILED or (isinstance(name, str) and name in self.names):
             return name
-        return self.fail(b.question_index, "next_agent", None, problem=(
-            f"returned {name!r}, which is neither an agent ({', '.join(self.workflow.agents)}) nor a tool "
-            f"({', '.join(self.workflow.tools) or 'none'})"))
+        return self.fail(
+            b.question_index,
+            "next_agent",
+            None,
+            problem=(
+                f"returned {name!r}, which is neither an agent ({', '.join(self.workflow.agents)}) nor a tool "
+                f"({', '.join(self.workflow.tools) or 'none'})"
+            ),
+        )
 
     def step_result(self, q: int, method: str, agent: str, res: Any) -> Any:
         if res is _FAILED:
@@ -290,8 +304,9 @@ class _Guard:
         return res
 
 
-def _without_questions(failed: set[int], examples: list[Example], nodes: list[Node],
-                       fork_agents: list[list[str | None]]) -> tuple[list[Example], list[Node], list[list[str | None]]]:
+def _without_questions(
+    failed: set[int], examples: list[Example], nodes: list[Node], fork_agents: list[list[str | None]]
+) -> tuple[list[Example], list[Node], list[list[str | None]]]:
     """The batch without the failed questions: the others' nodes renumbered (ids, parents, question indices).
     Group keys keep the old numbers, which still tell the groups apart."""
     keep = [q for q in range(len(examples)) if q not in failed]
@@ -408,8 +423,15 @@ class AgentRound:
     tokens: int = 0
 
 
-def _run_agent(agent: str, branches: list[Branch], next_id: int, guard: _Guard, generator: Generator,
-               encode: Callable, spec: RolloutSpec) -> AgentRound:
+def _run_agent(
+    agent: str,
+    branches: list[Branch],
+    next_id: int,
+    guard: _Guard,
+    generator: Generator,
+    encode: Callable,
+    spec: RolloutSpec,
+) -> AgentRound:
     """One batched generation for every branch waiting on `agent` (G samples where a branch forks or
     over-samples); the input branches are left as they are."""
     workflow = guard.workflow
@@ -419,7 +441,9 @@ def _run_agent(agent: str, branches: list[Branch], next_id: int, guard: _Guard, 
     prompts: list[list[int]] = []
     owners: list[tuple[Branch, str | None, bool, bool]] = []  # (branch, its fork agent, fork sample?, over-sample?)
     for b in branches:
-        ids = guard.call(b.question_index, "build_prompt", agent, lambda: encode(workflow.build_prompt(b.state, agent)))
+        ids = guard.call(
+            b.question_index, "build_prompt", agent, lambda b=b: encode(workflow.build_prompt(b.state, agent))
+        )
         if ids is _FAILED:
             continue
         if len(ids) > spec.max_prompt_tokens:  # one huge question or passage must not take the machine's memory
@@ -446,12 +470,23 @@ def _run_agent(agent: str, branches: list[Branch], next_id: int, guard: _Guard, 
     out: list[Branch] = []
     new_nodes: list[Node] = []
     for (b, fork_agent, fork_here, oversample), gen in zip(owners, generations):
-        res = guard.step_result(b.question_index, "apply", agent,
-                                guard.call(b.question_index, "apply", agent, workflow.apply, b.state, agent, gen.text))
+        res = guard.step_result(
+            b.question_index,
+            "apply",
+            agent,
+            guard.call(b.question_index, "apply", agent, workflow.apply, b.state, agent, gen.text),
+        )
         if res is _FAILED:
             continue
-        node = Node(next_id + len(new_nodes), b.question_index, b.parent_id, agent, "llm", b.visits.get(agent, 0),
-                    fork_id=b.fork_id)
+        node = Node(
+            next_id + len(new_nodes),
+            b.question_index,
+            b.parent_id,
+            agent,
+            "llm",
+            b.visits.get(agent, 0),
+            fork_id=b.fork_id,
+        )
         new_nodes.append(node)
         node.prompt_ids, node.output_ids, node.logprobs = gen.prompt_ids, gen.output_ids, gen.logprobs
         node.output = gen.text
@@ -489,8 +524,9 @@ def _assign_groups(
         group_ids[i] = ids.setdefault(n.group_key, len(ids))
     dropped = 0
     if entry.regroup_singletons:
-        keys = rr_pool_keys(spec.rr_regroup, [n.agent for n in keep],
-                            [fork_agents[n.question_index][0] for n in keep])  # RR: one fork agent per question
+        keys = rr_pool_keys(
+            spec.rr_regroup, [n.agent for n in keep], [fork_agents[n.question_index][0] for n in keep]
+        )  # RR: one fork agent per question
         group_ids, dropped = regroup_singletons(group_ids, keys, G, rng)
     else:
         for i, n in enumerate(keep):

@@ -17,8 +17,14 @@ from mhgpo.rl.rollout import RolloutBatch
 class RunLog:
     """metrics.jsonl and the experiment trackers (`report_to`: see `mhgpo.rl.trackers`) of rank 0."""
 
-    def __init__(self, run_dir: Path, resume_step: int = 0, tensorboard: bool = True,
-                 report_to: list[str] | None = None, config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        resume_step: int = 0,
+        tensorboard: bool = True,
+        report_to: list[str] | None = None,
+        config: dict[str, Any] | None = None,
+    ):
         from mhgpo.rl.trackers import open_trackers
 
         self.run_dir = Path(run_dir)
@@ -39,13 +45,14 @@ class RunLog:
             tracker.log(step, values)
 
     def error(self, step: int, record: dict[str, Any]) -> None:
-        append_text(self.errors_path, json.dumps({"step": step, **record}, ensure_ascii=False) + "\n",
-                    self._then(step))
+        append_text(self.errors_path, json.dumps({"step": step, **record}, ensure_ascii=False) + "\n", self._then(step))
 
     def _then(self, step: int) -> str:
         """What a failed append leaves: the run stops before step `step` is saved; its checkpoints are kept."""
-        return (f"the run stops before step {step} is saved; free space and continue with: mhgpo train --resume "
-                f"{self.run_dir}")
+        return (
+            f"the run stops before step {step} is saved; free space and continue with: mhgpo train --resume "
+            f"{self.run_dir}"
+        )
 
     def close(self, finished: bool = True) -> None:
         """Close the trackers (`finished`: the run reached its last step, else it was stopped)."""
@@ -101,8 +108,9 @@ def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
             "prompt_tokens": len(n.prompt_ids),
         }
         if n.final_answer is not None:
-            row.update(final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers),
-                       question=ex.question)
+            row.update(
+                final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers), question=ex.question
+            )
         rows.append(row)
     return rows
 

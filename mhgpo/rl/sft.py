@@ -20,24 +20,24 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from mhgpo.config import SFTConfig
 from mhgpo.config.eval import MAX_PROMPT_TOKENS
-from mhgpo.model.generation import Generator, SamplingParams
-from mhgpo.io import atomic_write_json
-from mhgpo.rl.losses import token_weights
 from mhgpo.data.metrics import normalize_answer, score
-from mhgpo.rl.policy import Sample, check_finite, micro_batches
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError
-from mhgpo.team.loader import WorkflowError, failure, require_demonstrations
+from mhgpo.model.generation import Generator, SamplingParams
+from mhgpo.rl.losses import token_weights
+from mhgpo.rl.policy import Sample, check_finite, micro_batches
 from mhgpo.rl.trainer import Trainer, TrainingSetup, load_team_data
+from mhgpo.team.loader import WorkflowError, failure, require_demonstrations
 from mhgpo.team.workflow import State, Workflow
 
 
@@ -83,8 +83,13 @@ def collect_demonstrations(
                 try:
                     results = workflow.call_tools(step, states)
                 except Exception:  # again one state at a time: the error names its question
-                    results = [r for state in states for r in _checked(workflow, "call_tools", state.example, step,
-                                                                       workflow.call_tools, step, [state])]
+                    results = [
+                        r
+                        for state in states
+                        for r in _checked(
+                            workflow, "call_tools", state.example, step, workflow.call_tools, step, [state]
+                        )
+                    ]
                 live.extend(r.state for r in results)
                 continue
             for state in states:
@@ -102,9 +107,12 @@ def collect_demonstrations(
                 live.append(_checked(workflow, "apply", state.example, step, workflow.apply, state, step, target).state)
     if too_long:
         qid, agent, n = too_long[0]
-        print(f"mhgpo: warning: {len(too_long)} demonstration(s) left out: their prompts are longer than "
-              f"max_prompt_tokens={max_prompt_tokens} (the first: question {qid}, agent {agent}, {n} tokens)",
-              file=sys.stderr, flush=True)
+        print(
+            f"mhgpo: warning: {len(too_long)} demonstration(s) left out: their prompts are longer than "
+            f"max_prompt_tokens={max_prompt_tokens} (the first: question {qid}, agent {agent}, {n} tokens)",
+            file=sys.stderr,
+            flush=True,
+        )
     return demos, skipped
 
 
@@ -138,9 +146,7 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> t
     return -(torch.where(mask, logp, torch.zeros((), dtype=logp.dtype)) * weights[:, None]).sum()  # ()
 
 
-def format_accuracy(
-    demos: list[Demonstration], workflow: Workflow, generator: Generator
-) -> dict[str, float]:
+def format_accuracy(demos: list[Demonstration], workflow: Workflow, generator: Generator) -> dict[str, float]:
     """Greedy outputs on held-out demonstrations, per agent: `sft/<agent>/format_ok` (the workflow applies it with
     no penalty) and `sft/<agent>/exact` (equal to the gold output after answer normalisation); the final agent also
     gets `sft/<agent>/f1` against the gold answers."""
@@ -149,8 +155,10 @@ def format_accuracy(
         mine = [d for d in demos if d.agent == agent]
         params = SamplingParams(workflow.sampling(agent).max_new_tokens, 0.0, 1.0, agent)
         gens = generator.generate([d.prompt_ids for d in mine], params)
-        ok = [_checked(workflow, "apply", d.state.example, agent, workflow.apply, d.state, agent, g.text).penalty == 0
-              for d, g in zip(mine, gens)]
+        ok = [
+            _checked(workflow, "apply", d.state.example, agent, workflow.apply, d.state, agent, g.text).penalty == 0
+            for d, g in zip(mine, gens)
+        ]
         exact = [normalize_answer(g.text) == normalize_answer(d.target) for d, g in zip(mine, gens)]
         out[f"sft/{agent}/format_ok"] = float(np.mean(ok))
         out[f"sft/{agent}/exact"] = float(np.mean(exact))
@@ -176,8 +184,15 @@ class SFTTrainer(Trainer):
     reshuffled every pass over the data (per role with `balance_roles`); logging, validation, checkpoints, Ctrl-C
     and resume are the RL trainer's."""
 
-    def __init__(self, cfg: SFTConfig, setup: TrainingSetup, run_dir: Path, demos: list[Demonstration],
-                 held: list[Demonstration], progress: bool = True):
+    def __init__(
+        self,
+        cfg: SFTConfig,
+        setup: TrainingSetup,
+        run_dir: Path,
+        demos: list[Demonstration],
+        held: list[Demonstration],
+        progress: bool = True,
+    ):
         super().__init__(cfg, setup, run_dir, progress)  # type: ignore[arg-type]
         self.demos, self.held = demos, held
         roles = dict.fromkeys(d.agent for d in demos)  # in the team's order of first appearance
@@ -237,8 +252,9 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
     total = 0.0
-    for idx in micro_batches(samples, policy.cfg.micro_batch_tokens, by_agent=bool(policy.roles),
-                             share=policy.cfg.share_prefix):
+    for idx in micro_batches(
+        samples, policy.cfg.micro_batch_tokens, by_agent=bool(policy.roles), share=policy.cfg.share_prefix
+    ):
         mb = [samples[i] for i in idx]
         logp, mask = policy.logprobs(mb)  # (b, T) (b, T)
         loss = sft_loss(logp, mask, weights[idx].to(logp.device))
@@ -258,17 +274,18 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
     return out
 
 
-def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[TrainingSetup, list[Demonstration], list[Demonstration],
-                                                              dict[str, int]]:
+def build_sft(
+    cfg: SFTConfig, workflow: Any = None
+) -> tuple[TrainingSetup, list[Demonstration], list[Demonstration], dict[str, int]]:
     """The training setup (data, workflows, model, policy without a reference copy, generator) and the training and
     held-out demonstrations of `cfg`. `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or a
     built instance; it must define `demonstration`."""
-    from mhgpo.team.build import resolve_team
     from mhgpo.model.generation import HFGenerator
-    from mhgpo.model.pretrained import encode_chat
     from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
+    from mhgpo.model.pretrained import encode_chat
     from mhgpo.model.trained import initial_weights, run_model_spec
     from mhgpo.rl.policy import Policy
+    from mhgpo.team.build import resolve_team
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -285,22 +302,38 @@ def build_sft(cfg: SFTConfig, workflow: Any = None) -> tuple[TrainingSetup, list
             raise InputError(f"roles: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
     device = default_device()
     cfg.precision, reason = resolve_precision(cfg.precision, device)  # config.yaml records the resolved one
-    loaded, _ = initial_weights(run_model_spec(cfg.model, Path(cfg.output_dir)), "init", cfg.lora.enabled,
-                                device=device, dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled))
+    loaded, _ = initial_weights(
+        run_model_spec(cfg.model, Path(cfg.output_dir)),
+        "init",
+        cfg.lora.enabled,
+        device=device,
+        dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled),
+    )
     announce(cfg.precision, reason)
     encode = lambda messages: encode_chat(loaded.tokenizer, messages)  # noqa: E731
     to_ids = target_encoder(loaded.tokenizer)
     demos, skipped = collect_demonstrations(train, workflow, encode, to_ids, cfg.max_rounds, cfg.max_prompt_tokens)
-    held_demos, _ = collect_demonstrations(val, val_workflow, encode, to_ids, cfg.max_rounds,
-                                           cfg.max_prompt_tokens) if val else ([], {})
+    held_demos, _ = (
+        collect_demonstrations(val, val_workflow, encode, to_ids, cfg.max_rounds, cfg.max_prompt_tokens)
+        if val
+        else ([], {})
+    )
     if cfg.roles is not None:
         demos = [d for d in demos if d.agent in cfg.roles]
         held_demos = [d for d in held_demos if d.agent in cfg.roles]
     if not demos:
-        raise InputError(f"{cfg.data}: the data gives no demonstration for the roles "
-                         f"{', '.join(cfg.roles or workflow.agents)}")
-    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, cfg.optim, cfg.lora, cfg.steps,
-                    precision=cfg.precision, keep_reference=False)
+        raise InputError(
+            f"{cfg.data}: the data gives no demonstration for the roles {', '.join(cfg.roles or workflow.agents)}"
+        )
+    policy = Policy(
+        loaded.model,
+        loaded.tokenizer.pad_token_id,
+        cfg.optim,
+        cfg.lora,
+        cfg.steps,
+        precision=cfg.precision,
+        keep_reference=False,
+    )
     generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision)
     setup = TrainingSetup(train, val[: cfg.val_limit], workflow, val_workflow, policy, generator, encode)
     return setup, demos, held_out(held_demos, cfg.format_limit), skipped

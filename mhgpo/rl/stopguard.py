@@ -27,7 +27,7 @@ class StopGuard:
         self._first = 0.0  # when the pending signal came (deferred)
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopGuard":
+    def __enter__(self) -> StopGuard:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self._old[sig] = signal.signal(sig, self._handler)
@@ -46,8 +46,9 @@ class StopGuard:
                 return  # a terminal's Ctrl-C reaches each rank directly and again through the launcher
             if not self.pending:
                 self.pending, self._first = True, now
-                print("\nmhgpo: stopping every rank at the end of this phase (again to abort without saving)",
-                      flush=True)
+                print(
+                    "\nmhgpo: stopping every rank at the end of this phase (again to abort without saving)", flush=True
+                )
                 return
             self.aborted = True
             raise KeyboardInterrupt
@@ -58,7 +59,7 @@ class StopGuard:
         self.aborted = self.depth > 0
         raise KeyboardInterrupt
 
-    def critical(self) -> "Critical":
+    def critical(self) -> Critical:
         return Critical(self)
 
 

@@ -43,17 +43,22 @@ def require_trackers(names: list[str]) -> None:
     for name in names:
         if name not in TRACKERS:
             raise InputError(f"report_to: unknown tracker {name!r} (choose from {', '.join(TRACKERS)})")
-        modules = _MODULES[name] + (_LOCAL_MLFLOW if name == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI")
-                                    else ())
+        modules = _MODULES[name] + (
+            _LOCAL_MLFLOW if name == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI") else ()
+        )
         if any(importlib.util.find_spec(module) is None for module in modules):
-            raise InputError(f"report_to: {name} is not installed; pip install 'mhgpo[{name}]' (or leave {name} out "
-                             f"of report_to)")
+            raise InputError(
+                f"report_to: {name} is not installed; pip install 'mhgpo[{name}]' (or leave {name} out of report_to)"
+            )
 
 
 def numeric(row: dict[str, Any]) -> dict[str, float]:
     """The numbers of a metrics row, less `step` (nulls, NaN and text left out)."""
-    return {k: float(v) for k, v in row.items() if k != "step" and isinstance(v, (int, float))
-            and not isinstance(v, bool) and math.isfinite(float(v))}
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+    }
 
 
 def mlflow_key(key: str) -> str:
@@ -113,8 +118,15 @@ class WandbTracker:
         run_id = known.get("id") or uuid.uuid4().hex[:12]
         if not known:
             ids.put("wandb", {"id": run_id})
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_dir.name, id=run_id,
-                              resume="allow", dir=str(run_dir), config=config, reinit="create_new")
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", PROJECT),
+            name=run_dir.name,
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            config=config,
+            reinit="create_new",
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
@@ -150,7 +162,7 @@ class MlflowTracker:
 
         params = [Param(k[:250], v[:6000]) for k, v in _flatten(config).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
         self.client.log_dict(self.run_id, config, "config.json")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -174,8 +186,15 @@ class TrackioTracker:
         self.name = known.get("name") or f"{run_dir.name}-{uuid.uuid4().hex[:6]}"
         if not known:
             ids.put("trackio", {"project": self.project, "name": self.name})
-        self.run = trackio.init(project=self.project, name=self.name, config=config, resume="allow", embed=False,
-                                auto_log_cpu=False, auto_log_gpu=False)
+        self.run = trackio.init(
+            project=self.project,
+            name=self.name,
+            config=config,
+            resume="allow",
+            embed=False,
+            auto_log_cpu=False,
+            auto_log_gpu=False,
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
@@ -184,8 +203,12 @@ class TrackioTracker:
         self.run.finish()
 
 
-_CLASSES = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker,
-            "trackio": TrackioTracker}
+_CLASSES = {
+    "tensorboard": TensorBoardTracker,
+    "wandb": WandbTracker,
+    "mlflow": MlflowTracker,
+    "trackio": TrackioTracker,
+}
 
 
 def open_trackers(names: list[str], run_dir: Path, resume_step: int, config: dict[str, Any]) -> list[Any]:

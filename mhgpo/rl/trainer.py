@@ -24,30 +24,37 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from mhgpo.model import sharding
-from mhgpo.rl.advantages import (aggregated, drop_zero_variance, group_advantages, propagate_rewards, scheme_groups,
-                                 total_rewards)
-from mhgpo.rl.behaviour import agent_behaviour
-from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
-from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, to_dict
-from mhgpo.model.distributed import Single, current
-from mhgpo.rl.evaluation import evaluate_examples, merge_results
-from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
+from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError, NotFinite, RunError, ServiceError
+from mhgpo.model import sharding
+from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
+from mhgpo.model.distributed import Single, current
+from mhgpo.model.statecodec import rng_states
+from mhgpo.rl.advantages import (
+    aggregated,
+    drop_zero_variance,
+    group_advantages,
+    propagate_rewards,
+    scheme_groups,
+    total_rewards,
+)
+from mhgpo.rl.behaviour import agent_behaviour
+from mhgpo.rl.evaluation import evaluate_examples, merge_results
+from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
 from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, assign_groups, merge_batches, run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
-from mhgpo.rl.trackers import require_trackers
-from mhgpo.model.statecodec import rng_states
 from mhgpo.rl.stopguard import StopGuard
+from mhgpo.rl.trackers import require_trackers
 from mhgpo.team.workflow import Workflow
 
 
@@ -64,8 +71,9 @@ def assign_shared_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, r
     return rewards
 
 
-def assign_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator,
-                   scheme: str = "mhgpo") -> dict[str, float]:
+def assign_rewards(
+    batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator, scheme: str = "mhgpo"
+) -> dict[str, float]:
     """Backward propagation (paper Eq. aggr), R = R_shared + R_specific, advantages per group id (Eq. adv). A
     `scheme` other than `mhgpo` first replaces the sampler's groups by its own (`advantages.scheme_groups`); the
     samples it leaves in groups of one are untrained and counted in `singletons_dropped`."""
@@ -75,8 +83,9 @@ def assign_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.
     if scheme != "mhgpo":
         prompts: dict[tuple[int, ...], int] = {}
         prompt_keys = np.array([prompts.setdefault(tuple(n.prompt_ids), len(prompts)) for n in nodes])  # (N,)
-        group_ids, dropped = scheme_groups(scheme, group_ids, np.array([n.agent for n in nodes]), prompt_keys,
-                                           np.array([n.visit for n in nodes]))  # (N,)
+        group_ids, dropped = scheme_groups(
+            scheme, group_ids, np.array([n.agent for n in nodes]), prompt_keys, np.array([n.visit for n in nodes])
+        )  # (N,)
         for n, g in zip(nodes, group_ids):
             n.group_id = int(g)
         batch.stats["singletons_dropped"] = batch.stats.get("singletons_dropped", 0.0) + dropped
@@ -92,8 +101,11 @@ def apply_role_switches(batch: RolloutBatch, train_roles: list[str] | None, froz
     still acted (their outputs fed the next agents and their rewards were propagated). Returns their count."""
     count = 0
     for n in batch.nodes:
-        if n.kind == "llm" and n.trained and ((train_roles is not None and n.agent not in train_roles)
-                                               or n.agent in frozen_roles):
+        if (
+            n.kind == "llm"
+            and n.trained
+            and ((train_roles is not None and n.agent not in train_roles) or n.agent in frozen_roles)
+        ):
             n.group_id = -1
             n.advantage = 0.0
             count += 1
@@ -160,8 +172,10 @@ def check_engine(cfg: TrainConfig, ranks: Single) -> None:
 
     require_vllm()
     if ranks.world > 1:
-        raise InputError("generation.engine=vllm: the engine runs beside the trainer in one process; launch the "
-                         "run without accelerate, or use generation.engine=hf")
+        raise InputError(
+            "generation.engine=vllm: the engine runs beside the trainer in one process; launch the "
+            "run without accelerate, or use generation.engine=hf"
+        )
 
 
 def check_ranks(cfg: TrainConfig, ranks: Single) -> None:
@@ -175,17 +189,22 @@ def check_ranks(cfg: TrainConfig, ranks: Single) -> None:
     if sharding.requested() and cfg.lora.enabled and cfg.lora.per_role:
         raise InputError("FSDP: lora.per_role is not supported; launch with configs/accelerate/gpu_ddp.yaml")
     if cfg.questions_per_step % ranks.world:
-        raise InputError(f"questions_per_step={cfg.questions_per_step} is not divisible by the {ranks.world} "
-                         f"processes of this run: each rank rolls out questions_per_step / processes questions")
+        raise InputError(
+            f"questions_per_step={cfg.questions_per_step} is not divisible by the {ranks.world} "
+            f"processes of this run: each rank rolls out questions_per_step / processes questions"
+        )
     if cfg.warm_start.enabled and not list_checkpoints(Path(cfg.output_dir)):
-        raise InputError(f"warm_start.enabled: the warm start runs in one process; run it first (mhgpo sft "
-                         f"--output-dir WARM ...) and train on {ranks.world} processes with --model WARM "
-                         f"warm_start.enabled=false")
+        raise InputError(
+            f"warm_start.enabled: the warm start runs in one process; run it first (mhgpo sft "
+            f"--output-dir WARM ...) and train on {ranks.world} processes with --model WARM "
+            f"warm_start.enabled=false"
+        )
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, setup: TrainingSetup, run_dir: Path, progress: bool = True,
-                 ranks: Single | None = None):
+    def __init__(
+        self, cfg: TrainConfig, setup: TrainingSetup, run_dir: Path, progress: bool = True, ranks: Single | None = None
+    ):
         """`ranks`: the processes of a data-parallel run (default: :func:`mhgpo.model.distributed.current`; one process
         when not started by a launcher); rank 0 alone writes the run's files and shows progress."""
         self.ranks = ranks if ranks is not None else current()
@@ -203,8 +222,11 @@ class Trainer:
             except ValueError as e:
                 raise InputError(str(e)) from None
             if self.ranks.is_main:
-                print(f"mhgpo: FSDP: the actor's decoder layers sharded over {self.ranks.world} ranks", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"mhgpo: FSDP: the actor's decoder layers sharded over {self.ranks.world} ranks",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self._guard: StopGuard | None = None
         self._updating = False  # inside a step's critical section: the weights belong to no saved step
         self.rng = np.random.default_rng(cfg.seed)
@@ -246,8 +268,18 @@ class Trainer:
         if not self.ranks.is_main:
             return self.run_dir / "checkpoints" / f"step_{self.step}"
         state = {"position": self.position, "val_history": self.val_history, "failures": self.failures}
-        return save_checkpoint(self.run_dir, self.step, p.model, p.optimizer, p.scheduler,
-                               rng or rng_states(self.rng), state, self.cfg.keep_checkpoints, self._extras(), taken)
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            p.model,
+            p.optimizer,
+            p.scheduler,
+            rng or rng_states(self.rng),
+            state,
+            self.cfg.keep_checkpoints,
+            self._extras(),
+            taken,
+        )
 
     def _extras(self) -> dict[str, Any]:
         return {"critic": self.setup.critic.state()} if self.setup.critic is not None else {}
@@ -273,9 +305,11 @@ class Trainer:
             kept = list_checkpoints(self.run_dir)
             last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
             what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
-            raise RunError(f"could not write the checkpoint of step {self.step} ({what}); the run stops at step "
-                           f"{self.step}; {last}; free space and continue with: mhgpo train --resume "
-                           f"{self.run_dir}") from e
+            raise RunError(
+                f"could not write the checkpoint of step {self.step} ({what}); the run stops at step "
+                f"{self.step}; {last}; free space and continue with: mhgpo train --resume "
+                f"{self.run_dir}"
+            ) from e
 
     # ------------------------------------------------------------------------------------------------ engine
 
@@ -302,8 +336,12 @@ class Trainer:
         if gap is not None:
             out["engine/sync_logprob_gap"] = gap
         kept = list_checkpoints(self.run_dir)
-        check_sync(gap, tolerance(self.cfg), step, f"its last checkpoint is {kept[-1].name}" if kept
-                   else "it has no checkpoint yet")
+        check_sync(
+            gap,
+            tolerance(self.cfg),
+            step,
+            f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet",
+        )
         return out
 
     # -------------------------------------------------------------------------------------------------- loop
@@ -318,13 +356,29 @@ class Trainer:
     def _validate(self, desc: str) -> Any:
         t = self.setup
         if self.ranks.world == 1:
-            return evaluate_examples(t.val, t.val_workflow, t.generator, t.encode, self.cfg.eval_batch_size,
-                                     progress=bool(desc) and self.progress, desc=desc or "eval", on_error="skip",
-                                     max_prompt_tokens=self.cfg.max_prompt_tokens)
+            return evaluate_examples(
+                t.val,
+                t.val_workflow,
+                t.generator,
+                t.encode,
+                self.cfg.eval_batch_size,
+                progress=bool(desc) and self.progress,
+                desc=desc or "eval",
+                on_error="skip",
+                max_prompt_tokens=self.cfg.max_prompt_tokens,
+            )
         start = time.perf_counter()  # each rank its share of the questions, gathered in order
-        mine = evaluate_examples(self.ranks.share(t.val), t.val_workflow, t.generator, t.encode,
-                                 self.cfg.eval_batch_size, progress=bool(desc) and self.progress,
-                                 desc=desc or "eval", on_error="skip", max_prompt_tokens=self.cfg.max_prompt_tokens)
+        mine = evaluate_examples(
+            self.ranks.share(t.val),
+            t.val_workflow,
+            t.generator,
+            t.encode,
+            self.cfg.eval_batch_size,
+            progress=bool(desc) and self.progress,
+            desc=desc or "eval",
+            on_error="skip",
+            max_prompt_tokens=self.cfg.max_prompt_tokens,
+        )
         return merge_results(self.ranks.gather(mine), t.val_workflow, time.perf_counter() - start)
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
@@ -338,8 +392,15 @@ class Trainer:
             batch, adv_stats, untrained, filter_stats = self._sample()
         trained = [n for n in batch.llm_nodes() if n.trained]
         samples = [
-            Sample(n.prompt_ids, n.output_ids, list(n.logprobs), n.advantage, n.agent,
-                   setup.workflow.sampling(n.agent).temperature, reward=n.reward)
+            Sample(
+                n.prompt_ids,
+                n.output_ids,
+                list(n.logprobs),
+                n.advantage,
+                n.agent,
+                setup.workflow.sampling(n.agent).temperature,
+                reward=n.reward,
+            )
             for n in trained
         ]
         engine_stats = {}
@@ -384,8 +445,17 @@ class Trainer:
     def _grow(self, questions: list[Example], rng: np.random.Generator) -> RolloutBatch:
         """The rollout trees of `questions`, scored, without group ids (`mhgpo.rl.rollout.run_rollouts`)."""
         setup = self.setup
-        return run_rollouts(questions, setup.workflow, setup.generator, setup.encode, self._spec(), rng,
-                            max_rounds=self.cfg.max_rounds, on_error="skip", grouped=False)
+        return run_rollouts(
+            questions,
+            setup.workflow,
+            setup.generator,
+            setup.encode,
+            self._spec(),
+            rng,
+            max_rounds=self.cfg.max_rounds,
+            on_error="skip",
+            grouped=False,
+        )
 
     def _gather_trees(self, questions: list[Example]) -> RolloutBatch:
         """Several ranks: this rank grows the trees of its share of `questions` (its own random streams, seeded by
@@ -430,11 +500,16 @@ class Trainer:
             batch, untrained = more, untrained + extra_untrained
         merged = merge_batches(batches)
         stats = {"n_groups": float(groups - dropped), "n_zero_variance_groups": float(dropped)}
-        return merged, stats, untrained, {
-            "groups/zero_variance_frac": dropped / groups if groups else 0.0,
-            "filter/questions": float(drawn),
-            "filter/extra_questions": float(drawn - cfg.questions_per_step),
-        }
+        return (
+            merged,
+            stats,
+            untrained,
+            {
+                "groups/zero_variance_frac": dropped / groups if groups else 0.0,
+                "filter/questions": float(drawn),
+                "filter/extra_questions": float(drawn - cfg.questions_per_step),
+            },
+        )
 
     def learn(self, samples: list[Sample], metrics: dict[str, float]) -> dict[str, float]:
         """The step's second phase: the critic's update (MAPPO / PPO), then the policy's, except during the
@@ -471,10 +546,14 @@ class Trainer:
         cfg = self.cfg
         if self.ranks.is_main:
             dump_config(cfg, self.run_dir / "config.yaml")
-        log = (RunLog(self.run_dir, resume_step=self.step, report_to=cfg.report_to, config=to_dict(cfg))
-               if self.ranks.is_main else NoLog())
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress,
-                   dynamic_ncols=True)
+        log = (
+            RunLog(self.run_dir, resume_step=self.step, report_to=cfg.report_to, config=to_dict(cfg))
+            if self.ranks.is_main
+            else NoLog()
+        )
+        bar = tqdm(
+            total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress, dynamic_ncols=True
+        )
         done = _Completed(rng_states(self.rng), self.position, self.failures, saved_step=self.step)
         guard: StopGuard | None = None
         try:
@@ -487,12 +566,15 @@ class Trainer:
         except (KeyboardInterrupt, TooManyFailures, ServiceError) as stop:  # the last completed step is saved
             bar.close()
             if not (isinstance(stop, ServiceError) and self._updating):  # (a failed validation after an update:
-                self._save_on_stop(stop, guard, done)                    # those weights are no step's, not saved)
+                self._save_on_stop(stop, guard, done)  # those weights are no step's, not saved)
             if isinstance(stop, ServiceError):
                 kept = list_checkpoints(self.run_dir)
-                then = (f"its last checkpoint is {kept[-1].name}; continue with: mhgpo train --resume {self.run_dir}"
-                        if kept else f"it has no checkpoint yet: start it again (in another folder, or after "
-                                     f"removing {self.run_dir})")
+                then = (
+                    f"its last checkpoint is {kept[-1].name}; continue with: mhgpo train --resume {self.run_dir}"
+                    if kept
+                    else f"it has no checkpoint yet: start it again (in another folder, or after "
+                    f"removing {self.run_dir})"
+                )
                 raise ServiceError(f"{stop}; the run stops at step {self.step}; {then}") from stop
             raise
         finally:
@@ -500,7 +582,7 @@ class Trainer:
             log.close(finished=self.step >= cfg.steps)
         return {"steps": self.step, "val": self.val_history}
 
-    def _run_step(self, log: RunLog, guard: StopGuard, done: "_Completed") -> dict[str, float]:
+    def _run_step(self, log: RunLog, guard: StopGuard, done: _Completed) -> dict[str, float]:
         """One step: collect (safe to interrupt), then learn, validate, log and save. From the first weight change
         on, the step is completed (logged, saved) before a signal stops the run: an interrupted update would leave
         weights that belong to no step."""
@@ -553,13 +635,16 @@ class Trainer:
 
     def _postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         """The progress bar's figures: the step's mean reward (or loss) and the latest val F1."""
-        post = ({"reward": f"{metrics['reward/mean']:.3f}"} if "reward/mean" in metrics
-                else {"loss": f"{metrics.get('loss', 0.0):.3f}"})
+        post = (
+            {"reward": f"{metrics['reward/mean']:.3f}"}
+            if "reward/mean" in metrics
+            else {"loss": f"{metrics.get('loss', 0.0):.3f}"}
+        )
         if self.val_history:
             post["val_f1"] = f"{self.val_history[-1]['val/f1']:.1f}"
         return post
 
-    def _save_on_stop(self, stop: BaseException, guard: StopGuard | None, done: "_Completed") -> None:
+    def _save_on_stop(self, stop: BaseException, guard: StopGuard | None, done: _Completed) -> None:
         """On an interrupt (or too many failures): save the last completed step unless it is saved already,
         rewinding a step stopped half-way (data position, failures, rng); a second signal inside a critical
         section saves nothing."""
@@ -571,7 +656,7 @@ class Trainer:
         if guard is not None and guard.deferred:  # every rank stopped here: none ends before rank 0 has saved
             self.ranks.barrier()
 
-    def _save_last(self, stop: BaseException, done: "_Completed") -> None:
+    def _save_last(self, stop: BaseException, done: _Completed) -> None:
         rng = None
         if self.position != done.position:  # stopped inside a step: rewind it
             self.position, self.failures = done.position, done.failures
@@ -597,12 +682,16 @@ class Trainer:
             self.failures += 1
             log.error(step, {"phase": phase, **f.record()})
             if self.ranks.is_main:
-                _warn(f"{f.message()}; question skipped, traceback in {self.run_dir / 'errors.jsonl'} "
-                      f"({self.failures} failed of max_failures={self.cfg.max_failures})")
+                _warn(
+                    f"{f.message()}; question skipped, traceback in {self.run_dir / 'errors.jsonl'} "
+                    f"({self.failures} failed of max_failures={self.cfg.max_failures})"
+                )
         if stop and self.failures > self.cfg.max_failures:
             last = failures[-1].message() if failures else "the last failures are in errors.jsonl"
-            raise TooManyFailures(f"{last}; {self.failures} questions failed in the workflow, more than max_failures="
-                                  f"{self.cfg.max_failures} (tracebacks in {self.run_dir / 'errors.jsonl'})")
+            raise TooManyFailures(
+                f"{last}; {self.failures} questions failed in the workflow, more than max_failures="
+                f"{self.cfg.max_failures} (tracebacks in {self.run_dir / 'errors.jsonl'})"
+            )
 
 
 def _warn(text: str) -> None:
@@ -614,8 +703,9 @@ def _warn(text: str) -> None:
 # ------------------------------------------------------------------------------------------------- builders
 
 
-def load_team_data(cfg: Any, with_val: bool, val_limit: int | None = None,
-                   workflow: Any = None) -> tuple[list[Example], list[Example], Workflow, Workflow]:
+def load_team_data(
+    cfg: Any, with_val: bool, val_limit: int | None = None, workflow: Any = None
+) -> tuple[list[Example], list[Example], Workflow, Workflow]:
     """The training and validation examples of `cfg` (`data`, `val_data`, `val_limit`) and the workflows that
     answer them (one, or one per data set when each brings its own context corpus). `workflow`: the `Team`
     resolved at the entry (`team.build.resolve_team`), or what `resolve_team` takes."""
@@ -625,10 +715,15 @@ def load_team_data(cfg: Any, with_val: bool, val_limit: int | None = None,
     val = load_examples(cfg.val_data, cfg.val_limit if val_limit is None else val_limit) if with_val else []
     team = resolve_team(cfg, workflow)
     workflow = build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
-    same_corpus = (cfg.retrieval.corpus not in (None, "context")  # a corpus file; "context": each data set's own
-                   or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic")
-    val_workflow = workflow if same_corpus or not val else build_workflow(
-        team.source, cfg.val_data, cfg.retrieval, cfg.search, team.section)
+    same_corpus = (
+        cfg.retrieval.corpus not in (None, "context")  # a corpus file; "context": each data set's own
+        or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic"
+    )
+    val_workflow = (
+        workflow
+        if same_corpus or not val
+        else build_workflow(team.source, cfg.val_data, cfg.retrieval, cfg.search, team.section)
+    )
     return train, val, workflow, val_workflow
 
 
@@ -637,8 +732,8 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
     loaded when `cfg.eval_every` asks for it or `with_val` (the demo evaluates before and after training whatever
     `eval_every` says)."""
     from mhgpo.model.generation import HFGenerator
-    from mhgpo.model.pretrained import encode_chat
     from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
+    from mhgpo.model.pretrained import encode_chat
     from mhgpo.model.trained import initial_weights, run_model_spec
 
     require_trackers(cfg.report_to)  # before anything slow
@@ -653,15 +748,21 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
         if bad:
             raise InputError(f"{key}: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
     if sampler_entry(cfg.sampler).forks == "drawn" and len(cfg.rr_probs) != len(workflow.agents):
-        raise InputError(f"rr_probs: {len(cfg.rr_probs)} probabilities for the {len(workflow.agents)} agents "
-                         f"({', '.join(workflow.agents)}) of system={cfg.system}")
+        raise InputError(
+            f"rr_probs: {len(cfg.rr_probs)} probabilities for the {len(workflow.agents)} agents "
+            f"({', '.join(workflow.agents)}) of system={cfg.system}"
+        )
     device = default_device()
     cfg.precision, reason = resolve_precision(cfg.precision, device)  # the run's config.yaml records the result
     # `model` may be a trained run (its weights merged: the initial weights); `reference=base` keeps what lies
     # beneath. LoRA: the frozen base may be stored in bfloat16 (bf16-mixed); full fine-tuning: the master weights
-    loaded, reference = initial_weights(run_model_spec(cfg.model, Path(cfg.output_dir)), cfg.reference,
-                                        cfg.lora.enabled, device=device,
-                                        dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled))
+    loaded, reference = initial_weights(
+        run_model_spec(cfg.model, Path(cfg.output_dir)),
+        cfg.reference,
+        cfg.lora.enabled,
+        device=device,
+        dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled),
+    )
     announce(cfg.precision, reason)
     engine, scratch = None, None
     if cfg.generation.engine == "vllm":  # on the initial weights, before LoRA wraps the model
@@ -678,9 +779,24 @@ def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -
 
         critic = Critic(loaded.model, pad_id, cfg.critic, cfg.optim, cfg.lora, cfg.precision)
         actor_steps = max(cfg.steps - cfg.critic.warmup_steps, 1)  # the actor's schedule starts after warm-up
-    policy = Policy(loaded.model, pad_id, cfg.optim, cfg.lora, actor_steps, reference, cfg.precision,
-                    roles=workflow.agents)
-    generator = engine or HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size,
-                                      precision=cfg.precision, select=policy.acting_as if policy.roles else None)
-    return TrainingSetup(train, val, workflow, val_workflow, policy, generator,
-                         lambda messages: encode_chat(loaded.tokenizer, messages), critic, scratch)
+    policy = Policy(
+        loaded.model, pad_id, cfg.optim, cfg.lora, actor_steps, reference, cfg.precision, roles=workflow.agents
+    )
+    generator = engine or HFGenerator(
+        policy.model,
+        loaded.tokenizer,
+        batch_size=cfg.gen_batch_size,
+        precision=cfg.precision,
+        select=policy.acting_as if policy.roles else None,
+    )
+    return TrainingSetup(
+        train,
+        val,
+        workflow,
+        val_workflow,
+        policy,
+        generator,
+        lambda messages: encode_chat(loaded.tokenizer, messages),
+        critic,
+        scratch,
+    )

@@ -9,8 +9,9 @@ saved config, and a value that differs from it is refused, naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mhgpo.config import EvalConfig, dump_config, load_config, to_dict
 from mhgpo.config.load import first_difference, lookup, names_key
@@ -19,8 +20,16 @@ from mhgpo.io import append_jsonl, read_json, read_jsonl
 from mhgpo.model.loading import load_generator
 from mhgpo.model.precision import resolve_config_precision
 from mhgpo.model.trained import model_record
-from mhgpo.rl.evaluation import (CONFIG, METRICS, PREDICTIONS, EvalResult, evaluate_examples, finished_predictions,
-                                 summarise, write_eval)
+from mhgpo.rl.evaluation import (
+    CONFIG,
+    METRICS,
+    PREDICTIONS,
+    EvalResult,
+    evaluate_examples,
+    finished_predictions,
+    summarise,
+    write_eval,
+)
 from mhgpo.run.rundir import RunLock, refuse_links
 from mhgpo.team.build import build_workflow, load_examples, resolve_team
 from mhgpo.team.loader import refuse_untrusted_code
@@ -35,8 +44,13 @@ class EvalInterrupted(KeyboardInterrupt):
         self.message = message
 
 
-def resumed_config(folder: Path, path: str | Path | None = None, overrides: list[str] = (),
-                   base: dict[str, Any] | None = None, trust_code: bool = True) -> EvalConfig:
+def resumed_config(
+    folder: Path,
+    path: str | Path | None = None,
+    overrides: list[str] = (),
+    base: dict[str, Any] | None = None,
+    trust_code: bool = True,
+) -> EvalConfig:
     """The config of the evaluation saved in `folder`, which `path`, `base` and `overrides` may repeat but not
     change (the first differing key is named). A saved workflow class (`system: PATH.py:Class`) is refused unless
     `trust_code` or `path`/`overrides`/`base` name the system again (the command line passes `--trust-code`; the
@@ -45,8 +59,12 @@ def resumed_config(folder: Path, path: str | Path | None = None, overrides: list
     if not (folder / CONFIG).is_file():
         raise InputError(f"{folder}: no evaluation to continue ({CONFIG} is missing)")
     saved = load_config(EvalConfig, folder / CONFIG)
-    refuse_untrusted_code(saved.system, folder / CONFIG,
-                          trust_code or names_key(path, overrides, "system") or "system" in (base or {}), "mhgpo eval")
+    refuse_untrusted_code(
+        saved.system,
+        folder / CONFIG,
+        trust_code or names_key(path, overrides, "system") or "system" in (base or {}),
+        "mhgpo eval",
+    )
     saved.output_dir = str(folder)
     tree = to_dict(saved)
     merged = {**tree, **(base or {})}
@@ -54,8 +72,10 @@ def resumed_config(folder: Path, path: str | Path | None = None, overrides: list
     key = first_difference(tree, to_dict(cfg))
     if key is not None:
         old, new = lookup(tree, key), lookup(to_dict(cfg), key)
-        raise InputError(f"{key}: {new!r} here, but the evaluation in {folder} used {old!r}; --resume continues "
-                         f"with the same config (leave {key} out, or start a new evaluation in another folder)")
+        raise InputError(
+            f"{key}: {new!r} here, but the evaluation in {folder} used {old!r}; --resume continues "
+            f"with the same config (leave {key} out, or start a new evaluation in another folder)"
+        )
     return cfg
 
 
@@ -65,13 +85,21 @@ def _interrupted(out: Path | None, total: int) -> EvalInterrupted:
         return EvalInterrupted("interrupted; nothing was kept (no --output-dir)")
     if not kept:
         return EvalInterrupted("interrupted before the first batch finished; nothing to keep")
-    return EvalInterrupted(f"interrupted; {kept} of {total} questions are in {out / PREDICTIONS} "
-                           f"(continue with: mhgpo eval --resume {out})")
+    return EvalInterrupted(
+        f"interrupted; {kept} of {total} questions are in {out / PREDICTIONS} "
+        f"(continue with: mhgpo eval --resume {out})"
+    )
 
 
-def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = False, progress: bool = True,
-                   say: Callable[[str], None] = lambda text: None,
-                   status: Callable[[str], Any] | None = None) -> EvalResult:
+def run_evaluation(
+    cfg: EvalConfig,
+    workflow: Any = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    say: Callable[[str], None] = lambda text: None,
+    status: Callable[[str], Any] | None = None,
+) -> EvalResult:
     """Evaluate the team `cfg` names (or `workflow`: a `Workflow` class or instance) greedily on `cfg.data`.
 
     With `cfg.output_dir`, the folder is locked, each finished batch is appended to it, and `resume` continues an
@@ -93,8 +121,10 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
         if resume:
             done = finished_predictions(out, examples)
         elif out is not None and any((out / name).exists() for name in (CONFIG, PREDICTIONS, METRICS)):
-            raise InputError(f"{out} already holds an evaluation; continue it with: mhgpo eval --resume {out}, or "
-                             f"pick another --output-dir")
+            raise InputError(
+                f"{out} already holds an evaluation; continue it with: mhgpo eval --resume {out}, or "
+                f"pick another --output-dir"
+            )
         finished = {row["id"] for row in done}
         todo = [e for e in examples if e.id not in finished]
         if resume and not todo and (out / METRICS).exists():
@@ -111,15 +141,25 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
             team = _team(cfg, workflow)
         reason = resolve_config_precision(cfg)
         with status(f"loading {cfg.model} ..."):
-            loaded, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason,
-                                                       cfg.generation)
-        say(f"[dim]{len(examples)} questions from {cfg.data}"
+            loaded, generator, encode = load_generator(
+                cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason, cfg.generation
+            )
+        say(
+            f"[dim]{len(examples)} questions from {cfg.data}"
             + (f" ({len(examples) - len(todo)} already done)" if resume else "")
-            + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]")
+            + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]"
+        )
         try:
-            result = evaluate_examples(todo, team, generator, encode, cfg.batch_size, progress=progress,
-                                       on_batch=keep if out is not None else None,
-                                       max_prompt_tokens=cfg.max_prompt_tokens)
+            result = evaluate_examples(
+                todo,
+                team,
+                generator,
+                encode,
+                cfg.batch_size,
+                progress=progress,
+                on_batch=keep if out is not None else None,
+                max_prompt_tokens=cfg.max_prompt_tokens,
+            )
         except KeyboardInterrupt:
             raise _interrupted(out, len(examples)) from None
         order = {e.id: i for i, e in enumerate(examples)}
@@ -130,8 +170,11 @@ def run_evaluation(cfg: EvalConfig, workflow: Any = None, *, resume: bool = Fals
         if out is not None:
             if not (out / CONFIG).exists():
                 dump_config(cfg, out / CONFIG)
-            write_eval(EvalResult(metrics, rows), out, {"data": cfg.data, "model": cfg.model, "system": cfg.system,
-                                                        **model_record(loaded)})
+            write_eval(
+                EvalResult(metrics, rows),
+                out,
+                {"data": cfg.data, "model": cfg.model, "system": cfg.system, **model_record(loaded)},
+            )
         return EvalResult(metrics, rows, result.failures)
     finally:
         if lock is not None:

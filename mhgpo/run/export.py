@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from mhgpo.io import atomic_write_text, remove_stale_temps, temp_path, usual_permissions
 from mhgpo.errors import InputError
+from mhgpo.io import atomic_write_text, remove_stale_temps, temp_path, usual_permissions
 from mhgpo.model.pretrained import SHARED_FOLDER, TRAINED_KINDS, LoadedModel, resolve_model, stop_token_ids
 from mhgpo.model.trained import RUN_CONFIG, TrainedSpec, load_model, read_weights, resolve_trained, with_adapter
 
@@ -115,7 +115,8 @@ def _save_plain(loaded: LoadedModel, merged: torch.nn.Module, folder: Path, dtyp
     tok = loaded.tokenizer
     bos = tok.bos_token_id if tok.bos_token_id is not None else merged.generation_config.bos_token_id
     model.generation_config = GenerationConfig(  # token ids only: decoding settings stay the caller's
-        bos_token_id=bos, eos_token_id=stop_token_ids(tok, merged), pad_token_id=tok.pad_token_id)
+        bos_token_id=bos, eos_token_id=stop_token_ids(tok, merged), pad_token_id=tok.pad_token_id
+    )
     model.save_pretrained(folder)
 
 
@@ -124,11 +125,15 @@ def _write_adapter(spec: str, trained: TrainedSpec | None, folder: Path, dtype: 
         raise InputError(f"--lora-only: {spec} is not a run directory or checkpoint (it has no adapter)")
     stage = trained.last
     if not stage.lora.enabled:
-        raise InputError(f"--lora-only: {stage.run_dir} was trained with full fine-tuning (lora.enabled: false in its "
-                         f"{RUN_CONFIG}), so it has no adapter; export it without --lora-only")
+        raise InputError(
+            f"--lora-only: {stage.run_dir} was trained with full fine-tuning (lora.enabled: false in its "
+            f"{RUN_CONFIG}), so it has no adapter; export it without --lora-only"
+        )
     if len(trained.stages) > 1:
-        raise InputError(f"--lora-only: the adapter of {stage.run_dir} applies on top of "
-                         f"{trained.stages[-2].run_dir}'s weights, not on a base model; export it without --lora-only")
+        raise InputError(
+            f"--lora-only: the adapter of {stage.run_dir} applies on top of "
+            f"{trained.stages[-2].run_dir}'s weights, not on a base model; export it without --lora-only"
+        )
     loaded = load_model(trained.base, device="cpu", dtype=torch.float32)
     wrapped = with_adapter(loaded.model, stage, read_weights(stage), trained.base).to(dtype)
     for config in wrapped.peft_config.values():  # one adapter, or one per agent (saved in sub-folders by name)
@@ -172,19 +177,30 @@ def _stage_rows(trained: TrainedSpec) -> list[str]:
         c = stage.config
         algo = str(c.get("algo", "?")).upper()
         sampler = f"-{str(c['sampler']).upper()}" if c.get("sampler") and algo == "MHGPO" else ""
-        lora = (f"LoRA r={stage.lora.r}, alpha={stage.lora.alpha} ({', '.join(stage.lora.target_modules)})"
-                if stage.lora.enabled else "full fine-tuning")
+        lora = (
+            f"LoRA r={stage.lora.r}, alpha={stage.lora.alpha} ({', '.join(stage.lora.target_modules)})"
+            if stage.lora.enabled
+            else "full fine-tuning"
+        )
         size = ""
         if "questions_per_step" in c:
             size = f" × {c['questions_per_step']} questions, G={c.get('group_size', '?')}"
         val = _last_validation(stage)
-        scores = (f"F1 {val['val/f1']:.1f}, EM {val['val/em']:.1f}, Acc {val['val/acc']:.1f} at step {val['step']} "
-                  f"({c.get('val_limit', '?')} questions of {c.get('val_data', '?')})") if val else "none logged"
+        scores = (
+            (
+                f"F1 {val['val/f1']:.1f}, EM {val['val/em']:.1f}, Acc {val['val/acc']:.1f} at step {val['step']} "
+                f"({c.get('val_limit', '?')} questions of {c.get('val_data', '?')})"
+            )
+            if val
+            else "none logged"
+        )
         system = c.get("system", "?")
-        rows += [f"| run | `{stage.run_dir.name}`, checkpoint step {stage.step} |",
-                 f"| algorithm | {algo}{sampler} on system `{system}`, {stage.step} steps{size}; {lora} |",
-                 f"| data | `{c.get('data', '?')}` |",
-                 f"| last validation | {scores} |"]
+        rows += [
+            f"| run | `{stage.run_dir.name}`, checkpoint step {stage.step} |",
+            f"| algorithm | {algo}{sampler} on system `{system}`, {stage.step} steps{size}; {lora} |",
+            f"| data | `{c.get('data', '?')}` |",
+            f"| last validation | {scores} |",
+        ]
     return rows
 
 
@@ -199,35 +215,75 @@ def model_card(spec: str, name: str, trained: TrainedSpec | None, dtype: str, lo
     front += ["tags:", "- mhgpo", "- multi-agent", "- reinforcement-learning", "---", ""]
     origin = f" (de-quantised from the GGUF file `{source.gguf_file}`)" if source.kind == "gguf" else ""
     what = "The LoRA adapter of a model" if lora_only else "A model"
-    lines = [f"# {name}", "", f"{what} trained with mhgpo: LLM agents that share one model (by default a Rewriter, "
-             "a Reranker and an Answerer around a retriever), trained end to end from the reward of the final answer.",
-             "", "| | |", "|---|---|",
-             f"| base model | `{base}`{origin} |"]
+    lines = [
+        f"# {name}",
+        "",
+        f"{what} trained with mhgpo: LLM agents that share one model (by default a Rewriter, "
+        "a Reranker and an Answerer around a retriever), trained end to end from the reward of the final answer.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| base model | `{base}`{origin} |",
+    ]
     lines += _stage_rows(trained) if trained else ["| training | none (the base model as it is) |"]
     per_agent = trained is not None and trained.last.lora.per_role
-    merged = not lora_only and trained is not None and any(stage.lora.enabled for stage in trained.stages
-                                                           if not stage.lora.per_role)
+    merged = (
+        not lora_only
+        and trained is not None
+        and any(stage.lora.enabled for stage in trained.stages if not stage.lora.per_role)
+    )
     if per_agent:
-        lines += ["| agents | one adapter per agent (`lora.per_role`), so no single merged model: " + (
-            "one sub-folder per agent, each adapter" if lora_only else
-            f"the shared weights in `{SHARED_FOLDER}/`, each agent's adapter (unmerged) in the sub-folder named "
-            "after it") + " |"]
+        lines += [
+            "| agents | one adapter per agent (`lora.per_role`), so no single merged model: "
+            + (
+                "one sub-folder per agent, each adapter"
+                if lora_only
+                else f"the shared weights in `{SHARED_FOLDER}/`, each agent's adapter (unmerged) in the sub-folder named "
+                "after it"
+            )
+            + " |"
+        ]
     lines += [f"| weights | {dtype}" + (", LoRA merged into the base weights" if merged else "") + " |", ""]
-    lines += ["## Use", "", "The agents' prompts are chat messages rendered with the tokenizer's chat template (plain "
-              "ChatML, no default system message); decode greedily for evaluation.", ""]
+    lines += [
+        "## Use",
+        "",
+        "The agents' prompts are chat messages rendered with the tokenizer's chat template (plain "
+        "ChatML, no default system message); decode greedily for evaluation.",
+        "",
+    ]
     if not lora_only:
         lines += ["```bash", f"mhgpo eval --model {name} --data hotpotqa:PATH", "```", ""]
     if per_agent and not lora_only:
-        lines += ["```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM, "
-                  "AutoTokenizer", "", f"base = AutoModelForCausalLM.from_pretrained(\"{name}/{SHARED_FOLDER}\")",
-                  f"model = PeftModel.from_pretrained(base, \"{name}/AGENT\")  # e.g. answerer",
-                  f"tokenizer = AutoTokenizer.from_pretrained(\"{name}\")", "```", ""]
+        lines += [
+            "```python",
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'base = AutoModelForCausalLM.from_pretrained("{name}/{SHARED_FOLDER}")',
+            f'model = PeftModel.from_pretrained(base, "{name}/AGENT")  # e.g. answerer',
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+            "```",
+            "",
+        ]
     elif lora_only:
-        lines += ["```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
-                  "base = AutoModelForCausalLM.from_pretrained(BASE)  # the base model above",
-                  f"model = PeftModel.from_pretrained(base, \"{name}\")", "```", ""]
+        lines += [
+            "```python",
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM",
+            "",
+            "base = AutoModelForCausalLM.from_pretrained(BASE)  # the base model above",
+            f'model = PeftModel.from_pretrained(base, "{name}")',
+            "```",
+            "",
+        ]
     else:
-        lines += ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-                  f"model = AutoModelForCausalLM.from_pretrained(\"{name}\")",
-                  f"tokenizer = AutoTokenizer.from_pretrained(\"{name}\")", "```", ""]
+        lines += [
+            "```python",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'model = AutoModelForCausalLM.from_pretrained("{name}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+            "```",
+            "",
+        ]
     return "\n".join(front + lines)

@@ -19,21 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from mhgpo.model.checkpoint import checkpoint_step, list_checkpoints
 from mhgpo.config import OptimConfig, SFTConfig, TrainConfig, dump_config
+from mhgpo.model.checkpoint import checkpoint_step, list_checkpoints
+from mhgpo.model.distributed import current
+from mhgpo.model.trained import portable_model_spec, run_model_spec
 from mhgpo.rl.evaluation import EvalResult
-from mhgpo.team.build import Team, resolve_team
-from mhgpo.team.oracle import with_oracles
+from mhgpo.rl.trainer import Trainer, build_team, check_ranks, load_team_data
+from mhgpo.run.resuming import continue_run, main_lock, record_changes, run_config
 from mhgpo.run.rundir import RunLock, refuse_links, require_empty_run_dir
 from mhgpo.run.warm_start import resume_sft, run_sft
+from mhgpo.team.build import Team, resolve_team
 from mhgpo.team.loader import require_demonstrations
-from mhgpo.model.trained import portable_model_spec, run_model_spec
-from mhgpo.model.distributed import current
-from mhgpo.run.resuming import continue_run, main_lock, record_changes, run_config
-from mhgpo.rl.trainer import Trainer, build_team, check_ranks, load_team_data
+from mhgpo.team.oracle import with_oracles
 
 WARM_START_DIR = "warm_start"
 
@@ -42,19 +43,42 @@ def warm_start_config(cfg: TrainConfig, out: Path) -> SFTConfig:
     """The warm start of the RL run `cfg`, written into `out`: the run's model, data, team and precision, the
     `warm_start` section's size, learning-rate schedule and batch composition."""
     ws = cfg.warm_start
-    optim = OptimConfig(lr=ws.lr, schedule=ws.schedule, warmup_steps=ws.warmup_steps, kl_beta=0.0,
-                        micro_batch_tokens=cfg.optim.micro_batch_tokens,
-                        logprob_chunk=cfg.optim.logprob_chunk, max_grad_norm=cfg.optim.max_grad_norm,
-                        gradient_checkpointing=cfg.optim.gradient_checkpointing)
-    return SFTConfig(model=run_model_spec(cfg.model, Path(cfg.output_dir)), data=ws.data or cfg.data,
-                     val_data=cfg.val_data, system=cfg.system, steps=ws.steps, batch_size=ws.batch_size,
-                     balance_roles=ws.balance_roles,
-                     limit=ws.limit, seed=cfg.seed, output_dir=str(out), val_limit=0, format_limit=ws.format_limit,
-                     eval_batch_size=cfg.eval_batch_size, gen_batch_size=cfg.gen_batch_size,
-                     max_rounds=cfg.max_rounds, max_failures=cfg.max_failures, precision=cfg.precision,
-                     max_prompt_tokens=cfg.max_prompt_tokens, report_to=list(cfg.report_to),
-                     retrieval=cfg.retrieval, search=cfg.search, team=dict(cfg.team), optim=optim,
-                     lora=dataclasses.replace(cfg.lora, per_role=False))
+    optim = OptimConfig(
+        lr=ws.lr,
+        schedule=ws.schedule,
+        warmup_steps=ws.warmup_steps,
+        kl_beta=0.0,
+        micro_batch_tokens=cfg.optim.micro_batch_tokens,
+        logprob_chunk=cfg.optim.logprob_chunk,
+        max_grad_norm=cfg.optim.max_grad_norm,
+        gradient_checkpointing=cfg.optim.gradient_checkpointing,
+    )
+    return SFTConfig(
+        model=run_model_spec(cfg.model, Path(cfg.output_dir)),
+        data=ws.data or cfg.data,
+        val_data=cfg.val_data,
+        system=cfg.system,
+        steps=ws.steps,
+        batch_size=ws.batch_size,
+        balance_roles=ws.balance_roles,
+        limit=ws.limit,
+        seed=cfg.seed,
+        output_dir=str(out),
+        val_limit=0,
+        format_limit=ws.format_limit,
+        eval_batch_size=cfg.eval_batch_size,
+        gen_batch_size=cfg.gen_batch_size,
+        max_rounds=cfg.max_rounds,
+        max_failures=cfg.max_failures,
+        precision=cfg.precision,
+        max_prompt_tokens=cfg.max_prompt_tokens,
+        report_to=list(cfg.report_to),
+        retrieval=cfg.retrieval,
+        search=cfg.search,
+        team=dict(cfg.team),
+        optim=optim,
+        lora=dataclasses.replace(cfg.lora, per_role=False),
+    )
 
 
 def warm_start(cfg: TrainConfig, run_dir: Path, progress: bool = True, workflow: Any = None) -> str:
@@ -111,8 +135,14 @@ def train(cfg: TrainConfig, progress: bool = True, workflow: Any = None) -> Trai
     return trainer
 
 
-def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from_step: int | None = None,
-           workflow: Any = None, trust_code: bool = True) -> Trainer:
+def resume(
+    run_dir: Path,
+    overrides: list[str] = (),
+    progress: bool = True,
+    from_step: int | None = None,
+    workflow: Any = None,
+    trust_code: bool = True,
+) -> Trainer:
     """Continue the run in `run_dir`: from RL's last checkpoint (or step `from_step`), or, when RL saved none yet,
     the warm start and then RL from its start. `workflow`: as for :func:`train` (None: the run's `system`).
     `overrides` may change only the keys of `RESUMABLE` (others are refused, naming the key). `trust_code=False`
@@ -133,19 +163,25 @@ def resume(run_dir: Path, overrides: list[str] = (), progress: bool = True, from
             trainer.run()
         return trainer
     team = resolve_team(cfg, workflow)
-    return continue_run(run_dir, lambda: Trainer(cfg, build_team(cfg, workflow=team), run_dir, progress, ranks),
-                        from_step, "train", ranks, changed)
+    return continue_run(
+        run_dir,
+        lambda: Trainer(cfg, build_team(cfg, workflow=team), run_dir, progress, ranks),
+        from_step,
+        "train",
+        ranks,
+        changed,
+    )
 
 
 def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval", oracle: Sequence[str] = ()) -> EvalResult:
     """Greedy validation (`val_data`, `val_limit` questions) of the model `cfg.model` as it is, loaded for
     evaluation only (and released afterwards): the untrained team of a run, before anything trains. `oracle`:
     roles that give their gold output instead (mhgpo/team/oracle.py)."""
-    from mhgpo.rl.evaluation import evaluate_examples
     from mhgpo.model.generation import HFGenerator
+    from mhgpo.model.precision import default_device, resolve_precision, weight_dtype
     from mhgpo.model.pretrained import encode_chat
     from mhgpo.model.trained import load_model
-    from mhgpo.model.precision import default_device, resolve_precision, weight_dtype
+    from mhgpo.rl.evaluation import evaluate_examples
 
     _, val, _, val_workflow = load_team_data(cfg, with_val=True)
     val_workflow = with_oracles(val_workflow, oracle)
@@ -156,11 +192,19 @@ def evaluate_model(cfg: TrainConfig, run_dir: Path, desc: str = "eval", oracle: 
 
         generator: Any = build_engine(run_model_spec(cfg.model, run_dir), loaded, cfg.generation, precision, cfg.seed)
     else:
-        generator = HFGenerator(loaded.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=precision,
-                                select=loaded.select)
+        generator = HFGenerator(
+            loaded.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=precision, select=loaded.select
+        )
     try:
-        return evaluate_examples(val, val_workflow, generator, lambda m: encode_chat(loaded.tokenizer, m),
-                                 cfg.eval_batch_size, desc=desc, max_prompt_tokens=cfg.max_prompt_tokens)
+        return evaluate_examples(
+            val,
+            val_workflow,
+            generator,
+            lambda m: encode_chat(loaded.tokenizer, m),
+            cfg.eval_batch_size,
+            desc=desc,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+        )
     finally:
         if hasattr(generator, "close"):
             generator.close()

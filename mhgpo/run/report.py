@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mhgpo.io import atomic_write_bytes, atomic_write_text, read_json, read_jsonl
 from mhgpo.errors import InputError
+from mhgpo.io import atomic_write_bytes, atomic_write_text, read_json, read_jsonl
 from mhgpo.rl.runlog import read_metrics
 
 # Per-agent metrics that are not behaviour (plotted elsewhere or not at all); the rest of `<agent>/<name>` is.
@@ -68,8 +68,13 @@ def load_run(path: Path) -> Run:
         raise InputError(f"{cfg_path}: invalid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(config or {}, dict):
         raise InputError(f"{cfg_path}: expected a mapping of config keys")
-    run = Run(path, _label(path, config or {}), config or {}, read_metrics(path),
-              sorted(p for p in (path / "rollouts").glob("step_*.jsonl") if re.fullmatch(r"step_\d+", p.stem)))
+    run = Run(
+        path,
+        _label(path, config or {}),
+        config or {},
+        read_metrics(path),
+        sorted(p for p in (path / "rollouts").glob("step_*.jsonl") if re.fullmatch(r"step_\d+", p.stem)),
+    )
     if config or (path / "metrics.jsonl").exists():  # a training run: say what it lacks
         if not run.metrics:
             run.missing.append("training metrics (metrics.jsonl)")
@@ -147,10 +152,19 @@ def traces(rows: list[dict[str, Any]], limit: int = 2) -> list[dict[str, Any]]:
         while node is not None:
             chain.append(node)
             node = by_key.get((node["question_id"], node["parent_id"]))
-        steps = [(n["agent"], n["output"] if isinstance(n["output"], str) else json.dumps(n["output"]))
-                 for n in reversed(chain)]
-        out.append({"question": r.get("question", ""), "steps": steps, "answer": r["final_answer"],
-                    "gold": r.get("answers", []), "reward": r.get("terminal_reward")})
+        steps = [
+            (n["agent"], n["output"] if isinstance(n["output"], str) else json.dumps(n["output"]))
+            for n in reversed(chain)
+        ]
+        out.append(
+            {
+                "question": r.get("question", ""),
+                "steps": steps,
+                "answer": r["final_answer"],
+                "gold": r.get("answers", []),
+                "reward": r.get("terminal_reward"),
+            }
+        )
         if len(out) >= limit:
             break
     return out
@@ -178,8 +192,11 @@ def _team_lines(rows: list[dict[str, Any]], agents: list[str]) -> list[str]:
         visits[r["agent"]] = max(visits[r["agent"]], int(r.get("visit", 0)) + 1)
         kinds[r["agent"]] = r.get("kind", "llm")
     order = [a for a in agents if a in calls] + [a for a in calls if a not in agents]
-    return [f"- *{md_text(a)}* ({'agent' if kinds[a] == 'llm' else 'tool'}): {calls[a] / questions:.1f} calls per "
-            f"question, up to {visits[a]} per path" for a in order]
+    return [
+        f"- *{md_text(a)}* ({'agent' if kinds[a] == 'llm' else 'tool'}): {calls[a] / questions:.1f} calls per "
+        f"question, up to {visits[a]} per path"
+        for a in order
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ plots
@@ -247,7 +264,7 @@ def moving_average(ys: list[float], window: int) -> list[float]:
     """The mean of each value with the up to `window - 1` values before it (a trailing moving average)."""
     out = []
     for i in range(len(ys)):
-        part = ys[max(0, i - window + 1): i + 1]
+        part = ys[max(0, i - window + 1) : i + 1]
         out.append(sum(part) / len(part))
     return out
 
@@ -279,11 +296,25 @@ def _plot_reward_and_val_f1(trained: list[Run]):
         line = ax2.plot(xs, ys, marker="o", label=_plain(f"{r.label}: RL"))[0] if xs else None
         color = line.get_color() if line is not None else None
         if warm is not None:
-            ax2.plot([0], [warm], marker="s", linestyle="none", color=color, markersize=8,
-                     label=_plain(f"{r.label}: warm start"))
+            ax2.plot(
+                [0],
+                [warm],
+                marker="s",
+                linestyle="none",
+                color=color,
+                markersize=8,
+                label=_plain(f"{r.label}: warm start"),
+            )
         if untrained is not None:
-            ax2.plot([0], [untrained], marker="x", linestyle="none", color=color, markersize=9,
-                     label=_plain(f"{r.label}: untrained"))
+            ax2.plot(
+                [0],
+                [untrained],
+                marker="x",
+                linestyle="none",
+                color=color,
+                markersize=9,
+                label=_plain(f"{r.label}: untrained"),
+            )
     ax1.set(title="training reward (points: steps; line: trailing mean)", xlabel="RL step", ylabel="reward")
     ax2.set(title="validation F1 (step 0: before RL)", xlabel="RL step", ylabel="F1 (%)")
     for ax in (ax1, ax2):
@@ -323,9 +354,18 @@ def _plot_penalties(trained: list[Run], agents: list[str]):
 
 def _plot_behaviour(trained: list[Run], agents: list[str]):
     """One row per agent, one panel per behaviour measure its workflow logs (None when none does)."""
-    measures = {a: list(dict.fromkeys(k.split("/", 1)[1] for r in trained for m in r.metrics for k in m
-                                      if k.startswith(f"{a}/") and k.split("/", 1)[1] not in NOT_BEHAVIOUR))
-                for a in agents}
+    measures = {
+        a: list(
+            dict.fromkeys(
+                k.split("/", 1)[1]
+                for r in trained
+                for m in r.metrics
+                for k in m
+                if k.startswith(f"{a}/") and k.split("/", 1)[1] not in NOT_BEHAVIOUR
+            )
+        )
+        for a in agents
+    }
     rows = [(a, names) for a, names in measures.items() if names]
     if not rows:
         return None
@@ -344,8 +384,11 @@ def _plot_behaviour(trained: list[Run], agents: list[str]):
 
 def _plot_similarity(trained: list[Run]):
     """Each agent's intra-group similarity over the saved rollout steps (None without rollouts)."""
-    sims = {r.label: [(int(p.stem.split("_")[1]), _checked(p, intra_group_similarity)) for p in r.rollout_files]
-            for r in trained if r.rollout_files}
+    sims = {
+        r.label: [(int(p.stem.split("_")[1]), _checked(p, intra_group_similarity)) for p in r.rollout_files]
+        for r in trained
+        if r.rollout_files
+    }
     sim_agents = sorted({a for v in sims.values() for _, s in v for a in s})
     if not sim_agents:
         return None
@@ -354,8 +397,7 @@ def _plot_similarity(trained: list[Run]):
         for label, points in sims.items():
             pts = [(step, s[agent]) for step, s in points if agent in s]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=_plain(label))
-        ax.set(title=f"{agent}: intra-group similarity", xlabel="step", ylabel="mean pairwise token F1",
-               ylim=(0, 1.05))
+        ax.set(title=f"{agent}: intra-group similarity", xlabel="step", ylabel="mean pairwise token F1", ylim=(0, 1.05))
         ax.legend(fontsize=7)
     return fig
 
@@ -434,18 +476,31 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
         lines = team_summary(r)
         if lines:
             step = int(r.rollout_files[-1].stem.split("_")[1])
-            md += ["", f"## Team: {md_text(r.label)}", "", f"Calls in the rollouts of step {step} (sampler "
-                   f"{md_text(r.config.get('sampler', '?'))}, group size {md_text(r.config.get('group_size', '?'))}):",
-                   "", *lines]
+            md += [
+                "",
+                f"## Team: {md_text(r.label)}",
+                "",
+                f"Calls in the rollouts of step {step} (sampler "
+                f"{md_text(r.config.get('sampler', '?'))}, group size {md_text(r.config.get('group_size', '?'))}):",
+                "",
+                *lines,
+            ]
     md += ["", "## Results", ""]
     md.append(_md_table(header, body) if body else "No evaluation results were found.")
     for r in runs:
         if r.metrics:
-            md += ["", f"Training of {md_text(r.label)}: {len(r.metrics)} RL steps; mean reward "
-                   f"{training_summary(r.metrics)}."]
-    titles = {"reward_and_val_f1": "Training reward and validation F1", "penalties": "Format penalty per agent",
-              "behaviour": "Agent behaviour", "intra_group_similarity": "Intra-group similarity",
-              "cost": "Time and memory"}
+            md += [
+                "",
+                f"Training of {md_text(r.label)}: {len(r.metrics)} RL steps; mean reward "
+                f"{training_summary(r.metrics)}.",
+            ]
+    titles = {
+        "reward_and_val_f1": "Training reward and validation F1",
+        "penalties": "Format penalty per agent",
+        "behaviour": "Agent behaviour",
+        "intra_group_similarity": "Intra-group similarity",
+        "cost": "Time and memory",
+    }
     for name, png in plots.items():
         md += ["", f"## {titles[name]}", "", f"![{titles[name]}]({png.name})"]
     if not plots:
@@ -476,18 +531,24 @@ def to_html(markdown: str, images: dict[str, Path]) -> str:
     """A self-contained page: the markdown's headings, lists, tables and paragraphs; an image line is inlined only
     when it names one of `images` (the plots written for this report, by file name)."""
     files = {Path(p).name: Path(p) for p in images.values()}
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>mhgpo report</title><style>"
-             "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-             "td:first-child{text-align:left}img{max-width:100%}code{background:#f4f4f4}</style></head><body>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>mhgpo report</title><style>"
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+        "td:first-child{text-align:left}img{max-width:100%}code{background:#f4f4f4}</style></head><body>"
+    ]
     table: list[list[str]] = []
 
     def flush() -> None:
         if table:
             head, *rest = table
-            parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
-                         + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rest)
-                         + "</table>")
+            parts.append(
+                "<table><tr>"
+                + "".join(f"<th>{c}</th>" for c in head)
+                + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rest)
+                + "</table>"
+            )
             table.clear()
 
     for line in markdown.splitlines():

@@ -4,17 +4,25 @@ trainer restored from the checkpoint (`mhgpo train --resume`, `mhgpo sft --resum
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from mhgpo.model.checkpoint import (CheckpointError, CheckpointMismatch, check_checkpoint, checkpoint_step, clean_leftovers,
-                              list_checkpoints, previous_complete)
 from mhgpo.config import load_config, parse_override, to_dict
 from mhgpo.config.load import differences, lookup, names_key
-from mhgpo.io import atomic_write_jsonl, read_jsonl
-from mhgpo.model.distributed import Single
 from mhgpo.errors import InputError
+from mhgpo.io import atomic_write_jsonl, read_jsonl
+from mhgpo.model.checkpoint import (
+    CheckpointError,
+    CheckpointMismatch,
+    check_checkpoint,
+    checkpoint_step,
+    clean_leftovers,
+    list_checkpoints,
+    previous_complete,
+)
+from mhgpo.model.distributed import Single
 from mhgpo.run.rundir import RunLock, refuse_links
 from mhgpo.team.loader import refuse_untrusted_code
 
@@ -37,8 +45,10 @@ def choose_checkpoint(run_dir: Path, from_step: int | None = None) -> Path:
     else:
         steps = [checkpoint_step(p) for p in checkpoints]
         if from_step not in steps:
-            raise InputError(f"--from-step {from_step}: {run_dir} has no checkpoint of step {from_step} "
-                             f"(its checkpoints: {', '.join(p.name for p in checkpoints)})")
+            raise InputError(
+                f"--from-step {from_step}: {run_dir} has no checkpoint of step {from_step} "
+                f"(its checkpoints: {', '.join(p.name for p in checkpoints)})"
+            )
         chosen = checkpoints[steps.index(from_step)]
     return chosen
 
@@ -49,8 +59,10 @@ def _with_fallback(error: CheckpointError, run_dir: Path, chosen: Path, command:
     prev = previous_complete(run_dir, checkpoint_step(chosen))
     if prev is None:
         return CheckpointError(f"{error}; there is no earlier complete checkpoint")
-    return CheckpointError(f"{error}; the previous complete checkpoint is {prev.name}: mhgpo {command} --resume "
-                           f"{run_dir} --from-step {checkpoint_step(prev)}")
+    return CheckpointError(
+        f"{error}; the previous complete checkpoint is {prev.name}: mhgpo {command} --resume "
+        f"{run_dir} --from-step {checkpoint_step(prev)}"
+    )
 
 
 def _set_aside_later(run_dir: Path, step: int) -> None:
@@ -65,8 +77,11 @@ def _set_aside_later(run_dir: Path, step: int) -> None:
         if target.exists():
             target = aside / f"{p.name}.{int(time.time())}"
         p.rename(target)
-    print(f"mhgpo: resuming from step {step}; the later checkpoints ({', '.join(p.name for p in later)}) moved to "
-          f"{aside}", flush=True)
+    print(
+        f"mhgpo: resuming from step {step}; the later checkpoints ({', '.join(p.name for p in later)}) moved to "
+        f"{aside}",
+        flush=True,
+    )
 
 
 # The keys `--resume` may change: how long the run goes on and how it saves, validates and tolerates failures, none
@@ -76,8 +91,9 @@ RESUMABLE = ("steps", "eval_every", "save_every", "keep_checkpoints", "max_failu
 CHANGES_FILE = "resumes.jsonl"
 
 
-def run_config(run_dir: Path, cls: type, overrides: list[str] = (), trust_code: bool = True,
-               command: str = "mhgpo train") -> tuple[Any, dict[str, list[Any]]]:
+def run_config(
+    run_dir: Path, cls: type, overrides: list[str] = (), trust_code: bool = True, command: str = "mhgpo train"
+) -> tuple[Any, dict[str, list[Any]]]:
     """The saved config of the run in `run_dir` with `overrides`, its output_dir set to `run_dir`, and the keys
     the overrides change ({key: [saved, new]}, only keys of `RESUMABLE`). An override that changes any other key
     is refused naming it; a saved workflow class (`system: PATH.py:Class`) is refused unless `trust_code` or the
@@ -96,9 +112,11 @@ def run_config(run_dir: Path, cls: type, overrides: list[str] = (), trust_code: 
     changed = {}
     for key in differences(old, new):
         if key not in RESUMABLE:
-            raise InputError(f"{key}: {lookup(new, key)!r} here, but the run in {run_dir} used {lookup(old, key)!r}; "
-                             f"--resume continues the same run (it may change only {', '.join(RESUMABLE)}): leave "
-                             f"{key} out, or start a new run")
+            raise InputError(
+                f"{key}: {lookup(new, key)!r} here, but the run in {run_dir} used {lookup(old, key)!r}; "
+                f"--resume continues the same run (it may change only {', '.join(RESUMABLE)}): leave "
+                f"{key} out, or start a new run"
+            )
         changed[key] = [lookup(old, key), lookup(new, key)]
     cfg.output_dir = str(run_dir)
     return cfg, changed
@@ -112,12 +130,21 @@ def record_changes(run_dir: Path, step: int, changed: dict[str, list[Any]]) -> N
     rows, _ = read_jsonl(run_dir / CHANGES_FILE)
     row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "step": step, "changed": changed}
     atomic_write_jsonl(run_dir / CHANGES_FILE, [*rows, row])
-    print(f"mhgpo: resuming with {', '.join(f'{k} {a!r} → {b!r}' for k, (a, b) in changed.items())} (noted in "
-          f"{run_dir / CHANGES_FILE})", flush=True)
+    print(
+        f"mhgpo: resuming with {', '.join(f'{k} {a!r} → {b!r}' for k, (a, b) in changed.items())} (noted in "
+        f"{run_dir / CHANGES_FILE})",
+        flush=True,
+    )
 
 
-def continue_run(run_dir: Path, make: Callable[[], Trainer], from_step: int | None, command: str,
-                 ranks: Single | None = None, changed: dict[str, list[Any]] | None = None) -> Trainer:
+def continue_run(
+    run_dir: Path,
+    make: Callable[[], Trainer],
+    from_step: int | None,
+    command: str,
+    ranks: Single | None = None,
+    changed: dict[str, list[Any]] | None = None,
+) -> Trainer:
     """Lock `run_dir`, check its checkpoint (the last, or step `from_step`) before and after `make()` builds the
     trainer, restore it, and run on; `command` (train, sft) names how to resume from an earlier checkpoint. With
     several `ranks`, rank 0 locks and tidies the folder, and every rank loads the checkpoint. `changed`: the keys

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mhgpo.io import fsync_dir
 from mhgpo.errors import InputError
+from mhgpo.io import fsync_dir
 
 LOCK_FILE = "mhgpo.lock"
 
@@ -46,7 +46,7 @@ class RunLock:
         self.created_folder = False
         self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         if self.folder.exists() and not self.folder.is_dir():
             raise InputError(f"{self.folder}: exists and is not a folder")
         if not self.folder.exists():
@@ -59,8 +59,10 @@ class RunLock:
                 raise InputError(f"{self.folder}: cannot create the folder ({e.strerror})") from None
         for _attempt in range(5):
             if self.path.is_symlink():
-                raise InputError(f"{self.path}: is a symbolic link; mhgpo writes its lock only into a regular file "
-                                 f"(remove the link, or pick another folder)")
+                raise InputError(
+                    f"{self.path}: is a symbolic link; mhgpo writes its lock only into a regular file "
+                    f"(remove the link, or pick another folder)"
+                )
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError as e:
@@ -70,8 +72,9 @@ class RunLock:
             except OSError:
                 owner = _read_owner(fd)
                 os.close(fd)
-                raise InputError(f"{self.folder} is in use by {_describe(owner)}; wait for it to finish or pick "
-                                 f"another folder") from None
+                raise InputError(
+                    f"{self.folder} is in use by {_describe(owner)}; wait for it to finish or pick another folder"
+                ) from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -81,8 +84,11 @@ class RunLock:
                 continue
             previous = _read_owner(fd)
             if previous:
-                print(f"mhgpo: taking over {self.path}, left by {_describe(previous)}, which ended without "
-                      f"releasing it", file=sys.stderr, flush=True)
+                print(
+                    f"mhgpo: taking over {self.path}, left by {_describe(previous)}, which ended without releasing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
             me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": self.command}
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
@@ -104,7 +110,7 @@ class RunLock:
             except OSError:
                 pass
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:
@@ -155,8 +161,10 @@ def require_empty_run_dir(folder: Path, flag: str = "--output-dir") -> None:
         return
     held = contents(folder)
     if list_checkpoints(folder) and (folder / "config.yaml").is_file():
-        raise InputError(f"{folder} already holds a run ({held}); continue it with: mhgpo train --resume {folder}, "
-                         f"or pick another {flag}")
+        raise InputError(
+            f"{folder} already holds a run ({held}); continue it with: mhgpo train --resume {folder}, "
+            f"or pick another {flag}"
+        )
     raise InputError(f"{folder} is not empty ({held}) and holds no run to resume; pick another {flag}")
 
 
@@ -177,5 +185,7 @@ def refuse_links(folder: Path, names: tuple[str, ...] | None = None) -> None:
         for name in sorted(dirs + files):
             path = Path(root) / name
             if path.is_symlink():
-                raise InputError(f"{path}: is a link; a folder that mhgpo continues holds no links (remove it, or "
-                                 f"copy the folder without links)")
+                raise InputError(
+                    f"{path}: is a link; a folder that mhgpo continues holds no links (remove it, or "
+                    f"copy the folder without links)"
+                )

@@ -24,15 +24,26 @@ def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None) -> SFTT
         setup, demos, held, skipped = build_sft(cfg, workflow)
         trainer = SFTTrainer(cfg, setup, run_dir, demos, held, progress)
         counts = {a: sum(d.agent == a for d in demos) for a in setup.workflow.agents}
-        atomic_write_json(run_dir / "demonstrations.json", {
-            "questions": len(setup.train), "demonstrations": counts,
-            "stopped_at": {k.split("/", 1)[1]: v for k, v in skipped.items()}})
+        atomic_write_json(
+            run_dir / "demonstrations.json",
+            {
+                "questions": len(setup.train),
+                "demonstrations": counts,
+                "stopped_at": {k.split("/", 1)[1]: v for k, v in skipped.items()},
+            },
+        )
         trainer.run()
     return trainer
 
 
-def resume_sft(run_dir: Path, overrides: list[str] = (), progress: bool = True,
-               from_step: int | None = None, workflow: Any = None, trust_code: bool = True) -> SFTTrainer:
+def resume_sft(
+    run_dir: Path,
+    overrides: list[str] = (),
+    progress: bool = True,
+    from_step: int | None = None,
+    workflow: Any = None,
+    trust_code: bool = True,
+) -> SFTTrainer:
     """Continue the warm start in `run_dir` from its last checkpoint (or step `from_step`); `overrides` and
     `trust_code` as for `mhgpo.run.pipeline.resume`."""
     run_dir = Path(run_dir)

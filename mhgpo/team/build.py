@@ -8,15 +8,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mhgpo.config.choices import RETRIEVERS, is_retriever_url
 from mhgpo.config import BUILT_IN, RetrievalConfig, SystemConfig, is_custom
+from mhgpo.config.choices import RETRIEVERS, is_retriever_url
 from mhgpo.data.formats import context_corpus, load_corpus_jsonl
-from mhgpo.data.spec import load_data
-from mhgpo.paths import context_index_dir, index_dir_for
 from mhgpo.data.records import Example, Passage
+from mhgpo.data.spec import load_data
 from mhgpo.errors import InputError
-from mhgpo.team.loader import (check_workflow_class, construct, load_workflow_class, system_spec, team_config,
-                         team_section)
+from mhgpo.paths import context_index_dir, index_dir_for
+from mhgpo.team.loader import (
+    check_workflow_class,
+    construct,
+    load_workflow_class,
+    system_spec,
+    team_config,
+    team_section,
+)
 from mhgpo.team.workflow import Workflow
 
 
@@ -80,14 +86,18 @@ def _open_built_index(data_spec: str, retrieval: RetrievalConfig):
 
     retriever = open_index(Path(retrieval.index).expanduser())
     if retriever.kind != retrieval.retriever:
-        raise InputError(f"retrieval.index: {retrieval.index} holds a {retriever.kind} index, but "
-                         f"retrieval.retriever is {retrieval.retriever!r}; pass --retriever {retriever.kind}")
+        raise InputError(
+            f"retrieval.index: {retrieval.index} holds a {retriever.kind} index, but "
+            f"retrieval.retriever is {retrieval.retriever!r}; pass --retriever {retriever.kind}"
+        )
     if retrieval.corpus:
         passages, _ = load_corpus(data_spec, retrieval)
         if corpus_fingerprint(passages) != retriever.fingerprint:
-            raise InputError(f"retrieval.index: {retrieval.index} was built from another corpus than "
-                             f"{retrieval.corpus!r} ({retriever.fingerprint['count']} passages, not {len(passages)}); "
-                             f"rebuild it with `mhgpo index build` or leave out --index")
+            raise InputError(
+                f"retrieval.index: {retrieval.index} was built from another corpus than "
+                f"{retrieval.corpus!r} ({retriever.fingerprint['count']} passages, not {len(passages)}); "
+                f"rebuild it with `mhgpo index build` or leave out --index"
+            )
     return retriever
 
 
@@ -100,16 +110,18 @@ def build_retriever(data_spec: str, retrieval: RetrievalConfig):
     if is_retriever_url(retrieval.retriever):
         return open_service(retrieval)
     if retrieval.retriever not in RETRIEVERS:
-        raise InputError(f"retrieval.retriever: unknown retriever {retrieval.retriever!r} "
-                         f"(available: {', '.join(RETRIEVERS)})")
+        raise InputError(
+            f"retrieval.retriever: unknown retriever {retrieval.retriever!r} (available: {', '.join(RETRIEVERS)})"
+        )
     if retrieval.index and read_meta(Path(retrieval.index).expanduser()) is not None:
         return _open_built_index(data_spec, retrieval)
     passages, index_dir = load_corpus(data_spec, retrieval)
     if retrieval.retriever == "dense":
         from mhgpo.retrieval.dense import load_or_build_dense
 
-        return load_or_build_dense(passages, index_dir, retrieval.model, index_type=retrieval.index_type,
-                                   batch_size=retrieval.batch_size)
+        return load_or_build_dense(
+            passages, index_dir, retrieval.model, index_type=retrieval.index_type, batch_size=retrieval.batch_size
+        )
     return load_or_build_bm25(passages, index_dir)
 
 
@@ -139,8 +151,12 @@ def open_service(retrieval: RetrievalConfig):
     unreachable or foreign server is named before any model loads)."""
     from mhgpo.retrieval.http import HTTPRetriever
 
-    retriever = HTTPRetriever(retrieval.retriever, request_queries=retrieval.request_queries,
-                              timeout=retrieval.timeout, retries=retrieval.retries)
+    retriever = HTTPRetriever(
+        retrieval.retriever,
+        request_queries=retrieval.request_queries,
+        timeout=retrieval.timeout,
+        retries=retrieval.retries,
+    )
     retriever.probe()
     return retriever
 
@@ -156,8 +172,10 @@ def prepare_system(cfg: Any, workflow: Any = None) -> Any:
         config = getattr(workflow, "config", None)
         own = dataclasses.asdict(config) if cls.config_class and isinstance(config, cls.config_class) else {}
         if cfg.team and cfg.team != own:  # (the instance's own section: settled by an earlier call)
-            raise InputError(f"team.{sorted(cfg.team)[0]}: the workflow was passed already built; set its config "
-                             f"when constructing it")
+            raise InputError(
+                f"team.{sorted(cfg.team)[0]}: the workflow was passed already built; set its config "
+                f"when constructing it"
+            )
         cfg.system, cfg.team = system_spec(cls), own
         return workflow
     if workflow is not None:
@@ -174,8 +192,9 @@ def prepare_system(cfg: Any, workflow: Any = None) -> Any:
     return cls
 
 
-def build_workflow(system: Any, data_spec: str, retrieval: RetrievalConfig, search: SystemConfig,
-                   team: dict[str, Any] | None = None) -> Workflow:
+def build_workflow(
+    system: Any, data_spec: str, retrieval: RetrievalConfig, search: SystemConfig, team: dict[str, Any] | None = None
+) -> Workflow:
     """The team `system` names: `mas` (the default team over the data's corpus), `llm` (the model alone), a
     workflow class (`PATH.py:Class`, `module.path:Class`, or the class itself) built from its `team` section and,
     when its constructor asks, the retriever; a built `Workflow` is returned as it is."""
@@ -188,8 +207,10 @@ def build_workflow(system: Any, data_spec: str, retrieval: RetrievalConfig, sear
             return SearchSystem(build_retriever(data_spec, retrieval), search)
         if system == "llm":
             return LLMOnly(search)
-        raise InputError(f"system: unknown system {system!r} (choose one of: {', '.join(BUILT_IN)}, or a workflow "
-                         f"class PATH.py:Class)")
+        raise InputError(
+            f"system: unknown system {system!r} (choose one of: {', '.join(BUILT_IN)}, or a workflow "
+            f"class PATH.py:Class)"
+        )
     cls = load_workflow_class(system) if isinstance(system, str) else system
     return construct(cls, team_config(cls, team), lambda: build_retriever(data_spec, retrieval))
 

@@ -14,9 +14,10 @@ import importlib.util
 import inspect
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mhgpo.errors import InputError
 from mhgpo.model import wire
@@ -69,8 +70,9 @@ def _import_file(path: Path) -> Any:
         del sys.modules[name]
         if not isinstance(e, Exception):
             raise
-        raise WorkflowError(f"{_where(e, resolved, display_path(path))}: importing the file failed: "
-                            f"{_describe(e)}") from e
+        raise WorkflowError(
+            f"{_where(e, resolved, display_path(path))}: importing the file failed: {_describe(e)}"
+        ) from e
     _MODULES[resolved] = module
     return module
 
@@ -82,10 +84,15 @@ def refuse_untrusted_code(system: str, saved_in: Path, trusted: bool, command: s
     if trusted or ":" not in system:  # mas, llm: built in
         return
     where, _, _ = system.rpartition(":")
-    what = f"the Python file {where}" if where.endswith(".py") or "/" in where or "\\" in where else \
-        f"the Python module {where}"
-    raise InputError(f"{saved_in}: system: {system}: continuing would import and run {what}; if you trust it, "
-                     f"add --trust-code (or --system {system}) to `{command} --resume`")
+    what = (
+        f"the Python file {where}"
+        if where.endswith(".py") or "/" in where or "\\" in where
+        else f"the Python module {where}"
+    )
+    raise InputError(
+        f"{saved_in}: system: {system}: continuing would import and run {what}; if you trust it, "
+        f"add --trust-code (or --system {system}) to `{command} --resume`"
+    )
 
 
 def load_workflow_class(spec: str) -> type[Workflow]:
@@ -108,8 +115,11 @@ def load_workflow_class(spec: str) -> type[Workflow]:
     for part in name.split("."):
         cls = getattr(cls, part, None)
         if cls is None:
-            found = sorted(k for k, v in vars(module).items()
-                           if inspect.isclass(v) and issubclass(v, Workflow) and v is not Workflow)
+            found = sorted(
+                k
+                for k, v in vars(module).items()
+                if inspect.isclass(v) and issubclass(v, Workflow) and v is not Workflow
+            )
             raise InputError(f"{shown}: no class {name!r} (Workflow classes there: {', '.join(found) or 'none'})")
     if not (inspect.isclass(cls) and issubclass(cls, Workflow)):
         raise InputError(f"{shown}: {name} is not a subclass of mhgpo.team.workflow.Workflow")
@@ -153,8 +163,10 @@ def team_config(cls: type[Workflow], section: dict[str, Any] | None) -> Any:
     section = dict(section or {})
     if cls.config_class is None:
         if section:
-            raise InputError(f"team: {cls.__name__} declares no config_class, so it takes no team.* keys "
-                             f"(got team.{sorted(section)[0]})")
+            raise InputError(
+                f"team: {cls.__name__} declares no config_class, so it takes no team.* keys "
+                f"(got team.{sorted(section)[0]})"
+            )
         return None
     return from_dict(cls.config_class, section, prefix="team.")
 
@@ -173,16 +185,19 @@ def construct(cls: type[Workflow], config: Any, retriever: Callable[[], Any]) ->
     kwargs: dict[str, Any] = {}
     if config is not None:
         if "config" not in params and not takes_any:
-            raise InputError(f"{source_file(cls)}: {cls.__name__} declares config_class but its constructor "
-                             f"takes no `config` argument")
+            raise InputError(
+                f"{source_file(cls)}: {cls.__name__} declares config_class but its constructor "
+                f"takes no `config` argument"
+            )
         kwargs["config"] = config
     if "retriever" in params:
         kwargs["retriever"] = retriever()
     try:
         return cls(**kwargs)
     except Exception as e:
-        raise WorkflowError(f"{_where(e, inspect.getsourcefile(cls), source_file(cls))}: {cls.__name__}.__init__: "
-                            f"{_describe(e)}") from e
+        raise WorkflowError(
+            f"{_where(e, inspect.getsourcefile(cls), source_file(cls))}: {cls.__name__}.__init__: {_describe(e)}"
+        ) from e
 
 
 def require_demonstrations(source: Any) -> None:
@@ -191,8 +206,10 @@ def require_demonstrations(source: Any) -> None:
     define `demonstration(state, agent)`; the built-in teams do."""
     cls = source if inspect.isclass(source) else type(source) if isinstance(source, Workflow) else None
     if cls is not None and cls.demonstration is Workflow.demonstration:
-        raise InputError(f"{source_file(cls)}: {cls.__name__} defines no demonstration(state, agent), the gold "
-                         f"output of an agent that a warm start (mhgpo sft, warm_start.enabled) trains on")
+        raise InputError(
+            f"{source_file(cls)}: {cls.__name__} defines no demonstration(state, agent), the gold "
+            f"output of an agent that a warm start (mhgpo sft, warm_start.enabled) trains on"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ failures
@@ -212,7 +229,8 @@ class RolloutFailure:
 
     def message(self) -> str:
         about = ([f"question {self.question_id}"] if self.question_id is not None else []) + (
-            [f"agent {self.agent}"] if self.agent else [])
+            [f"agent {self.agent}"] if self.agent else []
+        )
         text = f"{self.where}: {self.workflow}.{self.method}: {self.error}"
         return f"{text} ({', '.join(about)})" if about else text
 
@@ -223,8 +241,14 @@ class RolloutFailure:
 wire.register(RolloutFailure)  # (gathered from the ranks of a data-parallel run)
 
 
-def failure(workflow: Workflow, method: str, question_id: str | None, agent: str | None = None,
-            exc: BaseException | None = None, problem: str = "") -> RolloutFailure:
+def failure(
+    workflow: Workflow,
+    method: str,
+    question_id: str | None,
+    agent: str | None = None,
+    exc: BaseException | None = None,
+    problem: str = "",
+) -> RolloutFailure:
     """A `RolloutFailure` for `workflow.method` on a question: from the exception it raised, or a `problem`."""
     cls = type(workflow)
     try:

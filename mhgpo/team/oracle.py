@@ -14,7 +14,8 @@ agent (the one whose output is scored) cannot be replaced.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mhgpo.config import AgentSampling
 from mhgpo.data.records import Example
@@ -60,8 +61,10 @@ class Oracle(Workflow):
     def _gold_step(self, state: State, role: str) -> StepResult:
         gold = self.inner.demonstration(state, role)
         if gold is None:
-            raise InputError(f"oracle={role}: question {state.example.id!r} has no gold output for the {role} "
-                             f"(the data lacks the fields its demonstration is built from)")
+            raise InputError(
+                f"oracle={role}: question {state.example.id!r} has no gold output for the {role} "
+                f"(the data lacks the fields its demonstration is built from)"
+            )
         step = self.inner.apply(state, role, gold)
         return StepResult(step.state, step.penalty, {**step.info, "oracle": gold})
 
@@ -94,11 +97,14 @@ def with_oracles(workflow: Workflow, oracles: Sequence[str]) -> Workflow:
     known = [*workflow.agents, *([CONTEXT] if has_context else [])]
     for name in oracles:
         if name not in known:
-            raise InputError(f"oracle: unknown role {name!r} for system {type(workflow).__name__} "
-                             f"(choose from {', '.join(known)})")
+            raise InputError(
+                f"oracle: unknown role {name!r} for system {type(workflow).__name__} (choose from {', '.join(known)})"
+            )
         if name == workflow.terminal_agent:
-            raise InputError(f"oracle: {name} is the final agent; its gold output is the gold answer itself "
-                             f"(choose from {', '.join(r for r in known if r != name)})")
+            raise InputError(
+                f"oracle: {name} is the final agent; its gold output is the gold answer itself "
+                f"(choose from {', '.join(r for r in known if r != name)})"
+            )
     context = CONTEXT in oracles
     roles = [r for r in oracles if r != CONTEXT]
     if context:  # the gold paragraphs are shown to the final agent as they are: the roles between are oracles too

@@ -19,15 +19,16 @@ of a question's gold units found), over the questions that have gold units.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from mhgpo.config import SystemConfig
 from mhgpo.config.eval import MAX_PROMPT_TOKENS
-from mhgpo.errors import InputError
 from mhgpo.data.records import Example, Passage
+from mhgpo.errors import InputError
 from mhgpo.team.search_system import REWRITER, Retriever, SearchSystem, merge_candidates
 
 __all__ = [
@@ -103,8 +104,10 @@ def rewriter_queries(
             prompts = [encode(system.build_prompt(s, REWRITER)) for s in states]
             for state, ids in zip(states, prompts):
                 if len(ids) > max_prompt_tokens:
-                    raise InputError(f"question {state.example.id}: the Rewriter's prompt is {len(ids)} tokens, more "
-                                     f"than max_prompt_tokens={max_prompt_tokens} (a very long question?)")
+                    raise InputError(
+                        f"question {state.example.id}: the Rewriter's prompt is {len(ids)} tokens, more "
+                        f"than max_prompt_tokens={max_prompt_tokens} (a very long question?)"
+                    )
             for state, gen in zip(states, generator.generate(prompts, params)):
                 queries.append(tuple(system.apply(state, REWRITER, gen.text).state.get("queries")))
             bar.update(len(states))

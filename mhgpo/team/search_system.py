@@ -8,10 +8,11 @@ output and return what they parsed plus the agent-specific penalty. `LLMOnly` is
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import yaml
 
@@ -28,7 +29,7 @@ _BLOCK = re.compile(r"###(.*?)###", re.DOTALL)
 _INT = re.compile(r"\d+")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_prompts() -> dict[str, dict[str, str]]:
     """The agent prompt templates, read once from the package's `prompts.yaml`."""
     text = resources.files("mhgpo.team").joinpath("prompts.yaml").read_text(encoding="utf-8")
@@ -247,8 +248,11 @@ class SearchSystem(Workflow):
         else:
             raise ValueError(f"unknown agent {agent!r}")
         template = load_prompts()[agent]["document"]
-        return _messages(agent, question=question, documents=format_documents(docs, template, self.config.snippet_words,
-                                                                            self.config.snippet_chars))
+        return _messages(
+            agent,
+            question=question,
+            documents=format_documents(docs, template, self.config.snippet_words, self.config.snippet_chars),
+        )
 
     def apply(self, state: State, agent: str, output: str) -> StepResult:
         cfg = self.config
@@ -302,13 +306,22 @@ class SearchSystem(Workflow):
             example = s.example
             indices = [found[0] for found in example.supporting_context if found]
             if not indices:
-                raise InputError(f"oracle=context: question {example.id!r} has no gold paragraphs in its record's "
-                                 f"context (the oracle needs records that carry their paragraphs: HotpotQA, "
-                                 f"2WikiMultihopQA, MuSiQue)")
-            gold = tuple(Passage(id=f"{example.id}:gold{j}", title=example.context[j][0], text=example.context[j][1])
-                         for j in dict.fromkeys(indices))
-            results.append(StepResult(s.with_values(candidates=gold), 0.0,
-                                      {"ids": [p.id for p in gold], "titles": [p.title for p in gold]}))
+                raise InputError(
+                    f"oracle=context: question {example.id!r} has no gold paragraphs in its record's "
+                    f"context (the oracle needs records that carry their paragraphs: HotpotQA, "
+                    f"2WikiMultihopQA, MuSiQue)"
+                )
+            gold = tuple(
+                Passage(id=f"{example.id}:gold{j}", title=example.context[j][0], text=example.context[j][1])
+                for j in dict.fromkeys(indices)
+            )
+            results.append(
+                StepResult(
+                    s.with_values(candidates=gold),
+                    0.0,
+                    {"ids": [p.id for p in gold], "titles": [p.title for p in gold]},
+                )
+            )
         return results
 
     def final_answer(self, state: State) -> str:
@@ -337,8 +350,10 @@ class SearchSystem(Workflow):
         if agent == REWRITER:
             return {"num_subqueries": mean_of(calls, lambda n: len(n.info.get("queries", [])))}
         if agent == RERANKER:  # invalid: a duplicated or out-of-range id, or no id at all
-            return {"num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
-                    "invalid_rate": mean_of(calls, breaks_format)}
+            return {
+                "num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
+                "invalid_rate": mean_of(calls, breaks_format),
+            }
         # starts_with_document: answers that open like a Reranker's candidate list ("Document 0: ..."), the sign
         # of one role's format leaking into another through the shared weights
         return {"answer_words": mean_of(calls, _answer_words), "starts_with_document": mean_of(calls, _copies_document)}

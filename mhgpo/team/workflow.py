@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from mhgpo.config import AgentSampling
 from mhgpo.data.metrics import score
@@ -41,7 +42,7 @@ class State:
     def __contains__(self, key: str) -> bool:
         return key in self.values
 
-    def with_values(self, **updates: Any) -> "State":
+    def with_values(self, **updates: Any) -> State:
         merged = dict(self.values)
         merged.update(updates)
         return State(self.example, MappingProxyType(merged))
