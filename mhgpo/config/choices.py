@@ -3,6 +3,7 @@ the modules that dispatch on them all read these tuples."""
 
 from __future__ import annotations
 
+from mhgpo.config.samplers import GROUP_SAMPLERS as GROUP_SAMPLERS  # re-exported: the samplers that form groups
 from mhgpo.config.samplers import SAMPLERS as _SAMPLER_TABLE
 from mhgpo.config.samplers import TRAIN_SAMPLERS
 
