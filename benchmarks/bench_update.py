@@ -28,9 +28,10 @@ from bench_precision import best_of, common_arguments, dispatch
 
 def one(precision: str, args: argparse.Namespace) -> dict[str, Any]:
     from mhgpo.config import LoraConfig, OptimConfig
+    from mhgpo.model.modules import no_dropout
     from mhgpo.model.precision import weight_dtype
     from mhgpo.model.trained import load_model
-    from mhgpo.rl.policy import Policy, Sample, no_dropout
+    from mhgpo.rl.policy import Policy, Sample
 
     with PeakRSS() as peak:
         loaded = load_model(args.model, dtype=weight_dtype(precision, trainable=False))  # LoRA: a frozen base

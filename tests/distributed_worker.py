@@ -22,9 +22,11 @@ import torch
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.data.records import Example
 from mhgpo.model.checkpoint import trainable_state
+from mhgpo.model.distributed import current
 from mhgpo.model.sharding import is_dtensor, is_sharded
-from mhgpo.rl.rollout import RolloutBatch, merge_batches
-from mhgpo.rl.trainer import Trainer, build_team
+from mhgpo.rl.trainer import Trainer
+from mhgpo.rl.tree import RolloutBatch, merge_batches
+from mhgpo.run.setup import build_training, settle
 
 
 class Replay(Trainer):
@@ -44,8 +46,9 @@ class Replay(Trainer):
 
 def replay_step(cfg: TrainConfig, records: list[tuple[tuple[str, ...], RolloutBatch]]) -> dict[str, Any]:
     """One step of `cfg` on the recorded trees: its metrics and the trained weights (policy, and critic if any)."""
-    setup = build_team(cfg)
-    trainer = Replay(cfg, setup, Path(cfg.output_dir), progress=False)
+    job = settle(cfg, ranks=current())
+    setup = build_training(job)
+    trainer = Replay(job.cfg, setup, Path(cfg.output_dir), progress=False, ranks=job.ranks)
     trainer.records = records
     metrics = trainer.train_step()
     weights = {f"policy/{k}": v.clone() for k, v in trainable_state(setup.policy.model).items()}

@@ -56,3 +56,20 @@ def make_config(model_dir: Path, world: Path, out: Path, **extra: object) -> Tra
 
 def comparable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def training_setup(cfg: TrainConfig, with_val: bool = False):
+    """The `TrainingSetup` of `cfg`, settled and built by the composition root (`mhgpo.run.setup`)."""
+    from mhgpo.run.setup import build_training, settle
+
+    return build_training(settle(cfg), with_val=with_val)
+
+
+def trainer_for(cfg: TrainConfig, run_dir: Path | None = None, progress: bool = False):
+    """A `Trainer` of `cfg` (settled and built by the composition root) writing into `run_dir` (default: the
+    config's `output_dir`)."""
+    from mhgpo.rl.trainer import Trainer
+    from mhgpo.run.setup import build_training, settle
+
+    job = settle(cfg)
+    return Trainer(job.cfg, build_training(job), Path(run_dir or job.cfg.output_dir), progress=progress)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import write_echo_world
+from helpers import trainer_for, write_echo_world
 
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, TrainConfig, load_config
 from mhgpo.model.checkpoint import list_checkpoints
@@ -19,7 +19,6 @@ from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.rl.critic import Critic, build_value_model
 from mhgpo.rl.policy import Sample, micro_batches
 from mhgpo.rl.runlog import read_metrics
-from mhgpo.rl.trainer import Trainer, build_team
 from mhgpo.run.pipeline import resume, train
 
 VOLATILE = ("seconds/", "memory/")
@@ -211,7 +210,7 @@ def mappo_config(model_dir: Path, world: Path, out: Path, **extra: object) -> Tr
 def test_during_warm_up_the_critic_learns_and_the_actor_does_not(tiny_model_dir, world, tmp_path) -> None:
     cfg = mappo_config(tiny_model_dir, world, tmp_path / "run", steps=2)
     assert cfg.sampler == "chains"
-    trainer = Trainer(cfg, build_team(cfg), tmp_path / "run", progress=False)
+    trainer = trainer_for(cfg, tmp_path / "run")
     actor, critic = trainer.setup.policy.model, trainer.setup.critic.model
     actor_params = {n: p for n, p in actor.named_parameters() if p.requires_grad}
     critic_params = {n: p for n, p in critic.named_parameters() if p.requires_grad}

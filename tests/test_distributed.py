@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from distributed_worker import replay_step
-from helpers import REPO, comparable, make_config, train_overrides
+from helpers import REPO, comparable, make_config, train_overrides, trainer_for, training_setup
 
 from mhgpo.model.distributed import share_bounds, shares
-from mhgpo.rl.trainer import Trainer, build_team
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 VOLATILE = ("seconds/", "memory/")
@@ -68,7 +67,7 @@ def run_ranks(
 
 def record_step(cfg, world: int) -> list[tuple[tuple[str, ...], object]]:
     """One step's rollout trees, sampled once in this process, recorded as one part per rank's share of questions."""
-    trainer = Trainer(cfg, build_team(cfg), Path(cfg.output_dir), progress=False)
+    trainer = trainer_for(cfg)
     questions = trainer._next_questions(cfg.questions_per_step)
     parts = []
     for r in range(world):
@@ -175,7 +174,7 @@ def test_two_ranks_update_as_one_process_on_the_same_rollouts(
 def replay_initial_weights(cfg) -> dict[str, torch.Tensor]:
     from mhgpo.model.checkpoint import trainable_state
 
-    setup = build_team(cfg)
+    setup = training_setup(cfg)
     out = {f"policy/{k}": v for k, v in trainable_state(setup.policy.model).items()}
     if setup.critic is not None:
         out.update({f"critic/{k}": v for k, v in trainable_state(setup.critic.model).items()})
@@ -404,7 +403,7 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
     assert [r["step"] for r in rows] == [1, 2, 3] and "val/f1" in rows[1]
     assert all(r["samples"] > 0 and r["grad_norm"] > 0 for r in rows)
 
-    setup = build_team(make_config(tiny_model_dir, world, tmp_path / "one"))  # one process: the tensors' shapes
+    setup = training_setup(make_config(tiny_model_dir, world, tmp_path / "one"))  # one process: the tensors' shapes
     from mhgpo.model.checkpoint import trainable_state
 
     shapes = {k: tuple(v.shape) for k, v in trainable_state(setup.policy.model).items()}
@@ -447,7 +446,7 @@ def test_fsdp_refuses_one_adapter_per_role(tiny_model_dir, world, tmp_path, monk
     from types import SimpleNamespace
 
     from mhgpo.errors import InputError
-    from mhgpo.rl.trainer import check_ranks
+    from mhgpo.run.setup import check_ranks
 
     two = SimpleNamespace(world=2, rank=0, is_main=True)
     cfg = make_config(tiny_model_dir, world, tmp_path / "run", **{"lora.per_role": "true"})

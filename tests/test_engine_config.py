@@ -44,11 +44,11 @@ def test_vllm_missing_is_said_before_the_data_and_the_model(
     tiny_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mhgpo.model import vllm_engine
-    from mhgpo.rl import trainer
+    from mhgpo.run import setup
     from mhgpo.run.pipeline import train
 
     monkeypatch.setattr(vllm_engine, "vllm_installed", lambda: False)
-    monkeypatch.setattr(trainer, "load_team_data", lambda *a, **k: pytest.fail("the data was loaded"))
+    monkeypatch.setattr(setup, "build_data", lambda *a, **k: pytest.fail("the data was loaded"))
     cfg = make_config(tiny_model_dir, world, tmp_path / "run", **{"generation.engine": "vllm"})
     with pytest.raises(
         InputError,
@@ -57,7 +57,7 @@ def test_vllm_missing_is_said_before_the_data_and_the_model(
     ):
         train(cfg, progress=False)
     with pytest.raises(InputError, match="vLLM is not installed"):
-        trainer.build_team(cfg)
+        setup.settle(cfg)
     assert not (tmp_path / "run").exists()
 
 

@@ -16,7 +16,8 @@ import pytest
 from test_rollout import FakeGenerator, FakeRetriever, encode
 
 from mhgpo.data.records import Example
-from mhgpo.rl.rollout import RolloutSpec, run_rollouts
+from mhgpo.rl.rollout import run_rollouts
+from mhgpo.rl.tree import RolloutSpec
 from mhgpo.run.report import md_text
 from mhgpo.team.loader import construct, load_workflow_class, team_config
 

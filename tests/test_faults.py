@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, make_config, train_overrides
+from helpers import REPO, make_config, train_overrides, trainer_for
 from test_trainer import assert_same_run
 
 import mhgpo.model.checkpoint as ck
@@ -29,7 +29,7 @@ from mhgpo.config import TrainConfig, load_config
 from mhgpo.model.checkpoint import check_checkpoint, list_checkpoints, read_checkpoint
 from mhgpo.model.statecodec import decode_rng_states, restore_rng_states, rng_states
 from mhgpo.rl.runlog import read_metrics
-from mhgpo.rl.trainer import Trainer, build_team
+from mhgpo.rl.trainer import Trainer
 from mhgpo.run.pipeline import resume, train
 from mhgpo.run.rundir import LOCK_FILE, RunLock
 
@@ -164,7 +164,7 @@ def test_kill_9_at_every_point_of_a_checkpoint_write_leaves_a_run_that_resumes_e
     into the model, and `--resume` (taking over the dead process's lock) reproduces the uninterrupted run."""
     _, reference, _ = reference_run
     cfg = load_config(TrainConfig, two_steps / "config.yaml", ["steps=3", "eval_every=0", "save_every=0"])
-    trainer = Trainer(cfg, build_team(cfg), two_steps, progress=False)
+    trainer = trainer_for(cfg, two_steps)
     trainer.restore(list_checkpoints(two_steps)[-1])
     step3 = copy_run(two_steps, tmp_path / "step3")  # step 3 run once, up to its checkpoint
     trainer.run_dir = step3

@@ -375,7 +375,7 @@ def test_ranks_exchange_records_as_json_and_decoding_runs_nothing(tmp_path) -> N
     from mhgpo.data.records import Example
     from mhgpo.model.wire import WireError, dumps, loads
     from mhgpo.rl.evaluation import EvalResult
-    from mhgpo.rl.rollout import Node, RolloutBatch
+    from mhgpo.rl.tree import Node, RolloutBatch
     from mhgpo.team.loader import RolloutFailure
 
     example = Example("q1", "Who?", ("Ada", "A. L."), "bridge", ("T",), (("T", "text"),))
@@ -444,7 +444,7 @@ def test_only_registered_record_classes_cross_between_ranks() -> None:
         wire.register(Node)
     with pytest.raises(TypeError, match="is not a dataclass"):
         wire.register(int)
-    from mhgpo.rl.rollout import Node as RolloutNode
+    from mhgpo.rl.tree import Node as RolloutNode
 
     wire.register(RolloutNode)  # registering the same class again is harmless
     assert wire.DATACLASSES["Node"] is RolloutNode

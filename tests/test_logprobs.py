@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhgpo.model.logprobs import output_logprobs, output_logprobs_reference
+from mhgpo.model.logprobs import output_logprobs
 from mhgpo.model.trained import load_model
+from mhgpo.rl.reference import output_logprobs_reference
 
 
 @pytest.fixture()

@@ -6,14 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from mhgpo.rl.losses import (
-    k3_kl,
-    mhgpo_policy_loss,
-    mhgpo_policy_loss_reference,
-    token_weights,
-    value_loss,
-    value_loss_reference,
-)
+from mhgpo.rl.losses import k3_kl, mhgpo_policy_loss, token_weights, value_loss
+from mhgpo.rl.reference import mhgpo_policy_loss_reference, value_loss_reference
 
 AGENTS = ["rewriter", "reranker", "answerer"]
 

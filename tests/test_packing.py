@@ -13,12 +13,14 @@ import pytest
 import torch
 
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig
-from mhgpo.model.logprobs import backbone_and_head, output_logprobs, output_logprobs_reference
+from mhgpo.model.logprobs import backbone_and_head, output_logprobs
+from mhgpo.model.modules import enable_gradient_checkpointing
 from mhgpo.model.packing import micro_batches as pack_micro_batches
 from mhgpo.model.packing import pack, segment_length
 from mhgpo.model.trained import load_model
 from mhgpo.rl.critic import Critic
-from mhgpo.rl.policy import Policy, Sample, enable_gradient_checkpointing, micro_batches
+from mhgpo.rl.policy import Policy, Sample, micro_batches
+from mhgpo.rl.reference import output_logprobs_reference
 from mhgpo.rl.sft import sft_update
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import trainer_for
 from test_critic import mappo_config, world  # noqa: F401  (shared fixture)
 from test_trainer import count_forward_calls, hand_samples
 
@@ -18,10 +19,11 @@ from mhgpo.errors import InputError
 from mhgpo.model import precision as prec
 from mhgpo.model.generation import HFGenerator, SamplingParams
 from mhgpo.model.logprobs import backbone_and_head
+from mhgpo.model.modules import no_dropout
 from mhgpo.model.precision import resolve_precision, weight_dtype
 from mhgpo.model.pretrained import encode_chat
 from mhgpo.model.trained import load_model
-from mhgpo.rl.policy import Policy, Sample, micro_batches, no_dropout
+from mhgpo.rl.policy import Policy, Sample, micro_batches
 
 QUESTIONS = ["Who wrote the novel Dune?", "What is the capital of France?", "hi", "Which river flows through Cairo?"]
 
@@ -115,11 +117,10 @@ def test_bf16_mixed_keeps_updates_of_5e_7_that_pure_bf16_rounds_away(tiny_model_
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
 def test_mappo_trains_a_critic_adapter_in_the_precision_asked(tiny_model_dir, world, tmp_path, precision) -> None:
-    from mhgpo.rl.trainer import Trainer, build_team
-
     run = tmp_path / "run"
     cfg = mappo_config(tiny_model_dir, world, run, steps=1, precision=precision, **{"lora.enabled": True})
-    team = build_team(cfg)
+    trainer = trainer_for(cfg, run)
+    team = trainer.setup
     critic = team.critic.model
     trainable = {n: p for n, p in critic.named_parameters() if p.requires_grad}
     frozen = [p for p in critic.parameters() if not p.requires_grad]
@@ -130,7 +131,7 @@ def test_mappo_trains_a_critic_adapter_in_the_precision_asked(tiny_model_dir, wo
     actor = [p for p in team.policy.model.parameters() if p.requires_grad]
     assert actor and all(p.dtype == master for p in actor)
     before = {n: p.detach().clone() for n, p in trainable.items()}
-    Trainer(cfg, team, run, progress=False).run()
+    trainer.run()
     assert [n for n, p in trainable.items() if ".lora_B." in n and torch.equal(p, before[n])] == []
     assert not torch.equal(trainable["value_head.weight"], before["value_head.weight"])
     assert load_config(TrainConfig, run / "config.yaml").precision == precision

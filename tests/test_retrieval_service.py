@@ -235,7 +235,7 @@ def test_an_unreachable_service_is_one_error_before_the_model_loads(world, tmp_p
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("mhgpo.cli.main.load_generator", no_model)
+    monkeypatch.setattr("mhgpo.run.setup.load_generator", no_model)
     url = f"http://127.0.0.1:{free_port()}/retrieve"
     assert _eval(tmp_path / "out", world, tmp_path / "no-model", "--retriever", url, "retrieval.retries=1") == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (

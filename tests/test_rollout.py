@@ -15,8 +15,9 @@ import pytest
 from mhgpo.config import SystemConfig
 from mhgpo.data.records import Example, Passage
 from mhgpo.model.generation import Generation, SamplingParams
-from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, merge_batches, run_rollouts
-from mhgpo.rl.trainer import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
+from mhgpo.rl.rewards import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
+from mhgpo.rl.rollout import run_rollouts
+from mhgpo.rl.tree import RolloutBatch, RolloutSpec, merge_batches
 from mhgpo.team.loader import WorkflowError
 from mhgpo.team.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER, SearchSystem
 from mhgpo.team.workflow import State, StepResult, Workflow
@@ -1019,7 +1020,7 @@ def test_a_new_sampler_is_one_table_entry(monkeypatch):
     over-sampling, every sample trained) runs with no other change."""
     from mhgpo.config import samplers
 
-    entry = samplers.Sampler("is_os", forks="every", oversample_terminal=True, algos=("mhgpo",))
+    entry = samplers.Sampler("is_os", forks="every", oversample_terminal=True, team_only=True)
     monkeypatch.setitem(samplers.SAMPLERS, "is_os", entry)
     batch, _, _ = rollout("is_os", n_questions=2)
     llm = batch.llm_nodes()
@@ -1031,12 +1032,19 @@ def test_a_new_sampler_is_one_table_entry(monkeypatch):
     assert len(over) == 2 * 32 and Counter(Counter(n.group_id for n in over).values()) == {4: 16}
 
 
-def test_sampler_table_matches_the_config_choices():
+def test_sampler_table_gives_the_config_choices_and_who_trains_with_what():
     from mhgpo.config import samplers
-    from mhgpo.config.choices import ROLLOUT_SAMPLERS, SAMPLERS
+    from mhgpo.config.tables import ALGORITHMS
 
-    assert SAMPLERS == ("is", "fof", "rr", "fof_os", "chains") and ROLLOUT_SAMPLERS == SAMPLERS + ("none",)
-    assert samplers.GROUP_SAMPLERS == ("is", "fof", "rr", "fof_os")
+    assert samplers.train_samplers() == ("is", "fof", "rr", "fof_os", "chains")
+    assert samplers.group_samplers() == ("is", "fof", "rr", "fof_os")
+    trains = {a: [n for n, s in samplers.SAMPLERS.items() if samplers.trains_with(e, s)] for a, e in ALGORITHMS.items()}
+    assert trains == {
+        "mhgpo": ["is", "fof", "rr", "fof_os"],
+        "grpo": ["is", "fof"],
+        "mappo": ["chains"],
+        "ppo": ["chains"],
+    }
     with pytest.raises(ValueError, match="unknown sampler 'x'"):
         samplers.sampler("x")
 

@@ -12,14 +12,14 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from mhgpo.config import LoraConfig
+from mhgpo.config import EvalConfig, LoraConfig
 from mhgpo.errors import InputError
 from mhgpo.model.generation import SamplingParams
-from mhgpo.model.loading import load_generator
 from mhgpo.model.lora import peft_lora_config
 from mhgpo.model.precision import weight_dtype
 from mhgpo.model.trained import initial_weights, load_model
 from mhgpo.run.export import export
+from mhgpo.run.setup import load_generator as load_team_generator
 
 LORA = {"enabled": True, "r": 4, "alpha": 8}
 QUESTIONS = ["Who wrote the novel Dune?", "What is the capital of France?", "Which river flows through Cairo?"]
@@ -101,6 +101,12 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, dtype: torch.dty
     assert buffers_a.keys() == buffers_b.keys()
     for name, buf in buffers_a.items():
         assert buf.dtype == buffers_b[name].dtype and torch.equal(buf, buffers_b[name]), name
+
+
+def load_generator(spec: str, gen_batch_size: int, seed: int, precision: str):
+    """The model `spec` loaded to generate, as `mhgpo eval` loads it."""
+    cfg = EvalConfig(model=spec, gen_batch_size=gen_batch_size, seed=seed, precision=precision)
+    return load_team_generator(cfg, "set in the test")
 
 
 def greedy(generator, encode, agent: str | None = None) -> list[list[int]]:

@@ -201,11 +201,13 @@ def test_sft_config_errors_name_the_key(tiny_model_dir: Path, world: Path, tmp_p
 def test_balanced_batches_hold_the_roles_in_equal_shares_and_cover_each_role(
     tiny_model_dir: Path, world: Path, tmp_path: Path
 ) -> None:
-    from mhgpo.rl.sft import SFTTrainer, build_sft
+    from mhgpo.rl.sft import SFTTrainer
+    from mhgpo.run.setup import build_sft, settle
 
     cfg = sft_config(tiny_model_dir, world, tmp_path / "b", batch_size=6, limit=5, balance_roles="true", val_limit=0)
-    setup, demos, held, _ = build_sft(cfg)
-    trainer = SFTTrainer(cfg, setup, tmp_path / "b", demos, held, progress=False)
+    job = settle(cfg)
+    setup, demos, held, _ = build_sft(job)
+    trainer = SFTTrainer(job.cfg, setup, tmp_path / "b", demos, held, progress=False)
     per_role = {r: sum(d.agent == r for d in demos) for r in (REWRITER, RERANKER, ANSWERER)}
     drawn: dict[str, list[int]] = {r: [] for r in per_role}
     for _ in range(5):

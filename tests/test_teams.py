@@ -23,10 +23,13 @@ from mhgpo.data.records import Example
 from mhgpo.errors import InputError
 from mhgpo.model.generation import Generation
 from mhgpo.rl.losses import token_weights
-from mhgpo.rl.rollout import RolloutSpec, run_rollouts
-from mhgpo.rl.trainer import TooManyFailures, assign_rewards
+from mhgpo.rl.rewards import assign_rewards
+from mhgpo.rl.rollout import run_rollouts
+from mhgpo.rl.trainer import TooManyFailures
+from mhgpo.rl.tree import RolloutSpec
 from mhgpo.run.pipeline import resume
-from mhgpo.team.build import build_workflow, prepare_system
+from mhgpo.run.setup import settle
+from mhgpo.team.build import build_workflow, resolve_team
 from mhgpo.team.loader import WorkflowError, construct, display_path, load_workflow_class, system_spec, team_config
 from mhgpo.team.search_system import SearchSystem
 from mhgpo.team.workflow import State, StepResult, Workflow
@@ -173,8 +176,12 @@ def _class_and_config(spec: str):
 def test_team_section_is_checked_dumped_and_loaded_back(team_dir: Path) -> None:
     cfg = load_config(TrainConfig, None, ["system=echo.py:Echo", "team.rounds=3", "steps=1"])
     assert cfg.team == {"rounds": 3} and cfg.sampler == "fof"  # RR needs one probability per agent of the team
-    source = prepare_system(cfg)
-    assert source.__name__ == "Echo" and cfg.team == {"rounds": 3, "word": "hi"}
+    team = resolve_team(cfg)
+    assert team.source.__name__ == "Echo" and team.section == {"rounds": 3, "word": "hi"}
+    assert cfg.team == {"rounds": 3}  # the config given is not changed: settling returns a new one
+    cfg = settle(cfg).cfg
+    assert cfg.team == {"rounds": 3, "word": "hi"}
+    source = team.source
     dump_config(cfg, team_dir / "config.yaml")
     dumped = yaml.safe_load((team_dir / "config.yaml").read_text())
     assert dumped["team"] == {"rounds": 3, "word": "hi"} and dumped["system"] == "echo.py:Echo"
@@ -205,19 +212,20 @@ def test_team_section_is_checked_dumped_and_loaded_back(team_dir: Path) -> None:
 def test_bad_team_keys_are_named(team_dir: Path, overrides: list[str], message: str) -> None:
     with pytest.raises(InputError, match=message):
         cfg = load_config(EvalConfig, None, overrides)
-        prepare_system(cfg)
+        resolve_team(cfg)
 
 
 def test_a_built_workflow_names_its_class_and_config(team_dir: Path) -> None:
     cfg = load_config(EvalConfig)
     team = SearchSystem(None, team_config(SearchSystem, {"top_k": 5}))
-    assert prepare_system(cfg, team) is team
-    assert cfg.system == "mhgpo.team.search_system:SearchSystem" and cfg.team["top_k"] == 5
+    assert resolve_team(cfg, team).source is team
+    settled = settle(cfg, team).cfg
+    assert settled.system == "mhgpo.team.search_system:SearchSystem" and settled.team["top_k"] == 5
     cfg = load_config(EvalConfig, None, ["system=echo.py:Echo", "team.rounds=1"])
     with pytest.raises(InputError, match=r"^team.rounds: the workflow was passed already built"):
-        prepare_system(cfg, team)
+        resolve_team(cfg, team)
     with pytest.raises(InputError, match=r"^workflow: expected a Workflow subclass or instance, got 3$"):
-        prepare_system(load_config(EvalConfig), 3)
+        resolve_team(load_config(EvalConfig), 3)
 
 
 # ------------------------------------------------------------------------------------------- failing questions

@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import TINY_SPECIAL_TOKENS
 from helpers import make_config as _make_config
+from helpers import training_setup
 from safetensors.torch import load_file
 from test_trainer import hand_samples
 
@@ -27,7 +28,7 @@ from mhgpo.model.logprobs import output_logprobs
 from mhgpo.model.pretrained import CHATML_TEMPLATE, encode_chat
 from mhgpo.model.trained import load_model
 from mhgpo.rl.policy import Sample
-from mhgpo.rl.trainer import Trainer, build_team
+from mhgpo.rl.trainer import Trainer
 from mhgpo.run.pipeline import resume, train
 
 
@@ -350,7 +351,7 @@ def test_the_default_gguf_model_exports_to_a_plain_folder_with_tied_embeddings(t
 
 
 def _reference_and_policy(cfg: TrainConfig, samples: list[Sample]) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    policy = build_team(cfg).policy
+    policy = training_setup(cfg).policy
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
     reference = torch.cat(policy.reference_logprobs(samples))
     assert {n for n, p in policy.model.named_parameters() if p.requires_grad} == trainable  # unchanged by it

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, comparable, make_config, train_overrides
+from helpers import REPO, comparable, make_config, train_overrides, trainer_for
 
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
 from mhgpo.errors import InputError
@@ -523,7 +523,6 @@ def test_role_ablations_train_exactly_the_chosen_roles(
 
 
 def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tmp_path, monkeypatch) -> None:
-    from mhgpo.rl.trainer import Trainer, build_team
     from mhgpo.team.search_system import LLMOnly
 
     # The tiny model's answers score F1 0: a reward read off the answer's text gives each group of two different
@@ -535,7 +534,7 @@ def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tm
         tiny_model_dir, world, tmp_path / "grpo", system="llm", algo="grpo", sampler="null", steps=1, eval_every=0
     )
     assert cfg.sampler == "fof"
-    trainer = Trainer(cfg, build_team(cfg), tmp_path / "grpo", progress=False)
+    trainer = trainer_for(cfg, tmp_path / "grpo")
     metrics = trainer.train_step()
     batch = trainer._last_batch
     assert {n.agent for n in batch.nodes} == {"llm"} and metrics["samples"] == 4.0 and metrics["groups"] == 2.0
@@ -597,7 +596,7 @@ def test_gradient_checkpointing_recomputes_the_layers_and_keeps_loss_and_gradien
 
 
 def test_gradient_checkpointing_is_refused_by_a_model_without_it() -> None:
-    from mhgpo.rl.policy import enable_gradient_checkpointing
+    from mhgpo.model.modules import enable_gradient_checkpointing
 
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))

@@ -31,7 +31,7 @@ def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _trainer(model_dir: Path, world: Path, out: Path, **extra: object):
-    from mhgpo.rl.trainer import Trainer, build_team
+    from helpers import trainer_for
 
     settings = {
         "generation.engine": "vllm",
@@ -44,7 +44,7 @@ def _trainer(model_dir: Path, world: Path, out: Path, **extra: object):
         **extra,
     }
     cfg = make_config(model_dir, world, out, **settings)
-    return Trainer(cfg, build_team(cfg), out, progress=False)
+    return trainer_for(cfg, out)
 
 
 def _engine_logprobs(trainer, fixed) -> list[list[float]]:

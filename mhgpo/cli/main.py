@@ -18,8 +18,6 @@ from mhgpo.cli import train as train_cli
 from mhgpo.cli.common import DATA_HELP, TRUST_HELP, add_common_flags, flag_overrides
 from mhgpo.config.choices import EXPORT_DTYPES
 from mhgpo.model.allocator import keep_freed_memory
-from mhgpo.model.loading import load_generator
-from mhgpo.model.precision import resolve_config_precision
 
 
 def _quiet_libraries() -> None:
@@ -99,8 +97,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     from mhgpo.config import EvalConfig, load_config
     from mhgpo.data.records import Example
-    from mhgpo.rl.rollout import RolloutSpec, run_rollouts
-    from mhgpo.team.build import build_workflow, resolve_team
+    from mhgpo.rl.rollout import run_rollouts
+    from mhgpo.rl.tree import RolloutSpec
+    from mhgpo.run.setup import build_generation, settle
 
     overrides = flag_overrides(
         args,
@@ -112,15 +111,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
             "system": "system",
         },
     )
-    cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
+    job = settle(load_config(EvalConfig, args.config, overrides + list(args.overrides)))
+    cfg = job.cfg
     console = _console()
-    team = resolve_team(cfg)
-    workflow = build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
-    reason = resolve_config_precision(cfg)
     with console.status(f"loading {cfg.model} ..."):
-        loaded, generator, encode = load_generator(
-            cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason, cfg.generation
-        )
+        gen = build_generation(job)
+    workflow, generator, encode = gen.workflow, gen.generator, gen.encode
     example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
     batch = run_rollouts(
         [example],

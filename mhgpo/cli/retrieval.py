@@ -8,8 +8,6 @@ from pathlib import Path
 
 from mhgpo.cli.common import CORPUS_HELP, DATA_HELP, INDEX_HELP, RETRIEVER_HELP, flag_overrides
 from mhgpo.config.choices import INDEX_TYPES, QUERIES, RETRIEVERS
-from mhgpo.model.loading import load_generator
-from mhgpo.model.precision import resolve_config_precision
 
 INDEX_FLAGS = {
     "data": "data",
@@ -93,6 +91,7 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
     from mhgpo.config import RetrievalEvalConfig, dump_config, load_config
     from mhgpo.io import atomic_write_json, atomic_write_jsonl, check_output_dir
+    from mhgpo.run.setup import load_generator, settle_precision
     from mhgpo.team.build import build_retriever, load_examples
     from mhgpo.team.retrieval_eval import evaluate_retrieval, recall_table, rewriter_queries
 
@@ -108,9 +107,9 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     index_seconds = time.perf_counter() - started
     queries, depth = None, None
     if cfg.query == "rewriter":
-        reason = resolve_config_precision(cfg)
+        cfg, reason = settle_precision(cfg)
         with console.status(f"loading {cfg.model} ..."):
-            _, generator, encode = load_generator(cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason)
+            _, generator, encode = load_generator(cfg, reason)
         queries = rewriter_queries(examples, generator, encode, cfg.search, max_prompt_tokens=cfg.max_prompt_tokens)
         depth = cfg.search.top_k
     result = evaluate_retrieval(examples, retriever, cfg.ks, queries=queries, depth=depth)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from mhgpo.cli.common import TRUST_HELP, add_common_flags, flag_overrides
 from mhgpo.config import demo_config_path
-from mhgpo.config.choices import ALGOS, SAMPLERS
 from mhgpo.config.experiments import SCALES, scaled_tree
+from mhgpo.config.samplers import train_samplers
+from mhgpo.config.tables import ALGORITHMS, algo_label
 
 TRAIN_FLAGS = {
     "sampler": "sampler",
@@ -95,81 +96,97 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Evaluate the untrained team on the dev set, train with MHGPO (RR), evaluate again, compare."""
+    """Evaluate the untrained team on the dev set, train with MHGPO (RR), evaluate again, compare: the train
+    pipeline with an evaluation between its stages (:class:`DemoStages`)."""
     from mhgpo.config import TrainConfig, is_custom, load_config
     from mhgpo.errors import InputError
-    from mhgpo.run.rundir import RunLock, require_empty_run_dir
+    from mhgpo.run.pipeline import train
 
     cfg = load_config(TrainConfig, args.config or demo_config_path(), _overrides(args))
     if is_custom(cfg.system):
         raise InputError(
             f"system: mhgpo demo runs the built-in team; train {cfg.system} with `mhgpo train --system {cfg.system}`"
         )
-    run_dir = Path(cfg.output_dir)
-    require_empty_run_dir(run_dir)
-    with RunLock(run_dir, "demo"):
-        require_empty_run_dir(run_dir)
-        return _demo(cfg, run_dir)
-
-
-def _demo(cfg, run_dir: Path) -> int:
-    """The untrained team's validation; the warm start (when `warm_start.enabled`) and the warm-started team's
-    validation; MHGPO; the trained team's validation; a table of the three and a report."""
-    from rich.console import Console
-
-    from mhgpo.config import dump_config
-    from mhgpo.model.distributed import Single
-    from mhgpo.model.trained import portable_model_spec
-    from mhgpo.rl.evaluation import metrics_table, write_eval
-    from mhgpo.rl.trainer import Trainer, build_team, check_engine
-    from mhgpo.run.pipeline import evaluate_model, warm_start
-
-    check_engine(cfg, Single())  # generation.engine=vllm without vLLM: said before the untrained team's evaluation
-    console = Console(highlight=False)
-    cfg.model = portable_model_spec(cfg.model, run_dir)
-    started = time.perf_counter()
-    algo = f"MHGPO-{cfg.sampler.upper()}" if cfg.algo == "mhgpo" else cfg.algo.upper()
-    warm = f"a warm start of {cfg.warm_start.steps} steps, then " if cfg.warm_start.enabled else ""
-    console.print(
-        f"[bold]mhgpo demo[/]: {warm}{algo} on {cfg.data}, model {cfg.model}, {cfg.steps} steps × "
-        f"{cfg.questions_per_step} questions, G={cfg.group_size}; run dir {run_dir}"
-    )
-    dump_config(cfg, run_dir / "config.yaml")
-    rows: dict[str, dict] = {}
-    before = evaluate_model(cfg, run_dir, desc="eval untrained")
-    write_eval(before, run_dir / "eval_before", {"data": cfg.val_data, "model": cfg.model, "label": "untrained"})
-    rows["untrained team"] = before.metrics
-    console.print(metrics_table({"untrained team": before.metrics}))
-    if cfg.warm_start.enabled:
-        cfg.model = warm_start(cfg, run_dir)
-    with console.status("loading the model, data and index ..."):
-        setup = build_team(cfg, with_val=True)
-    trainer = Trainer(cfg, setup, run_dir)
-    if cfg.warm_start.enabled:  # the RL team before its first update: the warm-started team
-        warmed = trainer.validate(desc="eval warm start")
-        write_eval(
-            warmed, run_dir / "eval_warm_start", {"data": cfg.val_data, "model": cfg.model, "label": "warm start"}
-        )
-        rows[f"warm start ({cfg.warm_start.steps} steps)"] = warmed.metrics
-        console.print(metrics_table({"warm start": warmed.metrics}))
-    trainer.run()
-    if trainer.last_eval is not None and trainer.last_eval[0] == cfg.steps:  # validated on the last step
-        after = trainer.last_eval[1]
-    else:
-        after = trainer.validate(desc="eval after")
-    write_eval(after, run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
-    rows[f"{'+ ' if cfg.warm_start.enabled else 'after '}{algo} ({cfg.steps} steps)"] = after.metrics
-    console.print(metrics_table(rows, title=f"{cfg.val_data}, {len(setup.val)} questions"))
-    _print_behaviour(console, rows)
-    from mhgpo.run.report import build_report
-
-    report = build_report([run_dir], run_dir / "report")
-    console.print(f"report: {report} and {report.with_suffix('.html')}")
-    console.print(
-        f"total {(time.perf_counter() - started) / 60:.1f} min; run directory {run_dir} "
-        f"(metrics.jsonl, rollouts/, checkpoints/, eval_*/)"
-    )
+    stages = DemoStages()
+    train(cfg, stages=stages)
+    stages.summary()
     return 0
+
+
+class DemoStages:
+    """`mhgpo demo`'s evaluations between the stages of a training run: the untrained team, the warm-started team
+    (the RL team before its first update) and the trained team, each validated on `val_data` and written to
+    RUN/eval_before, eval_warm_start and eval_after; then a table of the three and the run's report."""
+
+    with_val = True
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(highlight=False)
+        self.rows: dict[str, dict] = {}
+        self.started = time.perf_counter()
+        self.job = None
+
+    def before_warm_start(self, job) -> None:
+        from mhgpo.model.trained import run_model_spec
+        from mhgpo.rl.evaluation import metrics_table, write_eval
+        from mhgpo.run.evaluate import run_evaluation
+        from mhgpo.run.setup import initial_model, validation_config
+
+        self.job, cfg = job, job.cfg
+        warm = f"a warm start of {cfg.warm_start.steps} steps, then " if cfg.warm_start.enabled else ""
+        base = initial_model(cfg)
+        self.console.print(
+            f"[bold]mhgpo demo[/]: {warm}{algo_label(cfg.algo, cfg.sampler)} on {cfg.data}, model {base}, "
+            f"{cfg.steps} steps × {cfg.questions_per_step} questions, G={cfg.group_size}; run dir {job.run_dir}"
+        )
+        before = run_evaluation(
+            validation_config(cfg, run_model_spec(base, job.run_dir)), job.team, desc="eval untrained"
+        )
+        write_eval(before, job.run_dir / "eval_before", {"data": cfg.val_data, "model": base, "label": "untrained"})
+        self.rows["untrained team"] = before.metrics
+        self.console.print(metrics_table({"untrained team": before.metrics}))
+
+    def before_rl(self, job, trainer) -> None:
+        from mhgpo.rl.evaluation import metrics_table, write_eval
+
+        cfg = job.cfg
+        if not cfg.warm_start.enabled:
+            return
+        warmed = trainer.validate(desc="eval warm start")  # the RL team before its first update
+        write_eval(
+            warmed, job.run_dir / "eval_warm_start", {"data": cfg.val_data, "model": cfg.model, "label": "warm start"}
+        )
+        self.rows[f"warm start ({cfg.warm_start.steps} steps)"] = warmed.metrics
+        self.console.print(metrics_table({"warm start": warmed.metrics}))
+
+    def after_rl(self, job, trainer) -> None:
+        from mhgpo.rl.evaluation import write_eval
+
+        cfg = job.cfg
+        if trainer.last_eval is not None and trainer.last_eval[0] == cfg.steps:  # validated on the last step
+            after = trainer.last_eval[1]
+        else:
+            after = trainer.validate(desc="eval after")
+        write_eval(after, job.run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
+        stage = "+ " if cfg.warm_start.enabled else "after "
+        self.rows[f"{stage}{algo_label(cfg.algo, cfg.sampler)} ({cfg.steps} steps)"] = after.metrics
+        self.questions = len(trainer.setup.val)
+
+    def summary(self) -> None:
+        from mhgpo.rl.evaluation import metrics_table
+        from mhgpo.run.report import build_report
+
+        cfg, run_dir = self.job.cfg, self.job.run_dir
+        self.console.print(metrics_table(self.rows, title=f"{cfg.val_data}, {self.questions} questions"))
+        _print_behaviour(self.console, self.rows)
+        report = build_report([run_dir], run_dir / "report")
+        self.console.print(f"report: {report} and {report.with_suffix('.html')}")
+        self.console.print(
+            f"total {(time.perf_counter() - self.started) / 60:.1f} min; run directory {run_dir} "
+            f"(metrics.jsonl, rollouts/, checkpoints/, eval_*/)"
+        )
 
 
 def _print_behaviour(console, rows: dict[str, dict]) -> None:
@@ -211,7 +228,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p = sub.add_parser(name, help=help_text)
         p.add_argument(
             "--sampler",
-            choices=SAMPLERS,
+            choices=train_samplers(),
             help="rollout sampler (default: rr for mhgpo, fof for grpo, chains for mappo/ppo)",
         )
         p.add_argument("--steps", type=int)
@@ -230,7 +247,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             )
             p.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
             p.add_argument(
-                "--algo", choices=ALGOS, help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm"
+                "--algo",
+                choices=tuple(ALGORITHMS),
+                help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm",
             )
             p.add_argument(
                 "--scale",

@@ -5,9 +5,10 @@ Every entry point has one config dataclass (`EvalConfig`, `TrainConfig`, `SFTCon
 (`search.top_k=5`, `optim.lr=1e-5`). Unknown keys and values of the wrong type are rejected with an `InputError`
 that names the key (and the file when there is one).
 
-This module gathers the config API: the loading machinery lives in `config_load.py`, the shared sections and the
-evaluation configs in `config_eval.py`, the training configs in `config_train.py`, and the valid values of the
-enumerated keys in `choices.py`.
+This module gathers the config API: the loading machinery lives in `load.py`, the shared sections and the evaluation
+configs in `eval.py`, the training configs in `train.py`, the valid values of the enumerated keys in `choices.py`,
+and the extension axes' tables in `samplers.py` (the rollout samplers) and `tables.py` (algorithms, advantage
+schemes, policy losses, generation engines).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from mhgpo.config.choices import ALGOS, CRITIC_ALGOS, PRECISIONS, RR_REGROUP, SINGLE_AGENT_ALGOS
+from mhgpo.config.choices import PRECISIONS, RR_REGROUP
 from mhgpo.config.eval import (
     BUILT_IN,
     AgentSampling,
@@ -45,13 +46,10 @@ from mhgpo.config.train import (
 )
 
 __all__ = [
-    "ALGOS",
     "BUILT_IN",
-    "CRITIC_ALGOS",
     "CRITIC_LR_FACTOR",
     "PRECISIONS",
     "RR_REGROUP",
-    "SINGLE_AGENT_ALGOS",
     "AgentSampling",
     "CriticConfig",
     "EvalConfig",

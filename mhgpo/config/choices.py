@@ -1,20 +1,12 @@
-"""The valid values of the enumerated config keys, in one place: the config validation, the CLI's `choices` and
-the modules that dispatch on them all read these tuples."""
+"""The valid values of the enumerated config keys that are plain lists, in one place: the config validation, the
+CLI's `choices` and the modules that dispatch on them all read these tuples. The keys whose values are extension
+points read their tables instead: `sampler` (`mhgpo/config/samplers.py`); `algo`, `advantage`, `optim.loss` and
+`generation.engine` (`mhgpo/config/tables.py`)."""
 
 from __future__ import annotations
 
-from mhgpo.config.samplers import GROUP_SAMPLERS as GROUP_SAMPLERS  # re-exported: the samplers that form groups
-from mhgpo.config.samplers import SAMPLERS as _SAMPLER_TABLE
-from mhgpo.config.samplers import TRAIN_SAMPLERS
-
 SYSTEMS = ("mas", "llm")  # the built-in teams; any other `system` names a workflow class (mhgpo/team/loader.py)
-ALGOS = ("mhgpo", "grpo", "mappo", "ppo")
-CRITIC_ALGOS = ("mappo", "ppo")  # actor-critic: GAE advantages from a learned value model
-SINGLE_AGENT_ALGOS = ("grpo", "ppo")  # the "LLM + RL" baselines: system=llm only
-SAMPLERS = TRAIN_SAMPLERS  # `sampler` (mhgpo/config/samplers.py): is, fof, rr, fof_os; chains (MAPPO, PPO)
-ROLLOUT_SAMPLERS = tuple(_SAMPLER_TABLE)  # the rollout engine's: `none` is one greedy chain (evaluation)
 RR_REGROUP = ("fork", "role", "all")
-ADVANTAGE_SCHEMES = ("mhgpo", "agent", "prompt_agent_turn")  # advantage: the groups advantages are normalised in
 AGGREGATORS = ("mean", "max", "min", "rand")  # reward.aggr
 SCHEDULES = ("constant", "cosine")  # optim.schedule
 REFERENCES = ("init", "base")  # the KL term's reference policy
@@ -23,7 +15,6 @@ RETRIEVERS = ("bm25", "dense")  # retrieval.retriever (or the URL of a retrieval
 INDEX_TYPES = ("flat", "hnsw")  # retrieval.index_type (dense)
 QUERIES = ("question", "rewriter")  # eval-retrieval's query
 EXPORT_DTYPES = ("float32", "bfloat16")  # mhgpo export --dtype
-ENGINES = ("hf", "vllm")  # generation.engine: who samples the rollouts (docs/vllm.md)
 OLD_LOGPROBS = ("trainer", "engine")  # optim.old_logprobs: whose log-probs the ratio divides by
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to (mhgpo/rl/trackers.py)
 

@@ -7,7 +7,6 @@ import dataclasses
 from typing import Any
 
 from mhgpo.config.choices import (
-    ENGINES,
     INDEX_TYPES,
     PRECISIONS,
     QUERIES,
@@ -17,6 +16,7 @@ from mhgpo.config.choices import (
     one_of,
 )
 from mhgpo.config.load import at_least, check_counts
+from mhgpo.config.tables import ENGINES
 from mhgpo.errors import InputError
 
 
@@ -58,7 +58,7 @@ class GenerationConfig:
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
-            raise InputError(f"generation.engine: expected {one_of(ENGINES)}, got {self.engine!r}")
+            raise InputError(f"generation.engine: expected {one_of(tuple(ENGINES))}, got {self.engine!r}")
         if self.kv_cache_gb <= 0:
             raise InputError(f"generation.kv_cache_gb: must be positive, got {self.kv_cache_gb}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -1,6 +1,10 @@
 """The rollout samplers as one table: where each forks, whether it over-samples, how its samples are grouped, and
-which algorithms train with it. The config checks `sampler` against it and the rollout engine (`mhgpo.rl.rollout`)
-reads its entry; a new sampler is one entry here (and its test).
+which algorithms train with it. The config checks `sampler` against it, the rollout engine (`mhgpo.rl.rollout`) and
+the grouping (`mhgpo.rl.grouping`) read its entry; a new sampler is one entry here (and its test).
+
+Which algorithms train with a sampler follows from the two tables (:func:`trains_with`): an algorithm with a critic
+(`mhgpo/config/tables.py`) learns from samples that form no groups (`chains`), the others from the samplers that
+form groups; a single-agent algorithm not from those that need a team of several agents (`team_only`).
 
 | name | forks | over-samples | trains | singletons | algorithms |
 |---|---|---|---|---|---|
@@ -15,6 +19,7 @@ reads its entry; a new sampler is one entry here (and its test).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 FORKS = ("none", "chains", "every", "first", "drawn")
 
@@ -26,28 +31,31 @@ class Sampler:
     oversample_terminal: bool = False  # the terminal agent samples G outputs per branch (its own group)
     fork_samples_only: bool = False  # only the G samples at the fork point train (IS: homogeneous groups)
     regroup_singletons: bool = False  # prefix calls of one sample are pooled across the batch (RR)
-    algos: tuple[str, ...] = ()  # the algorithms that train with it (none: evaluation only)
+    team_only: bool = False  # needs several agents (a fork drawn among them, a terminal agent after others)
+    label: str = ""  # how an algorithm's label names it (MHGPO-RR)
 
     @property
     def groups(self) -> bool:
         """Whether its samples form groups (MHGPO, GRPO); `chains` gives each call an id of its own."""
         return self.forks not in ("none", "chains")
 
+    @property
+    def trains(self) -> bool:
+        """Whether its samples train at all (`none` is one greedy chain: evaluation)."""
+        return self.forks != "none"
+
 
 SAMPLERS: dict[str, Sampler] = {
     s.name: s
     for s in (
-        Sampler("is", forks="every", fork_samples_only=True, algos=("mhgpo", "grpo")),
-        Sampler("fof", forks="first", algos=("mhgpo", "grpo")),
-        Sampler("rr", forks="drawn", regroup_singletons=True, algos=("mhgpo",)),
-        Sampler("fof_os", forks="first", oversample_terminal=True, algos=("mhgpo",)),
-        Sampler("chains", forks="chains", algos=("mappo", "ppo")),
+        Sampler("is", forks="every", fork_samples_only=True, label="IS"),
+        Sampler("fof", forks="first", label="FoF"),
+        Sampler("rr", forks="drawn", regroup_singletons=True, team_only=True, label="RR"),
+        Sampler("fof_os", forks="first", oversample_terminal=True, team_only=True, label="FoF(os)"),
+        Sampler("chains", forks="chains"),
         Sampler("none", forks="none"),
     )
 }
-
-TRAIN_SAMPLERS = tuple(name for name, s in SAMPLERS.items() if s.algos)  # `sampler` in a train config
-GROUP_SAMPLERS = tuple(name for name, s in SAMPLERS.items() if s.groups)  # samplers that form groups
 
 
 def sampler(name: str) -> Sampler:
@@ -55,3 +63,20 @@ def sampler(name: str) -> Sampler:
     if name not in SAMPLERS:
         raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
     return SAMPLERS[name]
+
+
+def trains_with(algorithm: Any, entry: Sampler) -> bool:
+    """Whether an algorithm (an entry of `mhgpo.config.tables.ALGORITHMS`) trains on `entry`'s samples."""
+    if not entry.trains or entry.groups == algorithm.critic:
+        return False
+    return not (algorithm.single_agent and entry.team_only)
+
+
+def train_samplers() -> tuple[str, ...]:
+    """The values of `sampler` in a train config (every sampler whose samples train), in table order."""
+    return tuple(name for name, s in SAMPLERS.items() if s.trains)
+
+
+def group_samplers() -> tuple[str, ...]:
+    """The samplers whose samples form groups (MHGPO, GRPO)."""
+    return tuple(name for name, s in SAMPLERS.items() if s.groups)

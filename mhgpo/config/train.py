@@ -7,17 +7,11 @@ import dataclasses
 from typing import Any
 
 from mhgpo.config.choices import (
-    ADVANTAGE_SCHEMES,
     AGGREGATORS,
-    ALGOS,
-    CRITIC_ALGOS,
-    GROUP_SAMPLERS,
     OLD_LOGPROBS,
     REFERENCES,
     RR_REGROUP,
-    SAMPLERS,
     SCHEDULES,
-    SINGLE_AGENT_ALGOS,
     TRACKERS,
     one_of,
 )
@@ -31,6 +25,8 @@ from mhgpo.config.eval import (
 )
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
+from mhgpo.config.samplers import group_samplers, train_samplers, trains_with
+from mhgpo.config.tables import ADVANTAGE_SCHEMES, ALGORITHMS, POLICY_LOSSES, algorithm
 from mhgpo.errors import InputError
 
 
@@ -69,6 +65,9 @@ class OptimConfig:
     # The ratio's old log-probs: trainer (the policy's log-probs of the step's outputs, recomputed before the
     # update when another engine sampled them) or engine (the sampler's own, as it reported them: no extra pass)
     old_logprobs: str = "trainer"
+    # The policy objective (mhgpo/config/tables.py POLICY_LOSSES): null, the algorithm's (the paper's clipped
+    # objective with the k3 KL term)
+    loss: str | None = None
 
     def validate(self) -> None:
         if self.old_logprobs not in OLD_LOGPROBS:
@@ -150,6 +149,9 @@ class WarmStartConfig:
     `RUN/warm_start/` (an `mhgpo sft` run with the RL run's model, data, team, precision and LoRA settings)."""
 
     enabled: bool = False
+    # The model the warm start fine-tunes (null: the run's `model`). When a run starts, its `model` becomes the warm
+    # start's folder (RUN/warm_start, where RL starts from) and this key records what lies beneath.
+    model: str | None = None
     steps: int = 20  # optimiser steps
     batch_size: int = 16  # demonstrations per step (all roles mixed)
     lr: float = 5e-4
@@ -177,12 +179,18 @@ class WarmStartConfig:
 
 
 def check_sampler(name: str | None, algo: str) -> None:
-    """`sampler` against the sampler table (mhgpo/config/samplers.py): a training sampler that `algo` trains with."""
-    if name not in SAMPLERS:
-        others = "; ".join(f"{n} for {'/'.join(s.algos)}" for n, s in SAMPLER_TABLE.items() if s.algos and not s.groups)
-        raise InputError(f"sampler: expected {one_of(GROUP_SAMPLERS)} (or {others}), got {name!r}")
-    allowed = tuple(n for n, s in SAMPLER_TABLE.items() if algo in s.algos)
-    if algo in SAMPLER_TABLE[name].algos:
+    """`sampler` against the sampler table (mhgpo/config/samplers.py): a training sampler that `algo` trains with
+    (:func:`mhgpo.config.samplers.trains_with`)."""
+    entry = algorithm(algo)
+    if name not in train_samplers():
+        others = "; ".join(
+            f"{n} for {'/'.join(a for a, e in ALGORITHMS.items() if trains_with(e, s))}"
+            for n, s in SAMPLER_TABLE.items()
+            if s.trains and not s.groups
+        )
+        raise InputError(f"sampler: expected {one_of(group_samplers())} (or {others}), got {name!r}")
+    allowed = tuple(n for n, s in SAMPLER_TABLE.items() if trains_with(entry, s))
+    if name in allowed:
         return
     if not any(SAMPLER_TABLE[n].groups for n in allowed):
         raise InputError(f"sampler: {algo} learns from independent chains (sampler={one_of(allowed)}), got {name!r}")
@@ -192,12 +200,11 @@ def check_sampler(name: str | None, algo: str) -> None:
 
 
 def default_sampler(algo: str, system: str) -> str:
-    """The rollout sampler an algorithm uses when `sampler` is not set: MHGPO on the default team → rr; GRPO, MHGPO
-    on the single-agent system or on a workflow class → fof (G samples of one prompt at the first agent; RR needs
-    `rr_probs` with one probability per agent of the team); MAPPO / PPO → chains (G independent chains)."""
-    if algo in CRITIC_ALGOS:
-        return "chains"
-    return "rr" if algo == "mhgpo" and system == "mas" else "fof"
+    """The rollout sampler an algorithm uses when `sampler` is not set (its entry in `mhgpo/config/tables.py`): MHGPO
+    on the default team → rr; GRPO, MHGPO on the single-agent system or on a workflow class → fof (G samples of one
+    prompt at the first agent; RR needs `rr_probs` with one probability per agent of the team); MAPPO / PPO → chains
+    (G independent chains). An unknown `algo` is left to :meth:`TrainConfig.validate` to name."""
+    return ALGORITHMS[algo].default_sampler(system) if algo in ALGORITHMS else "fof"
 
 
 @dataclasses.dataclass
@@ -267,15 +274,17 @@ class TrainConfig:
             raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
         if self.reference not in REFERENCES:
             raise InputError(f"reference: expected {one_of(REFERENCES)}, got {self.reference!r}")
-        if self.algo not in ALGOS:
-            raise InputError(f"algo: expected {one_of(ALGOS)}, got {self.algo!r}")
-        if self.algo in SINGLE_AGENT_ALGOS and self.system != "llm":
+        if self.algo not in ALGORITHMS:
+            raise InputError(f"algo: expected {one_of(tuple(ALGORITHMS))}, got {self.algo!r}")
+        algo = ALGORITHMS[self.algo]
+        if algo.single_agent and self.system != "llm":
+            team = one_of(tuple(a for a, e in ALGORITHMS.items() if not e.single_agent))
             raise InputError(
                 f"algo: {self.algo} is the single-agent baseline (system=llm); the team "
-                f"(system={self.system}) trains with mhgpo or mappo"
+                f"(system={self.system}) trains with {team}"
             )
         check_sampler(self.sampler, self.algo)
-        least = 1 if self.algo in CRITIC_ALGOS else 2  # a group needs 2; chains per question need 1
+        least = 1 if algo.critic else 2  # a group needs 2; chains per question need 1
         if self.group_size < least:
             raise InputError(f"group_size: must be at least {least}, got {self.group_size}")
         check_counts(
@@ -301,8 +310,8 @@ class TrainConfig:
                 f"(sum {sum(self.rr_probs):g})"
             )
         if self.advantage not in ADVANTAGE_SCHEMES:
-            raise InputError(f"advantage: expected {one_of(ADVANTAGE_SCHEMES)}, got {self.advantage!r}")
-        if self.advantage != "mhgpo" and self.algo in CRITIC_ALGOS:
+            raise InputError(f"advantage: expected {one_of(tuple(ADVANTAGE_SCHEMES))}, got {self.advantage!r}")
+        if self.advantage != "mhgpo" and algo.critic:
             raise InputError(
                 f"advantage: {self.algo}'s advantages come from its critic (GAE); advantage="
                 f"{self.advantage} is for group-relative algorithms (mhgpo, grpo)"
@@ -310,7 +319,9 @@ class TrainConfig:
         if self.rr_regroup not in RR_REGROUP:
             raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
         check_precision(self.precision)
-        if self.filter_zero_variance and self.algo in CRITIC_ALGOS:
+        if self.optim.loss is not None and self.optim.loss not in POLICY_LOSSES:
+            raise InputError(f"optim.loss: expected {one_of(tuple(POLICY_LOSSES))} (or null), got {self.optim.loss!r}")
+        if self.filter_zero_variance and algo.critic:
             raise InputError(f"filter_zero_variance: {self.algo} forms no groups (its critic is the baseline)")
         if self.filter_max_questions is not None and self.filter_max_questions < self.questions_per_step:
             raise InputError(

@@ -436,3 +436,11 @@ class HFGenerator:
                 )
             )
         return generations
+
+
+def build_hf_generator(
+    *, model: Any, loaded: Any, batch_size: int, precision: str, select: Any = None, **_: Any
+) -> HFGenerator:
+    """The `hf` engine (`mhgpo.config.tables.ENGINES`): mhgpo's own decoding loop over `model` (the training model,
+    or a model loaded to evaluate) with `loaded`'s tokenizer; `select(agent)` switches a per-agent adapter."""
+    return HFGenerator(model, loaded.tokenizer, batch_size=batch_size, precision=precision, select=select)

@@ -7,7 +7,7 @@ log-softmax to those in chunks of positions; each chunk is checkpointed when gra
 the full-vocabulary logits of a chunk are recomputed in the backward pass rather than kept. No
 full-vocabulary log-softmax is ever taken over prompt positions.
 
-:func:`output_logprobs_reference` is the slow, obviously correct version used to test it.
+`mhgpo.rl.reference.output_logprobs_reference` is the slow, obviously correct version used to test it.
 """
 
 from __future__ import annotations
@@ -138,31 +138,4 @@ def output_logprobs(
     flat = torch.cat(pieces)  # (N,)
     logp = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)
     logp = logp.masked_scatter(mask, flat)  # (B, T_out), row-major order matches `rows`
-    return logp, mask
-
-
-def output_logprobs_reference(
-    model: Any,
-    prompts: list[list[int]],
-    outputs: list[list[int]],
-    temperature: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`output_logprobs`, computed one sample at a time with a full forward pass and
-    a full log-softmax over every position. Slow; for tests."""
-    check_pairs(prompts, outputs, temperature)
-    device = module_device(model)
-    batch = len(prompts)
-    t_out = max((len(o) for o in outputs), default=0)
-    logp = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)
-    mask = torch.zeros((batch, t_out), dtype=torch.bool, device=device)  # (B, T_out)
-    for row, (prompt, out) in enumerate(zip(prompts, outputs)):
-        if not out:
-            continue
-        ids = torch.tensor([list(prompt) + list(out)], dtype=torch.long, device=device)  # (1, L)
-        logits = model(input_ids=ids).logits.float()  # (1, L, V)
-        all_logp = torch.log_softmax(logits / temperature, dim=-1)[0]  # (L, V)
-        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(out), device=device)  # (T,)
-        targets = torch.tensor(out, dtype=torch.long, device=device)  # (T,)
-        logp[row, : len(out)] = all_logp[positions, targets]  # (T,)
-        mask[row, : len(out)] = True
     return logp, mask

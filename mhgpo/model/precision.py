@@ -105,9 +105,3 @@ def autocast(precision: str, device: Any) -> AbstractContextManager:
 
 def module_device(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
-
-
-def resolve_config_precision(cfg: Any) -> str:
-    """Replace ``cfg.precision`` (``auto`` or a value) by the one this machine runs; return the reason."""
-    cfg.precision, reason = resolve_precision(cfg.precision)
-    return reason

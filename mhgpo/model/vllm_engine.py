@@ -340,3 +340,27 @@ class VLLMGenerator:
 
         self.llm.collective_rpc(load)
         self.llm.reset_prefix_cache()
+
+
+def build_vllm_generator(
+    *,
+    spec: str,
+    loaded: Any,
+    generation: Any,
+    precision: str,
+    seed: int,
+    lora_rank: int | None = None,
+    adapters: int = 1,
+    scratch: Path | None = None,
+    select: Any = None,
+    **_: Any,
+) -> VLLMGenerator:
+    """The `vllm` engine (`mhgpo.config.tables.ENGINES`) on the model `spec` loaded as `loaded`: a new run's initial
+    weights (then `lora_rank` and `adapters` size its LoRA slots), or a model to evaluate; a model loaded with one
+    adapter per agent (`select`, a `lora.per_role` run) is refused: its agents are evaluated by the `hf` engine."""
+    if select is not None:
+        raise InputError(
+            f"generation.engine=vllm: {spec} has one LoRA adapter per agent (lora.per_role); evaluate it with "
+            f"generation.engine=hf"
+        )
+    return build_engine(spec, loaded, generation, precision, seed, lora_rank, adapters, scratch)

@@ -3,8 +3,8 @@ advantages and the regrouping of singleton samples; and, for the MAPPO / PPO bas
 
 All functions are pure: NumPy arrays in, NumPy arrays out, no state. Rollouts are trees stored as a parent
 array: node ``i`` has parent ``parents[i]`` (``-1`` for a root) and nodes are numbered so that
-``parents[i] < i``. A leaf is a node without children. Each vectorised function has a slow loop version
-(suffix ``_reference``) beside it that the tests compare it with.
+``parents[i] < i``. A leaf is a node without children. Each vectorised function has a slow loop version (suffix
+``_reference``) in `mhgpo/rl/reference.py` that the tests compare it with.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from mhgpo.config.choices import AGGREGATORS
+from mhgpo.config.tables import ADVANTAGE_SCHEMES, load_function
 
 
-def _check_tree(parents: np.ndarray, terminal: np.ndarray, aggr: str, rng: np.random.Generator | None) -> None:
+def check_tree(parents: np.ndarray, terminal: np.ndarray, aggr: str, rng: np.random.Generator | None) -> None:
     if parents.ndim != 1 or terminal.shape != parents.shape:
         raise ValueError(f"parents and terminal must both have shape (N,), got {parents.shape} and {terminal.shape}")
     if not np.issubdtype(parents.dtype, np.integer):
@@ -35,7 +36,7 @@ def _child_counts(parents: np.ndarray) -> np.ndarray:
     return np.bincount(parents[parents >= 0], minlength=n)  # (N,) number of direct children
 
 
-def _check_leaf_values(terminal: np.ndarray, is_leaf: np.ndarray) -> None:
+def check_leaf_values(terminal: np.ndarray, is_leaf: np.ndarray) -> None:
     if not np.all(np.isfinite(terminal[is_leaf])):
         raise ValueError("terminal rewards must be finite at every leaf")
 
@@ -66,11 +67,11 @@ def propagate_rewards(
     """
     parents = np.asarray(parents)
     terminal = np.asarray(terminal, dtype=np.float64)
-    _check_tree(parents, terminal, aggr, rng)
+    check_tree(parents, terminal, aggr, rng)
     n = parents.shape[0]
     n_children = _child_counts(parents)  # (N,)
     is_leaf = n_children == 0  # (N,)
-    _check_leaf_values(terminal, is_leaf)
+    check_leaf_values(terminal, is_leaf)
     if n == 0:
         return np.zeros(0, dtype=np.float64)
 
@@ -116,46 +117,6 @@ def propagate_rewards(
     return shared
 
 
-def propagate_rewards_reference(
-    parents: np.ndarray,
-    terminal: np.ndarray,
-    aggr: str = "mean",
-    rng: np.random.Generator | None = None,
-) -> np.ndarray:
-    """Loop version of :func:`propagate_rewards` (same contract, same use of ``rng``), for the tests."""
-    parents = np.asarray(parents)
-    terminal = np.asarray(terminal, dtype=np.float64)
-    _check_tree(parents, terminal, aggr, rng)
-    n = parents.shape[0]
-    children: list[list[int]] = [[] for _ in range(n)]
-    for i in range(n):
-        if parents[i] >= 0:
-            children[int(parents[i])].append(i)  # appended in increasing index
-    _check_leaf_values(terminal, np.array([not c for c in children], dtype=bool))
-    internal = [k for k in range(n) if children[k]]
-    u = rng.random(len(internal)) if aggr == "rand" else None
-    pick = {
-        k: (min(int(u[j] * len(children[k])), len(children[k]) - 1) if u is not None else 0)
-        for j, k in enumerate(internal)
-    }
-
-    shared = [float("nan")] * n
-    for k in reversed(range(n)):  # children have larger indices, so they are done first
-        if not children[k]:
-            shared[k] = float(terminal[k])
-            continue
-        values = [shared[j] for j in children[k]]
-        if aggr == "mean":
-            shared[k] = sum(values) / len(values)
-        elif aggr == "max":
-            shared[k] = max(values)
-        elif aggr == "min":
-            shared[k] = min(values)
-        else:
-            shared[k] = values[pick[k]]
-    return np.array(shared, dtype=np.float64)
-
-
 def aggregated(parents: np.ndarray, terminal: np.ndarray) -> np.ndarray:
     """(N,) bool: the nodes whose shared reward the aggregator decides, those whose leaves below hold different
     terminal rewards (their max and min differ). Every aggregator gives the other nodes the same reward."""
@@ -175,7 +136,7 @@ def total_rewards(shared: np.ndarray, penalties: np.ndarray, use_penalties: bool
     return shared + penalties if use_penalties else shared.copy()
 
 
-def _check_groups(rewards: np.ndarray, group_ids: np.ndarray) -> None:
+def check_groups(rewards: np.ndarray, group_ids: np.ndarray) -> None:
     if rewards.ndim != 1 or group_ids.shape != rewards.shape:
         raise ValueError(f"rewards and group_ids must both have shape (N,), got {rewards.shape} and {group_ids.shape}")
     if not np.issubdtype(group_ids.dtype, np.integer):
@@ -202,7 +163,7 @@ def group_advantages(rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e
     """
     rewards = np.asarray(rewards, dtype=np.float64)
     group_ids = np.asarray(group_ids)
-    _check_groups(rewards, group_ids)
+    check_groups(rewards, group_ids)
     adv = np.zeros_like(rewards)  # (N,)
     trained = np.flatnonzero(group_ids >= 0)  # (M,)
     stats = {"n_groups": 0, "n_zero_variance_groups": 0, "n_untrained": int(rewards.shape[0] - trained.shape[0])}
@@ -227,38 +188,13 @@ def group_advantages(rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e
     return adv, stats
 
 
-def group_advantages_reference(
-    rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e-6
-) -> tuple[np.ndarray, dict]:
-    """Loop version of :func:`group_advantages`, for the tests."""
-    rewards = np.asarray(rewards, dtype=np.float64)
-    group_ids = np.asarray(group_ids)
-    _check_groups(rewards, group_ids)
-    adv = np.zeros_like(rewards)
-    stats = {"n_groups": 0, "n_zero_variance_groups": 0, "n_untrained": int(np.sum(group_ids == -1))}
-    for g in sorted({int(x) for x in group_ids if x >= 0}):
-        members = [i for i in range(rewards.shape[0]) if group_ids[i] == g]
-        values = [float(rewards[i]) for i in members]
-        if len(values) == 1:
-            raise ValueError(f"group(s) of size 1 cannot be normalised: ids [{g}]")
-        stats["n_groups"] += 1
-        if max(values) == min(values):
-            stats["n_zero_variance_groups"] += 1
-            continue
-        mean = sum(values) / len(values)
-        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-        for i, v in zip(members, values):
-            adv[i] = (v - mean) / (std + eps)
-    return adv, stats
-
-
 def drop_zero_variance(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.ndarray, int]:
     """Untrain the groups whose rewards are all equal (DAPO's dynamic-sampling filter): they carry no gradient
     but would count in the loss's means. Returns ``(new_group_ids (N,), n_dropped_groups)``: -1 for the members
     of a zero-variance group, other ids unchanged. Not in the paper (a switch: ``filter_zero_variance``)."""
     rewards = np.asarray(rewards, dtype=np.float64)
     group_ids = np.asarray(group_ids)
-    _check_groups(rewards, group_ids)
+    check_groups(rewards, group_ids)
     out = group_ids.copy()
     trained = np.flatnonzero(group_ids >= 0)  # (M,)
     if trained.shape[0] == 0:
@@ -272,19 +208,6 @@ def drop_zero_variance(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.n
     constant = r_max == r_min  # (K,)
     out[trained[constant[inv]]] = -1
     return out, int(constant.sum())
-
-
-def drop_zero_variance_reference(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """Loop version of :func:`drop_zero_variance`, for the tests."""
-    out = np.asarray(group_ids).copy()
-    dropped = 0
-    for g in sorted({int(x) for x in out if x >= 0}):
-        members = [i for i in range(out.shape[0]) if group_ids[i] == g]
-        if len({float(rewards[i]) for i in members}) == 1:
-            dropped += 1
-            for i in members:
-                out[i] = -1
-    return out, dropped
 
 
 def regroup_singletons(
@@ -422,20 +345,6 @@ def gae(
     return adv, np.where(mask, adv + v, 0.0)
 
 
-def gae_reference(
-    rewards: list[list[float]], values: list[list[float]], gamma: float = 1.0, lam: float = 0.95
-) -> tuple[list[list[float]], list[list[float]]]:
-    """Loop version of :func:`gae` over ragged per-output lists, straight from the sum's definition, for the tests."""
-    advantages, returns = [], []
-    for r, v in zip(rewards, values):
-        n = len(r)
-        delta = [r[t] + gamma * (v[t + 1] if t + 1 < n else 0.0) - v[t] for t in range(n)]
-        a = [sum((gamma * lam) ** k * delta[t + k] for k in range(n - t)) for t in range(n)]
-        advantages.append(a)
-        returns.append([a[t] + v[t] for t in range(n)])
-    return advantages, returns
-
-
 def whiten(x: np.ndarray, mask: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     """``(x - mean) / (std + eps)`` over the masked entries of the whole step (population std); 0 elsewhere.
 
@@ -453,37 +362,50 @@ def whiten(x: np.ndarray, mask: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     return np.where(mask, (x - mean) / (std + eps), 0.0)
 
 
+def agent_keys(agents: np.ndarray, prompt_keys: np.ndarray, visits: np.ndarray) -> np.ndarray:
+    """Group keys of ``advantage=agent``: one group per agent across the step (agent-wise normalisation, as
+    Dr.MAS does). (N,) arrays in, (N, 1) integer keys out."""
+    return np.stack([np.unique(agents, return_inverse=True)[1].reshape(-1)], axis=1)  # (N, 1)
+
+
+def prompt_agent_turn_keys(agents: np.ndarray, prompt_keys: np.ndarray, visits: np.ndarray) -> np.ndarray:
+    """Group keys of ``advantage=prompt_agent_turn``: samples with the same prompt, agent and visit (AT-GRPO-style
+    homogeneous groups). (N,) arrays in, (N, 3) integer keys out."""
+    return np.stack(
+        [
+            np.unique(prompt_keys, return_inverse=True)[1].reshape(-1),
+            np.unique(agents, return_inverse=True)[1].reshape(-1),
+            np.asarray(visits),
+        ],
+        axis=1,
+    )  # (N, 3)
+
+
 def scheme_groups(
     scheme: str, group_ids: np.ndarray, agents: np.ndarray, prompt_keys: np.ndarray, visits: np.ndarray
 ) -> tuple[np.ndarray, int]:
-    """The groups an advantage scheme normalises over, among the trained samples (``group_ids >= 0``).
+    """The groups an advantage scheme (`mhgpo.config.tables.ADVANTAGE_SCHEMES`) normalises over, among the trained
+    samples (``group_ids >= 0``).
 
     - ``mhgpo``: the sampler's group ids as they are (heterogeneous groups: paper Eq. adv).
-    - ``agent``: one group per agent across the batch (agent-wise normalisation, as Dr.MAS does).
-    - ``prompt_agent_turn``: samples with the same prompt, agent and visit (AT-GRPO-style groups): homogeneous
-      groups only; a sample whose prompt no other sample shares forms a group of one, which is not trained.
+    - any other scheme: the samples whose keys (the scheme's function of ``agents``, ``prompt_keys``, ``visits``)
+      are equal form one group, e.g. ``agent`` (:func:`agent_keys`) or ``prompt_agent_turn``
+      (:func:`prompt_agent_turn_keys`); a sample that no other sample shares its keys with forms a group of one,
+      which is not trained.
 
     ``agents``, ``prompt_keys`` (any hashable id of the prompt, e.g. its token ids as a tuple's hash index) and
     ``visits`` are (N,) arrays aligned with ``group_ids``. Returns ``(ids (N,), dropped)``: new group ids (``-1``:
     not trained, numbered in order of first appearance) and how many trained samples were left in groups of one.
     """
+    if scheme not in ADVANTAGE_SCHEMES:
+        raise ValueError(f"unknown advantage scheme {scheme!r}")
     group_ids = np.asarray(group_ids, dtype=np.int64)
-    if scheme == "mhgpo":
+    if ADVANTAGE_SCHEMES[scheme].keys is None:
         return group_ids.copy(), 0
     trained = group_ids >= 0  # (N,)
-    if scheme == "agent":
-        keys = np.stack([np.unique(agents, return_inverse=True)[1].reshape(-1)], axis=1)  # (N, 1)
-    elif scheme == "prompt_agent_turn":
-        keys = np.stack(
-            [
-                np.unique(prompt_keys, return_inverse=True)[1].reshape(-1),
-                np.unique(agents, return_inverse=True)[1].reshape(-1),
-                np.asarray(visits),
-            ],
-            axis=1,
-        )  # (N, 3)
-    else:
-        raise ValueError(f"unknown advantage scheme {scheme!r}")
+    keys = load_function(ADVANTAGE_SCHEMES[scheme].keys)(
+        np.asarray(agents), np.asarray(prompt_keys), np.asarray(visits)
+    )
     out = np.full(group_ids.shape[0], -1, dtype=np.int64)  # (N,)
     idx = np.flatnonzero(trained)  # (M,)
     if idx.shape[0] == 0:
@@ -496,27 +418,3 @@ def scheme_groups(
     out[idx] = new_id[inv]
     keep = size[inv] >= 2  # (M,)
     return out, int((~keep).sum())
-
-
-def scheme_groups_reference(
-    scheme: str, group_ids: Sequence[int], agents: Sequence[str], prompt_keys: Sequence, visits: Sequence[int]
-) -> tuple[list[int], int]:
-    """Loop version of :func:`scheme_groups`, for the tests."""
-    if scheme == "mhgpo":
-        return list(group_ids), 0
-    key_of = {"agent": lambda i: (agents[i],), "prompt_agent_turn": lambda i: (prompt_keys[i], agents[i], visits[i])}
-    if scheme not in key_of:
-        raise ValueError(f"unknown advantage scheme {scheme!r}")
-    members: dict[tuple, list[int]] = {}
-    for i, g in enumerate(group_ids):
-        if g >= 0:
-            members.setdefault(key_of[scheme](i), []).append(i)
-    out, dropped, next_id = [-1] * len(group_ids), 0, 0
-    for key in sorted(members, key=lambda k: members[k][0]):
-        if len(members[key]) < 2:
-            dropped += len(members[key])
-            continue
-        for i in members[key]:
-            out[i] = next_id
-        next_id += 1
-    return out, dropped

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mhgpo.rl.rollout import Node
+from mhgpo.rl.tree import Node
 from mhgpo.team.workflow import Call, Workflow, breaks_format
 
 

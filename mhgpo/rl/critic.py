@@ -22,7 +22,7 @@ PPO is the same thing on the single-agent system (`system=llm`). What this modul
 - Precision (``mhgpo.model.precision``): the critic's trainable weights (adapter or full copy, and the value head) and
   their optimiser state are float32 except under pure ``bf16``; under ``bf16-mixed`` its forwards run under
   bfloat16 autocast, and under LoRA the shared frozen base is the actor's (bfloat16). Its forwards run with
-  dropout off (``mhgpo.rl.policy.no_dropout``), like the actor's.
+  dropout off (``mhgpo.model.modules.no_dropout``), like the actor's.
 - Update: ``optim.ppo_epochs`` passes over the step's samples, each one optimiser step (AdamW, ``critic.lr``: null
   means 2 × ``optim.lr``, the paper's ratio of 1e-6 to 5e-7,
   gradient norm clipped at ``optim.max_grad_norm``) of the clipped value loss (:func:`mhgpo.rl.losses.value_loss`)
@@ -46,18 +46,11 @@ from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, critic_lr
 from mhgpo.model.distributed import Single
 from mhgpo.model.logprobs import backbone_and_head, check_pairs, output_hidden_states
 from mhgpo.model.lora import peft_lora_config
+from mhgpo.model.modules import cast_trainable, enable_gradient_checkpointing
 from mhgpo.model.precision import autocast, module_device
 from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.rl.losses import value_loss
-from mhgpo.rl.policy import (
-    Sample,
-    accumulated_steps,
-    cast_trainable,
-    enable_gradient_checkpointing,
-    micro_batches,
-    owned,
-    pad_rows,
-)
+from mhgpo.rl.policy import Sample, accumulated_steps, micro_batches, owned, pad_rows
 
 CRITIC_ADAPTER = "critic"
 

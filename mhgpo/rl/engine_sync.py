@@ -31,24 +31,6 @@ class EngineOutOfSync(RunError):
     """The engine's log-probs of the step's outputs differ from the trainer's beyond `generation.sync_tolerance`."""
 
 
-def build_engine(cfg: Any, spec: str, loaded: Any, scratch: Path) -> Any:
-    """The :class:`~mhgpo.model.vllm_engine.VLLMGenerator` of a training config ``cfg`` (its `generation`, `lora`,
-    `precision` and `seed`) on the initial weights ``loaded`` (the model ``spec`` names, before LoRA wraps it)."""
-    from mhgpo.model.vllm_engine import build_engine as engine_for
-
-    lora = cfg.lora
-    return engine_for(
-        spec,
-        loaded,
-        cfg.generation,
-        cfg.precision,
-        cfg.seed,
-        lora.r if lora.enabled else None,
-        PER_ROLE_ADAPTERS if lora.enabled and lora.per_role else 1,
-        scratch,
-    )
-
-
 def tolerance(cfg: Any) -> float:
     """`generation.sync_tolerance`, or the default for the engine's dtype."""
     given = cfg.generation.sync_tolerance

@@ -24,7 +24,8 @@ from mhgpo.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 from mhgpo.model import wire
 from mhgpo.model.generation import Generator
 from mhgpo.rl.behaviour import agent_behaviour, call_record
-from mhgpo.rl.rollout import Node, RolloutSpec, run_rollouts
+from mhgpo.rl.rollout import run_rollouts
+from mhgpo.rl.tree import Node, RolloutSpec
 from mhgpo.team.workflow import Workflow
 
 PREDICTIONS = "predictions.jsonl"

@@ -5,10 +5,11 @@ The objective averages tokens within a sample, samples within an agent, and agen
 :func:`token_weights` folds the three means into one weight per sample,
 ``w_i = 1 / (n_agents_present * N_agent(i) * |o_i|)``, computed once over the whole step, so that the loss of
 a micro-batch is its partial sum and the step loss is the sum over micro-batches, whatever the cut.
-:func:`mhgpo_policy_loss_reference` is the formula written as loops, for the tests.
+`mhgpo.rl.reference.mhgpo_policy_loss_reference` is the formula written as loops, for the tests.
 
 The same objective with per-token advantages is the actor loss of MAPPO / PPO; their critic is trained with
-the clipped value loss :func:`value_loss` (reference: :func:`value_loss_reference`), under the same weights.
+the clipped value loss :func:`value_loss` (its loops: `mhgpo.rl.reference.value_loss_reference`), under the same
+weights.
 """
 
 from __future__ import annotations
@@ -158,50 +159,6 @@ def mhgpo_policy_loss(
     return loss, stats
 
 
-def mhgpo_policy_loss_reference(
-    logp: Sequence[Tensor],
-    old_logp: Sequence[Tensor],
-    ref_logp: Sequence[Tensor] | None,
-    advantages: Sequence[float] | Sequence[Tensor],
-    agent_of_sample: Sequence[Hashable],
-    clip_eps: float = 0.2,
-    beta: float = 0.001,
-) -> Tensor:
-    """Paper Eq. (target) negated, written as loops over per-sample lists, for the tests.
-
-    ``advantages[i]`` is a float (one per sample) or a 1-D tensor (one per output token of sample i).
-
-    ``-(1/n) sum_k (1/G_k) sum_{i in k} (1/|o_i|) sum_t [min(r A, clip(r) A) - beta KL_k3]`` over the given
-    samples (pass only the trained ones). ``logp[i]`` etc. are 1-D tensors of sample i's output tokens.
-    The KL is written out here (not :func:`k3_kl`) so that the test checks it too.
-    """
-    samples_of: dict[Hashable, list[int]] = {}
-    for i, agent in enumerate(agent_of_sample):
-        samples_of.setdefault(agent, []).append(i)
-    n = len(samples_of)
-    total = torch.zeros((), dtype=torch.float64)
-    for samples in samples_of.values():
-        agent_sum = torch.zeros((), dtype=torch.float64)
-        for i in samples:
-            length = len(logp[i])
-            if length == 0:
-                continue
-            sample_sum = torch.zeros((), dtype=torch.float64)
-            for t in range(length):
-                r = torch.exp(logp[i][t] - old_logp[i][t])
-                a_i = advantages[i]
-                per_token = isinstance(a_i, (list, tuple)) or (isinstance(a_i, Tensor) and a_i.ndim == 1)
-                a = float(a_i[t]) if per_token else float(a_i)
-                term = torch.minimum(r * a, torch.clamp(r, 1 - clip_eps, 1 + clip_eps) * a)
-                if ref_logp is not None:
-                    d = ref_logp[i][t] - logp[i][t]
-                    term = term - beta * (torch.exp(d) - d - 1)
-                sample_sum = sample_sum + term
-            agent_sum = agent_sum + sample_sum / length
-        total = total + agent_sum / len(samples)
-    return -total / n
-
-
 def value_loss(
     values: Tensor,
     old_values: Tensor,
@@ -259,33 +216,3 @@ def value_loss(
             "n_tokens": float(n_tokens),
         }
     return loss, stats
-
-
-def value_loss_reference(
-    values: Sequence[Tensor],
-    old_values: Sequence[Tensor],
-    returns: Sequence[Tensor],
-    agent_of_sample: Sequence[Hashable],
-    clip_eps: float = 0.2,
-) -> Tensor:
-    """:func:`value_loss` written as loops over per-sample 1-D tensors (token mean, sample mean per agent, mean
-    over agents), for the tests."""
-    samples_of: dict[Hashable, list[int]] = {}
-    for i, agent in enumerate(agent_of_sample):
-        samples_of.setdefault(agent, []).append(i)
-    total = torch.zeros((), dtype=torch.float64)
-    for samples in samples_of.values():
-        agent_sum = torch.zeros((), dtype=torch.float64)
-        for i in samples:
-            length = len(values[i])
-            if length == 0:
-                continue
-            sample_sum = torch.zeros((), dtype=torch.float64)
-            for t in range(length):
-                v, v_old, g = values[i][t], float(old_values[i][t]), float(returns[i][t])
-                delta = min(max(v - v_old, -clip_eps), clip_eps)  # clip(V - V_old) as a tensor op on v
-                v_clip = v_old + delta
-                sample_sum = sample_sum + 0.5 * max((v - g) ** 2, (v_clip - g) ** 2)
-            agent_sum = agent_sum + sample_sum / length
-        total = total + agent_sum / len(samples)
-    return total / len(samples_of)

@@ -7,7 +7,7 @@ Log-probs are computed only at output positions, in chunks (`mhgpo.model.logprob
 One update = `ppo_epochs` passes over the step's samples, each pass one optimiser step whose gradient is
 accumulated over micro-batches; the step-wide token weights make it independent of the micro-batch cut.
 
-Log-probabilities for the ratio, the reference and the critic are computed with dropout off (:func:`no_dropout`),
+Log-probabilities for the ratio, the reference and the critic are computed with dropout off (`mhgpo.model.modules.no_dropout`),
 as the sampler computed them, so that on-policy data gives a ratio of exactly 1. Precision (`mhgpo.model.precision`):
 the trainable weights and the optimiser state are float32 except under ``bf16``; under ``bf16-mixed`` every
 forward runs under bfloat16 autocast (the reference's too, so that it matches the actor's at the start).
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -32,7 +31,15 @@ from mhgpo.model import packing
 from mhgpo.model.distributed import Single, shares
 from mhgpo.model.logprobs import output_logprobs
 from mhgpo.model.lora import Reference, peft_lora_config
-from mhgpo.model.precision import autocast, module_device, weight_dtype
+from mhgpo.model.modules import (
+    add_negated_adapters,
+    cast_trainable,
+    enable_gradient_checkpointing,
+    no_dropout,
+    only_adapters,
+    set_active_adapter,
+)
+from mhgpo.model.precision import autocast, module_device
 from mhgpo.model.sharding import clip_grad_norm, gathered, is_dtensor, is_sharded, shard_model
 from mhgpo.rl.losses import mhgpo_policy_loss, token_weights
 
@@ -69,12 +76,15 @@ class Policy:
         precision: str = "fp32",
         keep_reference: bool = True,
         roles: tuple[str, ...] = (),
+        loss: Callable[..., tuple[torch.Tensor, dict[str, float]]] = mhgpo_policy_loss,
     ):
         """``model`` comes stored as ``precision`` asks (:func:`mhgpo.model.precision.weight_dtype`: its frozen base
         under LoRA, all of it under full fine-tuning); ``precision`` is a resolved one (not ``auto``).
         ``keep_reference=False``: no frozen copy under full fine-tuning (a warm start has no KL term).
-        ``roles``: the agents, which get one LoRA adapter each under ``lora.per_role`` (named after them)."""
+        ``roles``: the agents, which get one LoRA adapter each under ``lora.per_role`` (named after them).
+        ``loss``: the policy objective of a micro-batch (an entry of `mhgpo.config.tables.POLICY_LOSSES`)."""
         self.cfg = optim
+        self.loss = loss
         self.pad_id = pad_id
         self.ranks: Single = Single()  # the ranks of a data-parallel run (set by the trainer)
         self.lora = lora.enabled
@@ -98,8 +108,8 @@ class Policy:
             )
             for name in names[1:]:
                 model.add_adapter(name, peft_lora_config(lora, model))
-            self.reference_adapters = _add_negated_adapters(model, reference.adapters)
-            _set_active(model, names[0], self._adapter_params(model, names, precision))
+            self.reference_adapters = add_negated_adapters(model, reference.adapters)
+            set_active_adapter(model, names[0], self._adapter_params(model, names, precision))
         self.ref_model = reference.model
         if self.ref_model is None and not lora.enabled and keep_reference:
             # the reference copy keeps the actor's dtype: the same forward on the same weights, so KL starts at 0
@@ -139,7 +149,7 @@ class Policy:
         if self.ref_model is not None:
             return nullcontext()
         if self.reference_adapters:
-            return _only_adapters(self.model, self.reference_adapters)
+            return only_adapters(self.model, self.reference_adapters)
         return self.model.disable_adapter()
 
     @staticmethod
@@ -159,7 +169,7 @@ class Policy:
         if self.roles and agent is not None:
             if agent not in self.roles:
                 raise ValueError(f"no adapter for agent {agent!r} (adapters: {', '.join(self.roles)})")
-            _set_active(self.model, agent, self.params)
+            set_active_adapter(self.model, agent, self.params)
         yield
 
     def _logprobs(self, model: torch.nn.Module, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,7 +261,7 @@ class Policy:
             old = pad_rows([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
             ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
             adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
-            return mhgpo_policy_loss(
+            return self.loss(
                 logp,
                 old.to(logp.device),
                 None if ref_b is None else ref_b.to(logp.device),
@@ -294,7 +304,7 @@ def accumulated_steps(
     `by_agent`, shared prompts with `optim.share_prefix`): ``batch_loss(indices, weights)`` gives a micro-batch's
     loss and its stats (with ``n_tokens``), where `weights` are the micro-batch's rows of the step-wide token weights
     (:func:`mhgpo.rl.losses.token_weights`, so the gradient does not depend on the cut); then `params`' gradient norm is
-    clipped at `optim.max_grad_norm` and the optimiser steps. Dropout is off (:func:`no_dropout`). Returns the last
+    clipped at `optim.max_grad_norm` and the optimiser steps. Dropout is off (`mhgpo.model.modules.no_dropout`). Returns the last
     pass's ``loss`` (summed over its micro-batches), ``grad_norm`` (before clipping) and each of `stats` as a token
     mean. With several `ranks`, each computes the micro-batches of its share of `samples` (:func:`owned`) under the
     weights of the whole step; the gradients (a sum of the samples' terms) and the statistics are summed across
@@ -374,89 +384,6 @@ def owned(samples: list[Sample], ranks: Single, share: bool = False) -> list[int
     cut = list(units.values())
     tokens = [len(samples[u[0]].prompt_ids) + sum(len(samples[i].output_ids) for i in u) for u in cut]
     return sorted(i for u in shares(tokens, ranks.world)[ranks.rank] for i in cut[u])
-
-
-def cast_trainable(params: list[torch.nn.Parameter], precision: str) -> None:
-    """Store the trainable `params` (LoRA adapters, made in the base's dtype; a value head) in
-    :func:`mhgpo.model.precision.weight_dtype` ``(precision, trainable=True)``: float32 unless pure ``bf16``."""
-    dtype = weight_dtype(precision, trainable=True)
-    for p in params:
-        p.data = p.data.to(dtype)
-
-
-def _add_negated_adapters(model: Any, adapters: list[tuple[LoraConfig, dict[str, torch.Tensor]]]) -> list[str]:
-    """Add to the PEFT `model` one frozen, inactive adapter per (config, checkpoint tensors) with its B negated (its
-    delta negated); return their names. The trained adapter `default` stays the only active (and trainable) one."""
-    names = []
-    for i, (lora, tensors) in enumerate(adapters):
-        name = f"reference{i}"
-        model.add_adapter(name, peft_lora_config(lora, model, dropout=0.0))
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for key, value in tensors.items():
-                target = params[re.sub(r"\.(lora_[AB])\.default\.", rf".\1.{name}.", key)]
-                target.copy_((-value if ".lora_B." in key else value).to(target.device, target.dtype))
-        names.append(name)
-    return names
-
-
-def _set_active(model: Any, name: str, trainable: list[torch.nn.Parameter]) -> None:
-    """Make adapter `name` the active one; peft then marks only its weights trainable, so `trainable` (every trained
-    adapter's weights) is marked again."""
-    model.base_model.set_adapter(name)
-    for p in trainable:
-        p.requires_grad_(True)
-
-
-@contextmanager
-def _only_adapters(model: Any, names: list[str]) -> Iterator[None]:
-    """Forward passes with the adapters `names` alone (no gradients flow to them: they are frozen)."""
-    active = list(model.base_model.active_adapters)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    model.base_model.set_adapter(names)
-    try:
-        yield
-    finally:
-        model.base_model.set_adapter(active[0] if len(active) == 1 else active)
-        for p in trainable:
-            p.requires_grad_(True)
-
-
-@contextmanager
-def no_dropout(model: torch.nn.Module) -> Iterator[None]:
-    """Train ``model`` with dropout off: every module in eval mode (``nn.Dropout`` layers, peft's LoRA dropout,
-    attention dropout that reads ``self.training``) except those that carry a ``gradient_checkpointing`` flag
-    (transformers' decoder layers, or the model itself in older versions), which checkpoint only in train mode;
-    float ``*dropout*`` rates those modules hold themselves are set to 0. Gradients flow as usual. Restores every
-    module's mode and rate on exit."""
-    modes = {m: m.training for m in model.modules()}
-    rates: list[tuple[torch.nn.Module, str, float]] = []
-    model.eval()
-    for m in model.modules():
-        if getattr(m, "gradient_checkpointing", False) is True:
-            m.training = True  # this module only: its children stay in eval mode
-            rates += [(m, k, v) for k, v in vars(m).items() if "dropout" in k and isinstance(v, float) and v > 0]
-    for m, k, _ in rates:
-        setattr(m, k, 0.0)
-    try:
-        yield
-    finally:
-        for m, k, v in rates:
-            setattr(m, k, v)
-        for m, mode in modes.items():
-            m.training = mode
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute the decoder layers' activations in the backward pass (in train mode only; generation and
-    no-grad forwards are unchanged). Non-reentrant, so a frozen base under LoRA needs no input gradients."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ValueError(f"optim.gradient_checkpointing: {type(model).__name__} does not support it")
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name for it
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Rollout trees, breadth-first over the whole batch, and the four samplers (paper Algorithms 1–5).
+"""Growing rollout trees, breadth-first over the whole batch, with the four samplers (paper Algorithms 1–5).
 
 A rollout for one question is a tree of `Node`s (LLM calls and tool calls). A `Branch` is a live path through a
 tree. `fork_on(q, G, agent)` (paper Algorithm 5) is a branch whose `fork_agent` is set: its first call of that
@@ -14,11 +14,8 @@ round for all branches waiting on it. Samplers:
 - `chains`: G independent chains per question, no fork and no groups (MAPPO / PPO: the critic is the baseline).
 - `none`:   one chain per question (evaluation).
 
-Group ids come from the sampler: samples of one agent (at its k-th visit) under one question and one fork form
-one group (homogeneous at the fork agent, heterogeneous downstream); FoF(os)'s terminal samples of one input
-form one group. Groups of size 1 never train: RR regroups them (by role and fork agent by default), other samplers
-drop and count them.
-`chains` gives every LLM call an id of its own: it marks the sample as trained, it is not a group.
+The trees' data types are in `mhgpo.rl.tree`; their group ids, which come from the sampler, in
+`mhgpo.rl.grouping`.
 
 A question whose rollout fails in a workflow method (an exception, a name `next_agent` should not return, no end
 within `max_rounds`) either stops the batch with a `WorkflowError` naming file, class, method and question
@@ -29,100 +26,21 @@ A `ServiceError` of a tool (its retrieval service is down) is no question's fail
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from mhgpo.config.eval import MAX_PROMPT_TOKENS
 from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.data.records import Example
 from mhgpo.errors import ServiceError
-from mhgpo.model import wire
 from mhgpo.model.generation import Generator, SamplingParams
-from mhgpo.rl.advantages import regroup_singletons, rr_pool_keys
+from mhgpo.rl.grouping import assign_groups
+from mhgpo.rl.tree import Branch, Node, RolloutBatch, RolloutSpec
 from mhgpo.team.loader import RolloutFailure, WorkflowError, failure
 from mhgpo.team.workflow import State, StepResult, Workflow
-
-
-@dataclass
-class Node:
-    """One LLM call or tool call of a rollout tree."""
-
-    node_id: int
-    question_index: int
-    parent_id: int  # -1 for a root
-    agent: str
-    kind: str  # "llm" or "tool"
-    visit: int  # this agent's k-th call along the path (0-based)
-    prompt_ids: list[int] = field(default_factory=list, repr=False)
-    output_ids: list[int] = field(default_factory=list, repr=False)
-    logprobs: list[float] = field(default_factory=list, repr=False)
-    output: str = ""
-    penalty: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    group_key: tuple | None = None  # filled at creation; None for tool nodes
-    fork_id: int = -1  # the fork (start of chains) of its question it belongs to
-    fork_sample: bool = False  # one of the G samples at a fork point
-    group_id: int = -1  # -1: not trained
-    terminal: float = float("nan")  # leaves: the final answer's score
-    final_answer: str | None = None  # leaves only
-    trace: dict[str, Any] | None = None  # leaves only
-    reward_shared: float = 0.0
-    reward: float = 0.0
-    advantage: float = 0.0
-
-    @property
-    def trained(self) -> bool:
-        return self.group_id >= 0
-
-
-@dataclass
-class Branch:
-    question_index: int
-    state: State
-    parent_id: int
-    fork_id: int
-    fork_agent: str | None
-    forked: bool = False
-    visits: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class RolloutBatch:
-    """All trees of one batch, nodes numbered so that a parent's id is smaller than its children's."""
-
-    examples: list[Example]
-    nodes: list[Node]
-    fork_agents: list[list[str | None]]  # per question, the fork agent of each of its forks
-    stats: dict[str, float]
-    failures: list[RolloutFailure] = field(default_factory=list)  # questions left out (on_error="skip")
-
-    def llm_nodes(self) -> list[Node]:
-        return [n for n in self.nodes if n.kind == "llm"]
-
-    def leaves(self) -> list[Node]:
-        return [n for n in self.nodes if n.final_answer is not None]
-
-
-wire.register(Node, RolloutBatch)  # (gathered from the ranks of a data-parallel run)
-
-
-@dataclass
-class RolloutSpec:
-    sampler: str = "none"
-    group_size: int = 1
-    rr_probs: tuple[float, ...] = (0.7, 0.1, 0.2)
-    rr_regroup: str = "fork"  # fork | role | all: how RR pools singletons (mhgpo.rl.advantages.regroup_singletons)
-    greedy: bool = False
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer prompt fails its question (`too_long`)
-
-    @property
-    def width(self) -> int:
-        """Samples drawn at a fork point (G; 1 without a sampler)."""
-        return self.group_size if sampler_entry(self.sampler).forks != "none" else 1
 
 
 def too_long(tokens: int, limit: int) -> str:
@@ -239,14 +157,6 @@ def run_rollouts(
     return batch
 
 
-def assign_groups(batch: RolloutBatch, spec: RolloutSpec, rng: np.random.Generator) -> None:
-    """Group ids of the batch's trees (:func:`_assign_groups`: RR pools its singletons across all its questions),
-    their counts in its stats, and FoF's fork agents (the first agent each question called)."""
-    batch.stats = {**_assign_groups(batch.nodes, spec, spec.width, rng, batch.fork_agents), **batch.stats}
-    if sampler_entry(spec.sampler).forks == "first":
-        batch.fork_agents = [[_first_llm_agent(batch.nodes, q)] for q in range(len(batch.examples))]
-
-
 _FAILED = object()  # what a guarded call returns for a question that failed (on_error="skip")
 
 
@@ -318,46 +228,6 @@ def _without_questions(
         n.parent_id = id_map[n.parent_id] if n.parent_id >= 0 else -1
         n.question_index = q_map[n.question_index]
     return [examples[q] for q in keep], kept, [fork_agents[q] for q in keep]
-
-
-def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
-    """One batch holding the trees of `batches` in order: node ids, parent ids, question indices, fork ids and
-    group ids are shifted so that they stay distinct (group ids stay per batch: groups never span batches), and
-    group keys are tagged with their batch, so that grouping the merged trees (:func:`assign_groups`: the ranks'
-    trees of one step) groups within each question as each batch would; stats add up and failures are listed
-    together."""
-    if len(batches) == 1:
-        return batches[0]
-    examples: list[Example] = []
-    nodes: list[Node] = []
-    fork_agents: list[list[str | None]] = []
-    stats: dict[str, float] = {}
-    failures: list[RolloutFailure] = []
-    next_group = next_fork = 0
-    for part, b in enumerate(batches):
-        node_shift, question_shift = len(nodes), len(examples)
-        groups = [n.group_id for n in b.nodes if n.group_id >= 0]
-        forks = [n.fork_id for n in b.nodes if n.fork_id >= 0]
-        for n in b.nodes:
-            n.node_id += node_shift
-            n.parent_id = n.parent_id + node_shift if n.parent_id >= 0 else -1
-            n.question_index += question_shift
-            n.group_id = n.group_id + next_group if n.group_id >= 0 else -1
-            n.fork_id = n.fork_id + next_fork if n.fork_id >= 0 else -1
-            n.group_key = None if n.group_key is None else (part, n.group_key)  # distinct across batches
-            nodes.append(n)
-        next_group += max(groups) + 1 if groups else 0
-        next_fork += max(forks) + 1 if forks else 0
-        examples.extend(b.examples)
-        fork_agents.extend(b.fork_agents)
-        failures.extend(b.failures)
-        for k, v in b.stats.items():
-            stats[k] = stats.get(k, 0.0) + v
-    return RolloutBatch(examples, nodes, fork_agents, stats, failures)
-
-
-def _first_llm_agent(nodes: list[Node], q: int) -> str | None:
-    return next((n.agent for n in nodes if n.question_index == q and n.kind == "llm"), None)
 
 
 def _finish(b: Branch, nodes: list[Node], workflow: Workflow, guard: _Guard) -> None:
@@ -502,43 +372,3 @@ def _run_agent(
         forked = b.forked or fork_here
         out.append(Branch(b.question_index, res.state, node.node_id, b.fork_id, fork_agent, forked, visits))
     return AgentRound(out, new_nodes, len(generations), sum(len(g.output_ids) for g in generations))
-
-
-def _assign_groups(
-    nodes: list[Node], spec: RolloutSpec, G: int, rng: np.random.Generator, fork_agents: list[list[str | None]]
-) -> dict[str, float]:
-    """Turn group keys into integer group ids; drop (or, for RR, regroup) singletons. Returns counts."""
-    llm = [n for n in nodes if n.kind == "llm"]
-    entry = sampler_entry(spec.sampler)
-    if entry.forks == "none" or not llm:
-        return {"groups": 0.0, "singletons_dropped": 0.0, "samples": 0.0}
-    if entry.forks == "chains":  # every call trains on its own (the critic, not a group, gives its baseline)
-        for i, n in enumerate(llm):
-            n.group_id = i
-        return {"groups": 0.0, "singletons_dropped": 0.0, "samples": float(len(llm))}
-    keep = [n for n in llm if n.fork_sample] if entry.fork_samples_only else llm
-    sizes = Counter(n.group_key for n in keep)
-    ids: dict[tuple, int] = {}
-    group_ids = np.full(len(keep), -1, dtype=np.int64)
-    for i, n in enumerate(keep):
-        group_ids[i] = ids.setdefault(n.group_key, len(ids))
-    dropped = 0
-    if entry.regroup_singletons:
-        keys = rr_pool_keys(
-            spec.rr_regroup, [n.agent for n in keep], [fork_agents[n.question_index][0] for n in keep]
-        )  # RR: one fork agent per question
-        group_ids, dropped = regroup_singletons(group_ids, keys, G, rng)
-    else:
-        for i, n in enumerate(keep):
-            if sizes[n.group_key] < 2:
-                group_ids[i] = -1
-                dropped += 1
-    # renumber to 0..K-1 in order of first appearance
-    remap: dict[int, int] = {}
-    for n, g in zip(keep, group_ids):
-        n.group_id = -1 if g < 0 else remap.setdefault(int(g), len(remap))
-    return {
-        "groups": float(len(remap)),
-        "singletons_dropped": float(dropped),
-        "samples": float(sum(1 for n in keep if n.group_id >= 0)),
-    }

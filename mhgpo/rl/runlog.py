@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mhgpo.io import append_text, atomic_write_jsonl, read_jsonl
-from mhgpo.rl.rollout import RolloutBatch
+from mhgpo.rl.tree import RolloutBatch
 
 
 class RunLog:

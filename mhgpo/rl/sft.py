@@ -17,7 +17,6 @@ equal to the gold one) and the team's validation Acc / EM / F1.
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -32,12 +31,11 @@ from mhgpo.config import SFTConfig
 from mhgpo.config.eval import MAX_PROMPT_TOKENS
 from mhgpo.data.metrics import normalize_answer, score
 from mhgpo.data.records import Example
-from mhgpo.errors import InputError
 from mhgpo.model.generation import Generator, SamplingParams
 from mhgpo.rl.losses import token_weights
 from mhgpo.rl.policy import Sample, check_finite, micro_batches
-from mhgpo.rl.trainer import Trainer, TrainingSetup, load_team_data
-from mhgpo.team.loader import WorkflowError, failure, require_demonstrations
+from mhgpo.rl.trainer import Trainer, TrainingSetup
+from mhgpo.team.loader import WorkflowError, failure
 from mhgpo.team.workflow import State, Workflow
 
 
@@ -192,9 +190,12 @@ class SFTTrainer(Trainer):
         demos: list[Demonstration],
         held: list[Demonstration],
         progress: bool = True,
+        skipped: dict[str, int] | None = None,
     ):
+        """`demos` train, `held` measure the format accuracy; `skipped`: per `skipped/<agent>`, the chains that
+        stopped at that agent for want of a demonstration (`collect_demonstrations`)."""
         super().__init__(cfg, setup, run_dir, progress)  # type: ignore[arg-type]
-        self.demos, self.held = demos, held
+        self.demos, self.held, self.skipped = demos, held, dict(skipped or {})
         roles = dict.fromkeys(d.agent for d in demos)  # in the team's order of first appearance
         self.by_role = [[d for d in demos if d.agent == r] for r in roles]
 
@@ -272,68 +273,3 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
     out.update({f"sft/{agent}/nll": float(np.mean(v)) for agent, v in nll.items()})
     out.update({f"sft/{agent}/samples": float(len(v)) for agent, v in nll.items()})
     return out
-
-
-def build_sft(
-    cfg: SFTConfig, workflow: Any = None
-) -> tuple[TrainingSetup, list[Demonstration], list[Demonstration], dict[str, int]]:
-    """The training setup (data, workflows, model, policy without a reference copy, generator) and the training and
-    held-out demonstrations of `cfg`. `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or a
-    built instance; it must define `demonstration`."""
-    from mhgpo.model.generation import HFGenerator
-    from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
-    from mhgpo.model.pretrained import encode_chat
-    from mhgpo.model.trained import initial_weights, run_model_spec
-    from mhgpo.rl.policy import Policy
-    from mhgpo.team.build import resolve_team
-
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    team = resolve_team(cfg, workflow)
-    require_demonstrations(team.source)  # before the data, index and model load
-    n_val = max(cfg.val_limit, cfg.format_limit)
-    train, val, workflow, val_workflow = load_team_data(cfg, n_val > 0, n_val, team)
-    if cfg.limit is not None:
-        train = train[: cfg.limit]
-    if cfg.roles is not None:
-        bad = [r for r in cfg.roles if r not in workflow.agents]
-        if bad:
-            raise InputError(f"roles: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
-    device = default_device()
-    cfg.precision, reason = resolve_precision(cfg.precision, device)  # config.yaml records the resolved one
-    loaded, _ = initial_weights(
-        run_model_spec(cfg.model, Path(cfg.output_dir)),
-        "init",
-        cfg.lora.enabled,
-        device=device,
-        dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled),
-    )
-    announce(cfg.precision, reason)
-    encode = lambda messages: encode_chat(loaded.tokenizer, messages)  # noqa: E731
-    to_ids = target_encoder(loaded.tokenizer)
-    demos, skipped = collect_demonstrations(train, workflow, encode, to_ids, cfg.max_rounds, cfg.max_prompt_tokens)
-    held_demos, _ = (
-        collect_demonstrations(val, val_workflow, encode, to_ids, cfg.max_rounds, cfg.max_prompt_tokens)
-        if val
-        else ([], {})
-    )
-    if cfg.roles is not None:
-        demos = [d for d in demos if d.agent in cfg.roles]
-        held_demos = [d for d in held_demos if d.agent in cfg.roles]
-    if not demos:
-        raise InputError(
-            f"{cfg.data}: the data gives no demonstration for the roles {', '.join(cfg.roles or workflow.agents)}"
-        )
-    policy = Policy(
-        loaded.model,
-        loaded.tokenizer.pad_token_id,
-        cfg.optim,
-        cfg.lora,
-        cfg.steps,
-        precision=cfg.precision,
-        keep_reference=False,
-    )
-    generator = HFGenerator(policy.model, loaded.tokenizer, batch_size=cfg.gen_batch_size, precision=cfg.precision)
-    setup = TrainingSetup(train, val[: cfg.val_limit], workflow, val_workflow, policy, generator, encode)
-    return setup, demos, held_out(held_demos, cfg.format_limit), skipped

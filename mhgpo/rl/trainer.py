@@ -12,7 +12,9 @@ and loss weights are those of a batch without it) and logged with its traceback 
 
 The baselines share the loop: GRPO is the group-relative path on the single-agent system; MAPPO /
 PPO (`algo=mappo|ppo`) replace the group advantages with the critic's GAE (`mhgpo/rl/critic.py`) and update the
-critic before the policy; `train_roles` / `frozen_roles` untrain whole roles after the rewards are assigned.
+critic before the policy; `train_roles` / `frozen_roles` untrain whole roles after the rewards are assigned. The
+step's reward bookkeeping is in `mhgpo/rl/rewards.py`; what the trainer is given (a `TrainingSetup`) is built by the
+composition root, `mhgpo/run/setup.py`.
 
 Under `accelerate launch` the trainer runs on every rank (`mhgpo/model/distributed.py`, docs/design.md §5): each rank
 rolls out its share of the step's questions, the trees are gathered and the step's bookkeeping runs on all of them,
@@ -21,7 +23,6 @@ the update is cut across the ranks, and rank 0 writes the run.
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -32,106 +33,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhgpo.config import CRITIC_ALGOS, TrainConfig, dump_config, to_dict
-from mhgpo.config.samplers import sampler as sampler_entry
+from mhgpo.config import TrainConfig, dump_config, to_dict
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError, NotFinite, RunError, ServiceError
 from mhgpo.model import sharding
 from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save_checkpoint, snapshot
 from mhgpo.model.distributed import Single, current
 from mhgpo.model.statecodec import rng_states
-from mhgpo.rl.advantages import (
-    aggregated,
-    drop_zero_variance,
-    group_advantages,
-    propagate_rewards,
-    scheme_groups,
-    total_rewards,
-)
-from mhgpo.rl.behaviour import agent_behaviour
+from mhgpo.rl.advantages import drop_zero_variance
 from mhgpo.rl.evaluation import evaluate_examples, merge_results
+from mhgpo.rl.grouping import assign_groups
 from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
-from mhgpo.rl.rollout import RolloutBatch, RolloutSpec, assign_groups, merge_batches, run_rollouts
+from mhgpo.rl.rewards import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
+from mhgpo.rl.rollout import run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
 from mhgpo.rl.stopguard import StopGuard
-from mhgpo.rl.trackers import require_trackers
+from mhgpo.rl.tree import RolloutBatch, RolloutSpec, merge_batches
 from mhgpo.team.workflow import Workflow
-
-
-def assign_shared_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator) -> np.ndarray:
-    """Backward propagation (paper Eq. aggr) and R = R_shared + R_specific on every node; returns R (N,)."""
-    nodes = batch.nodes
-    parents = np.array([n.parent_id for n in nodes], dtype=np.int64)  # (N,)
-    terminal = np.array([n.terminal for n in nodes], dtype=np.float64)  # (N,) NaN except at leaves
-    shared = propagate_rewards(parents, terminal, aggr, rng)  # (N,)
-    penalties = np.array([n.penalty if n.kind == "llm" else 0.0 for n in nodes])  # (N,)
-    rewards = total_rewards(shared, penalties, use_penalties)  # (N,)
-    for n, s, r in zip(nodes, shared, rewards):
-        n.reward_shared, n.reward = float(s), float(r)
-    return rewards
-
-
-def assign_rewards(
-    batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator, scheme: str = "mhgpo"
-) -> dict[str, float]:
-    """Backward propagation (paper Eq. aggr), R = R_shared + R_specific, advantages per group id (Eq. adv). A
-    `scheme` other than `mhgpo` first replaces the sampler's groups by its own (`advantages.scheme_groups`); the
-    samples it leaves in groups of one are untrained and counted in `singletons_dropped`."""
-    rewards = assign_shared_rewards(batch, aggr, use_penalties, rng)  # (N,)
-    nodes = batch.nodes
-    group_ids = np.array([n.group_id for n in nodes], dtype=np.int64)  # (N,)
-    if scheme != "mhgpo":
-        prompts: dict[tuple[int, ...], int] = {}
-        prompt_keys = np.array([prompts.setdefault(tuple(n.prompt_ids), len(prompts)) for n in nodes])  # (N,)
-        group_ids, dropped = scheme_groups(
-            scheme, group_ids, np.array([n.agent for n in nodes]), prompt_keys, np.array([n.visit for n in nodes])
-        )  # (N,)
-        for n, g in zip(nodes, group_ids):
-            n.group_id = int(g)
-        batch.stats["singletons_dropped"] = batch.stats.get("singletons_dropped", 0.0) + dropped
-        batch.stats["samples"] = float((group_ids >= 0).sum())
-    advantages, stats = group_advantages(rewards, group_ids)  # (N,)
-    for n, a in zip(nodes, advantages):
-        n.advantage = float(a)
-    return {k: float(v) for k, v in stats.items()}
-
-
-def apply_role_switches(batch: RolloutBatch, train_roles: list[str] | None, frozen_roles: list[str]) -> int:
-    """Untrain the samples of frozen roles (or of roles outside `train_roles`): group id -1, advantage 0. They
-    still acted (their outputs fed the next agents and their rewards were propagated). Returns their count."""
-    count = 0
-    for n in batch.nodes:
-        if (
-            n.kind == "llm"
-            and n.trained
-            and ((train_roles is not None and n.agent not in train_roles) or n.agent in frozen_roles)
-        ):
-            n.group_id = -1
-            n.advantage = 0.0
-            count += 1
-    return count
-
-
-def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
-    llm = batch.llm_nodes()
-    leaves = batch.leaves()
-    out: dict[str, float] = {"reward/mean": float(np.mean([n.terminal for n in leaves])) if leaves else 0.0}
-    for agent in workflow.agents:
-        mine = [n for n in llm if n.agent == agent]
-        if not mine:
-            continue
-        trained = [n for n in mine if n.trained]
-        out[f"{agent}/reward"] = float(np.mean([n.reward for n in mine]))
-        out[f"{agent}/penalty"] = float(np.mean([n.penalty for n in mine]))
-        out[f"{agent}/advantage_abs"] = float(np.mean([abs(n.advantage) for n in trained])) if trained else 0.0
-        out[f"{agent}/samples"] = float(len(trained))
-    out.update(agent_behaviour(llm, workflow))
-    if leaves:  # the trained samples whose reward the aggregator (`reward.aggr`) decides
-        parents = np.array([n.parent_id for n in batch.nodes], dtype=np.int64)  # (N,)
-        terminal = np.array([n.terminal for n in batch.nodes], dtype=np.float64)  # (N,) NaN except at leaves
-        in_loss = np.array([n.kind == "llm" and n.trained for n in batch.nodes])  # (N,)
-        out["aggregated_samples"] = float((aggregated(parents, terminal) & in_loss).sum())
-    return out
 
 
 @dataclass
@@ -163,44 +81,6 @@ class TooManyFailures(InputError):
     """More questions failed in the workflow's methods than `max_failures` allows."""
 
 
-def check_engine(cfg: TrainConfig, ranks: Single) -> None:
-    """`generation.engine=vllm`: vLLM installed (a one-line error naming the install command, before anything
-    slow), one process, no sharded actor."""
-    if getattr(cfg, "generation", None) is None or cfg.generation.engine != "vllm":
-        return
-    from mhgpo.model.vllm_engine import require_vllm
-
-    require_vllm()
-    if ranks.world > 1:
-        raise InputError(
-            "generation.engine=vllm: the engine runs beside the trainer in one process; launch the "
-            "run without accelerate, or use generation.engine=hf"
-        )
-
-
-def check_ranks(cfg: TrainConfig, ranks: Single) -> None:
-    """What several ranks need of a config: each rolls out the same number of questions per step, and the warm
-    start (a run of one process) is done beforehand; the generation engine's needs (:func:`check_engine`)."""
-    check_engine(cfg, ranks)
-    if ranks.world == 1:
-        return
-    if not isinstance(cfg, TrainConfig):
-        raise InputError("only RL training (mhgpo train) runs on several processes")
-    if sharding.requested() and cfg.lora.enabled and cfg.lora.per_role:
-        raise InputError("FSDP: lora.per_role is not supported; launch with configs/accelerate/gpu_ddp.yaml")
-    if cfg.questions_per_step % ranks.world:
-        raise InputError(
-            f"questions_per_step={cfg.questions_per_step} is not divisible by the {ranks.world} "
-            f"processes of this run: each rank rolls out questions_per_step / processes questions"
-        )
-    if cfg.warm_start.enabled and not list_checkpoints(Path(cfg.output_dir)):
-        raise InputError(
-            f"warm_start.enabled: the warm start runs in one process; run it first (mhgpo sft "
-            f"--output-dir WARM ...) and train on {ranks.world} processes with --model WARM "
-            f"warm_start.enabled=false"
-        )
-
-
 class Trainer:
     def __init__(
         self, cfg: TrainConfig, setup: TrainingSetup, run_dir: Path, progress: bool = True, ranks: Single | None = None
@@ -208,25 +88,8 @@ class Trainer:
         """`ranks`: the processes of a data-parallel run (default: :func:`mhgpo.model.distributed.current`; one process
         when not started by a launcher); rank 0 alone writes the run's files and shows progress."""
         self.ranks = ranks if ranks is not None else current()
-        check_ranks(cfg, self.ranks)
-        if self.ranks.is_main:
-            require_trackers(cfg.report_to)
         progress = progress and self.ranks.is_main
         self.cfg, self.setup, self.run_dir, self.progress = cfg, setup, Path(run_dir), progress
-        for part in (setup.policy, setup.critic):  # their updates cut the step's samples across the ranks
-            if part is not None:
-                part.ranks = self.ranks
-        if self.ranks.world > 1 and sharding.requested():  # FSDP: the actor's layers sharded (mhgpo/model/sharding.py)
-            try:
-                setup.policy.shard(self.ranks.device, self.ranks.world)
-            except ValueError as e:
-                raise InputError(str(e)) from None
-            if self.ranks.is_main:
-                print(
-                    f"mhgpo: FSDP: the actor's decoder layers sharded over {self.ranks.world} ranks",
-                    file=sys.stderr,
-                    flush=True,
-                )
         self._guard: StopGuard | None = None
         self._updating = False  # inside a step's critical section: the weights belong to no saved step
         self.rng = np.random.default_rng(cfg.seed)
@@ -698,105 +561,3 @@ def _warn(text: str) -> None:
     from tqdm.auto import tqdm
 
     tqdm.write(f"mhgpo: warning: {text}", file=sys.stderr)
-
-
-# ------------------------------------------------------------------------------------------------- builders
-
-
-def load_team_data(
-    cfg: Any, with_val: bool, val_limit: int | None = None, workflow: Any = None
-) -> tuple[list[Example], list[Example], Workflow, Workflow]:
-    """The training and validation examples of `cfg` (`data`, `val_data`, `val_limit`) and the workflows that
-    answer them (one, or one per data set when each brings its own context corpus). `workflow`: the `Team`
-    resolved at the entry (`team.build.resolve_team`), or what `resolve_team` takes."""
-    from mhgpo.team.build import build_workflow, load_examples, resolve_team
-
-    train = load_examples(cfg.data)
-    val = load_examples(cfg.val_data, cfg.val_limit if val_limit is None else val_limit) if with_val else []
-    team = resolve_team(cfg, workflow)
-    workflow = build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section)
-    same_corpus = (
-        cfg.retrieval.corpus not in (None, "context")  # a corpus file; "context": each data set's own
-        or cfg.data.split(":")[0] == cfg.val_data.split(":")[0] == "synthetic"
-    )
-    val_workflow = (
-        workflow
-        if same_corpus or not val
-        else build_workflow(team.source, cfg.val_data, cfg.retrieval, cfg.search, team.section)
-    )
-    return train, val, workflow, val_workflow
-
-
-def build_team(cfg: TrainConfig, with_val: bool = False, workflow: Any = None) -> TrainingSetup:
-    """The data, workflows (`workflow`: see `load_team_data`) and model pieces of `cfg`; the validation set is
-    loaded when `cfg.eval_every` asks for it or `with_val` (the demo evaluates before and after training whatever
-    `eval_every` says)."""
-    from mhgpo.model.generation import HFGenerator
-    from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
-    from mhgpo.model.pretrained import encode_chat
-    from mhgpo.model.trained import initial_weights, run_model_spec
-
-    require_trackers(cfg.report_to)  # before anything slow
-    check_engine(cfg, Single())  # before the data and the model
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    train, val, workflow, val_workflow = load_team_data(cfg, bool(cfg.eval_every) or with_val, workflow=workflow)
-    roles = set(workflow.agents)
-    for key, names in (("train_roles", cfg.train_roles or []), ("frozen_roles", cfg.frozen_roles)):
-        bad = [r for r in names if r not in roles]
-        if bad:
-            raise InputError(f"{key}: unknown role {bad[0]!r} (roles: {', '.join(workflow.agents)})")
-    if sampler_entry(cfg.sampler).forks == "drawn" and len(cfg.rr_probs) != len(workflow.agents):
-        raise InputError(
-            f"rr_probs: {len(cfg.rr_probs)} probabilities for the {len(workflow.agents)} agents "
-            f"({', '.join(workflow.agents)}) of system={cfg.system}"
-        )
-    device = default_device()
-    cfg.precision, reason = resolve_precision(cfg.precision, device)  # the run's config.yaml records the result
-    # `model` may be a trained run (its weights merged: the initial weights); `reference=base` keeps what lies
-    # beneath. LoRA: the frozen base may be stored in bfloat16 (bf16-mixed); full fine-tuning: the master weights
-    loaded, reference = initial_weights(
-        run_model_spec(cfg.model, Path(cfg.output_dir)),
-        cfg.reference,
-        cfg.lora.enabled,
-        device=device,
-        dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled),
-    )
-    announce(cfg.precision, reason)
-    engine, scratch = None, None
-    if cfg.generation.engine == "vllm":  # on the initial weights, before LoRA wraps the model
-        from mhgpo.model.vllm_engine import scratch_dir
-        from mhgpo.rl.engine_sync import build_engine
-
-        scratch = scratch_dir()
-        engine = build_engine(cfg, run_model_spec(cfg.model, Path(cfg.output_dir)), loaded, scratch)
-    critic = None
-    actor_steps = cfg.steps
-    pad_id = loaded.tokenizer.pad_token_id
-    if cfg.algo in CRITIC_ALGOS:  # before the policy wraps the model: the critic starts from the plain weights
-        from mhgpo.rl.critic import Critic
-
-        critic = Critic(loaded.model, pad_id, cfg.critic, cfg.optim, cfg.lora, cfg.precision)
-        actor_steps = max(cfg.steps - cfg.critic.warmup_steps, 1)  # the actor's schedule starts after warm-up
-    policy = Policy(
-        loaded.model, pad_id, cfg.optim, cfg.lora, actor_steps, reference, cfg.precision, roles=workflow.agents
-    )
-    generator = engine or HFGenerator(
-        policy.model,
-        loaded.tokenizer,
-        batch_size=cfg.gen_batch_size,
-        precision=cfg.precision,
-        select=policy.acting_as if policy.roles else None,
-    )
-    return TrainingSetup(
-        train,
-        val,
-        workflow,
-        val_workflow,
-        policy,
-        generator,
-        lambda messages: encode_chat(loaded.tokenizer, messages),
-        critic,
-        scratch,
-    )

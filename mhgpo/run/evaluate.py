@@ -17,8 +17,6 @@ from mhgpo.config import EvalConfig, dump_config, load_config, to_dict
 from mhgpo.config.load import first_difference, lookup, names_key
 from mhgpo.errors import InputError
 from mhgpo.io import append_jsonl, read_json, read_jsonl
-from mhgpo.model.loading import load_generator
-from mhgpo.model.precision import resolve_config_precision
 from mhgpo.model.trained import model_record
 from mhgpo.rl.evaluation import (
     CONFIG,
@@ -31,9 +29,9 @@ from mhgpo.rl.evaluation import (
     write_eval,
 )
 from mhgpo.run.rundir import RunLock, refuse_links
-from mhgpo.team.build import build_workflow, load_examples, resolve_team
+from mhgpo.run.setup import build_generation, settle
+from mhgpo.team.build import load_examples
 from mhgpo.team.loader import refuse_untrusted_code
-from mhgpo.team.oracle import with_oracles
 
 
 class EvalInterrupted(KeyboardInterrupt):
@@ -99,13 +97,15 @@ def run_evaluation(
     progress: bool = True,
     say: Callable[[str], None] = lambda text: None,
     status: Callable[[str], Any] | None = None,
+    desc: str = "eval",
 ) -> EvalResult:
     """Evaluate the team `cfg` names (or `workflow`: a `Workflow` class or instance) greedily on `cfg.data`.
 
     With `cfg.output_dir`, the folder is locked, each finished batch is appended to it, and `resume` continues an
     evaluation saved there (the finished questions are skipped; `metrics["resumed"]` counts them). `say` receives
     one-line progress notes, `status(text)` (a context manager, e.g. rich's `Console.status`) wraps the slow
-    loading steps. Ctrl-C raises `EvalInterrupted`, whose message says what was kept."""
+    loading steps, `desc` names the progress bar. Ctrl-C raises `EvalInterrupted`, whose message says what was
+    kept."""
     from contextlib import nullcontext
 
     status = status or (lambda text: nullcontext())
@@ -130,6 +130,8 @@ def run_evaluation(
         if resume and not todo and (out / METRICS).exists():
             say(f"{out} is complete: all {len(examples)} questions are in {out / PREDICTIONS}")
             return EvalResult(read_json(out / METRICS), done, complete_before=True)
+        job = settle(cfg, workflow)
+        cfg = job.cfg
 
         def keep(rows: list[dict]) -> None:
             if not (out / CONFIG).exists():
@@ -137,34 +139,32 @@ def run_evaluation(
             append_jsonl(out / PREDICTIONS, rows, f"continue with: mhgpo eval --resume {out}")
             done.extend(rows)
 
-        with status("preparing the team ..."):
-            team = _team(cfg, workflow)
-        reason = resolve_config_precision(cfg)
         with status(f"loading {cfg.model} ..."):
-            loaded, generator, encode = load_generator(
-                cfg.model, cfg.gen_batch_size, cfg.seed, cfg.precision, reason, cfg.generation
-            )
+            gen = build_generation(job)
         say(
             f"[dim]{len(examples)} questions from {cfg.data}"
             + (f" ({len(examples) - len(todo)} already done)" if resume else "")
-            + f"; model {loaded.name} on {loaded.device}, {cfg.precision}[/]"
+            + f"; model {gen.loaded.name} on {gen.loaded.device}, {cfg.precision}[/]"
         )
         try:
             result = evaluate_examples(
                 todo,
-                team,
-                generator,
-                encode,
+                gen.workflow,
+                gen.generator,
+                gen.encode,
                 cfg.batch_size,
                 progress=progress,
+                desc=desc,
                 on_batch=keep if out is not None else None,
                 max_prompt_tokens=cfg.max_prompt_tokens,
             )
         except KeyboardInterrupt:
             raise _interrupted(out, len(examples)) from None
+        finally:
+            gen.close()
         order = {e.id: i for i, e in enumerate(examples)}
         rows = sorted(done, key=lambda r: order[r["id"]]) if out is not None else result.predictions
-        metrics = summarise(rows, team, result.metrics["seconds"])
+        metrics = summarise(rows, gen.workflow, result.metrics["seconds"])
         if len(rows) > len(result.predictions):
             metrics["resumed"] = len(rows) - len(result.predictions)  # finished in earlier sessions
         if out is not None:
@@ -173,14 +173,9 @@ def run_evaluation(
             write_eval(
                 EvalResult(metrics, rows),
                 out,
-                {"data": cfg.data, "model": cfg.model, "system": cfg.system, **model_record(loaded)},
+                {"data": cfg.data, "model": cfg.model, "system": cfg.system, **model_record(gen.loaded)},
             )
         return EvalResult(metrics, rows, result.failures)
     finally:
         if lock is not None:
             lock.release()
-
-
-def _team(cfg: EvalConfig, workflow: Any) -> Any:
-    team = resolve_team(cfg, workflow)
-    return with_oracles(build_workflow(team.source, cfg.data, cfg.retrieval, cfg.search, team.section), cfg.oracle)

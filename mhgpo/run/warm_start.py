@@ -7,29 +7,30 @@ from typing import Any
 
 from mhgpo.config import SFTConfig
 from mhgpo.io import atomic_write_json
-from mhgpo.model.trained import portable_model_spec
-from mhgpo.rl.sft import SFTTrainer, build_sft
+from mhgpo.model.distributed import current
+from mhgpo.rl.sft import SFTTrainer
 from mhgpo.run.resuming import continue_run, run_config
 from mhgpo.run.rundir import RunLock, require_empty_run_dir
+from mhgpo.run.setup import Job, build_sft, settle
 
 
 def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None) -> SFTTrainer:
     """`mhgpo sft`: build the demonstrations and the model, train, validate, save (a new or empty `output_dir`).
-    `workflow`: as for `build_sft`."""
-    run_dir = Path(cfg.output_dir)
+    `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or instance, or a resolved `Team`; it must
+    define `demonstration`."""
+    job = settle(cfg, workflow, current())  # before anything slow or written
+    run_dir = job.run_dir
     require_empty_run_dir(run_dir)
     with RunLock(run_dir, "sft"):
         require_empty_run_dir(run_dir)
-        cfg.model = portable_model_spec(cfg.model, run_dir)  # stored relative to the run's parent (trained.py)
-        setup, demos, held, skipped = build_sft(cfg, workflow)
-        trainer = SFTTrainer(cfg, setup, run_dir, demos, held, progress)
-        counts = {a: sum(d.agent == a for d in demos) for a in setup.workflow.agents}
+        trainer = _trainer(job, progress)
+        counts = {a: sum(d.agent == a for d in trainer.demos) for a in trainer.setup.workflow.agents}
         atomic_write_json(
             run_dir / "demonstrations.json",
             {
-                "questions": len(setup.train),
+                "questions": len(trainer.setup.train),
                 "demonstrations": counts,
-                "stopped_at": {k.split("/", 1)[1]: v for k, v in skipped.items()},
+                "stopped_at": {k.split("/", 1)[1]: v for k, v in trainer.skipped.items()},
             },
         )
         trainer.run()
@@ -48,9 +49,10 @@ def resume_sft(
     `trust_code` as for `mhgpo.run.pipeline.resume`."""
     run_dir = Path(run_dir)
     cfg, changed = run_config(run_dir, SFTConfig, overrides, trust_code or workflow is not None, "mhgpo sft")
+    job = settle(cfg, workflow, current(), new_run=False)
+    return continue_run(run_dir, lambda: _trainer(job, progress), from_step, "sft", changed=changed)  # type: ignore[return-value]
 
-    def make() -> SFTTrainer:
-        setup, demos, held, _ = build_sft(cfg, workflow)
-        return SFTTrainer(cfg, setup, run_dir, demos, held, progress)
 
-    return continue_run(run_dir, make, from_step, "sft", changed=changed)  # type: ignore[return-value]
+def _trainer(job: Job, progress: bool) -> SFTTrainer:
+    setup, demos, held, skipped = build_sft(job)
+    return SFTTrainer(job.cfg, setup, job.run_dir, demos, held, progress, skipped)

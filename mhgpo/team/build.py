@@ -135,15 +135,43 @@ class Team:
     system: str
     section: dict[str, Any]
 
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """The team's LLM agents, known before it is built (a class's `agents`, or a built instance's)."""
+        if isinstance(self.source, str):
+            from mhgpo.team.search_system import LLMOnly, SearchSystem
+
+            return tuple({"mas": SearchSystem, "llm": LLMOnly}[self.source].agents)
+        return tuple(self.source.agents)
+
 
 def resolve_team(cfg: Any, workflow: Any = None) -> Team:
-    """The team of `cfg` (a train, sft or eval config), settling `cfg.system` and `cfg.team` to name it.
-    `workflow`: None (what `cfg.system` names), a `Workflow` subclass, a built instance, or a `Team` already
-    resolved (returned as it is: the config is settled once)."""
+    """The team of `cfg` (a train, sft or eval config): what `cfg.system` and `cfg.team` name, or `workflow`: None
+    (what `cfg.system` names), a `Workflow` subclass, a built instance (used as it is; its `config`, when it is an
+    instance of its `config_class`, is the team section), or a `Team` already resolved (returned as it is). The
+    section is the resolved one (every field of the config class), as config.yaml shows it; `cfg` is not changed."""
     if isinstance(workflow, Team):
         return workflow
-    source = prepare_system(cfg, workflow)
-    return Team(source, cfg.system, dict(cfg.team))
+    if isinstance(workflow, Workflow):
+        cls = type(workflow)
+        check_workflow_class(cls)
+        config = getattr(workflow, "config", None)
+        own = dataclasses.asdict(config) if cls.config_class and isinstance(config, cls.config_class) else {}
+        if cfg.team and cfg.team != own:  # (the instance's own section: settled by an earlier call)
+            raise InputError(
+                f"team.{sorted(cfg.team)[0]}: the workflow was passed already built; set its config "
+                f"when constructing it"
+            )
+        return Team(workflow, system_spec(cls), own)
+    if workflow is not None:
+        if not (inspect.isclass(workflow) and issubclass(workflow, Workflow)):
+            raise InputError(f"workflow: expected a Workflow subclass or instance, got {workflow!r}")
+        check_workflow_class(workflow)
+        return Team(workflow, system_spec(workflow), team_section(workflow, cfg.team))
+    if is_custom(cfg.system):
+        cls = load_workflow_class(cfg.system)
+        return Team(cls, cfg.system, team_section(cls, cfg.team))
+    return Team(cfg.system, cfg.system, dict(cfg.team))
 
 
 def open_service(retrieval: RetrievalConfig):
@@ -159,37 +187,6 @@ def open_service(retrieval: RetrievalConfig):
     )
     retriever.probe()
     return retriever
-
-
-def prepare_system(cfg: Any, workflow: Any = None) -> Any:
-    """Settle `cfg.system` and `cfg.team` (a train, sft or eval config) for `workflow` and return what
-    `build_workflow` builds from. `workflow`: None (what `cfg.system` names), a `Workflow` subclass, or a built
-    instance (used as it is; its `config`, when it is an instance of its `config_class`, is the team section).
-    `cfg.team` becomes the resolved section (every field of the config class), as config.yaml shows it."""
-    if isinstance(workflow, Workflow):
-        cls = type(workflow)
-        check_workflow_class(cls)
-        config = getattr(workflow, "config", None)
-        own = dataclasses.asdict(config) if cls.config_class and isinstance(config, cls.config_class) else {}
-        if cfg.team and cfg.team != own:  # (the instance's own section: settled by an earlier call)
-            raise InputError(
-                f"team.{sorted(cfg.team)[0]}: the workflow was passed already built; set its config "
-                f"when constructing it"
-            )
-        cfg.system, cfg.team = system_spec(cls), own
-        return workflow
-    if workflow is not None:
-        if not (inspect.isclass(workflow) and issubclass(workflow, Workflow)):
-            raise InputError(f"workflow: expected a Workflow subclass or instance, got {workflow!r}")
-        check_workflow_class(workflow)
-        cls = workflow
-        cfg.system = system_spec(cls)
-    elif is_custom(cfg.system):
-        cls = load_workflow_class(cfg.system)
-    else:
-        return cfg.system
-    cfg.team = team_section(cls, cfg.team)
-    return cls
 
 
 def build_workflow(

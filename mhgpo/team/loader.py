@@ -202,7 +202,7 @@ def construct(cls: type[Workflow], config: Any, retriever: Callable[[], Any]) ->
 
 def require_demonstrations(source: Any) -> None:
     """A warm start (`mhgpo sft`, `warm_start.enabled`) walks the team through gold outputs: the workflow that
-    `source` names (what `factory.prepare_system` returns: a built-in team's name, a class or an instance) must
+    `source` names (a `Team.source` of `mhgpo.team.build`: a built-in team's name, a class or an instance) must
     define `demonstration(state, agent)`; the built-in teams do."""
     cls = source if inspect.isclass(source) else type(source) if isinstance(source, Workflow) else None
     if cls is not None and cls.demonstration is Workflow.demonstration:

@@ -1,0 +1,89 @@
+"""A step's reward bookkeeping on its rollout trees: rewards propagated backward and the agents' penalties added
+(paper Eq. aggr), advantages normalised within groups (Eq. adv, in the groups of the `advantage` scheme), the
+role switches of the role ablations, and the step's per-agent metrics. The trainer (`mhgpo.rl.trainer`) calls these
+on each step's `RolloutBatch`; the arithmetic is in `mhgpo.rl.advantages`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mhgpo.rl.advantages import aggregated, group_advantages, propagate_rewards, scheme_groups, total_rewards
+from mhgpo.rl.behaviour import agent_behaviour
+from mhgpo.rl.tree import RolloutBatch
+from mhgpo.team.workflow import Workflow
+
+
+def assign_shared_rewards(batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator) -> np.ndarray:
+    """Backward propagation (paper Eq. aggr) and R = R_shared + R_specific on every node; returns R (N,)."""
+    nodes = batch.nodes
+    parents = np.array([n.parent_id for n in nodes], dtype=np.int64)  # (N,)
+    terminal = np.array([n.terminal for n in nodes], dtype=np.float64)  # (N,) NaN except at leaves
+    shared = propagate_rewards(parents, terminal, aggr, rng)  # (N,)
+    penalties = np.array([n.penalty if n.kind == "llm" else 0.0 for n in nodes])  # (N,)
+    rewards = total_rewards(shared, penalties, use_penalties)  # (N,)
+    for n, s, r in zip(nodes, shared, rewards):
+        n.reward_shared, n.reward = float(s), float(r)
+    return rewards
+
+
+def assign_rewards(
+    batch: RolloutBatch, aggr: str, use_penalties: bool, rng: np.random.Generator, scheme: str = "mhgpo"
+) -> dict[str, float]:
+    """Backward propagation (paper Eq. aggr), R = R_shared + R_specific, advantages per group id (Eq. adv). A
+    `scheme` other than `mhgpo` first replaces the sampler's groups by its own (`advantages.scheme_groups`); the
+    samples it leaves in groups of one are untrained and counted in `singletons_dropped`."""
+    rewards = assign_shared_rewards(batch, aggr, use_penalties, rng)  # (N,)
+    nodes = batch.nodes
+    group_ids = np.array([n.group_id for n in nodes], dtype=np.int64)  # (N,)
+    if scheme != "mhgpo":
+        prompts: dict[tuple[int, ...], int] = {}
+        prompt_keys = np.array([prompts.setdefault(tuple(n.prompt_ids), len(prompts)) for n in nodes])  # (N,)
+        group_ids, dropped = scheme_groups(
+            scheme, group_ids, np.array([n.agent for n in nodes]), prompt_keys, np.array([n.visit for n in nodes])
+        )  # (N,)
+        for n, g in zip(nodes, group_ids):
+            n.group_id = int(g)
+        batch.stats["singletons_dropped"] = batch.stats.get("singletons_dropped", 0.0) + dropped
+        batch.stats["samples"] = float((group_ids >= 0).sum())
+    advantages, stats = group_advantages(rewards, group_ids)  # (N,)
+    for n, a in zip(nodes, advantages):
+        n.advantage = float(a)
+    return {k: float(v) for k, v in stats.items()}
+
+
+def apply_role_switches(batch: RolloutBatch, train_roles: list[str] | None, frozen_roles: list[str]) -> int:
+    """Untrain the samples of frozen roles (or of roles outside `train_roles`): group id -1, advantage 0. They
+    still acted (their outputs fed the next agents and their rewards were propagated). Returns their count."""
+    count = 0
+    for n in batch.nodes:
+        if (
+            n.kind == "llm"
+            and n.trained
+            and ((train_roles is not None and n.agent not in train_roles) or n.agent in frozen_roles)
+        ):
+            n.group_id = -1
+            n.advantage = 0.0
+            count += 1
+    return count
+
+
+def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
+    llm = batch.llm_nodes()
+    leaves = batch.leaves()
+    out: dict[str, float] = {"reward/mean": float(np.mean([n.terminal for n in leaves])) if leaves else 0.0}
+    for agent in workflow.agents:
+        mine = [n for n in llm if n.agent == agent]
+        if not mine:
+            continue
+        trained = [n for n in mine if n.trained]
+        out[f"{agent}/reward"] = float(np.mean([n.reward for n in mine]))
+        out[f"{agent}/penalty"] = float(np.mean([n.penalty for n in mine]))
+        out[f"{agent}/advantage_abs"] = float(np.mean([abs(n.advantage) for n in trained])) if trained else 0.0
+        out[f"{agent}/samples"] = float(len(trained))
+    out.update(agent_behaviour(llm, workflow))
+    if leaves:  # the trained samples whose reward the aggregator (`reward.aggr`) decides
+        parents = np.array([n.parent_id for n in batch.nodes], dtype=np.int64)  # (N,)
+        terminal = np.array([n.terminal for n in batch.nodes], dtype=np.float64)  # (N,) NaN except at leaves
+        in_loss = np.array([n.kind == "llm" and n.trained for n in batch.nodes])  # (N,)
+        out["aggregated_samples"] = float((aggregated(parents, terminal) & in_loss).sum())
+    return out
