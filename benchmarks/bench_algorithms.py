@@ -42,7 +42,8 @@ LABELS = {
 def one(name: str, steps: int, overrides: list[str]) -> dict:
     from mhgpo.config import TrainConfig, demo_config_path, load_config
     from mhgpo.rl.policy import peak_memory_mb
-    from mhgpo.rl.trainer import Trainer, build_team
+    from mhgpo.rl.trainer import Trainer
+    from mhgpo.run.setup import build_training, settle
 
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = load_config(
@@ -51,9 +52,10 @@ def one(name: str, steps: int, overrides: list[str]) -> dict:
             ALGOS[name] + [f"steps={steps}", "eval_every=0", "save_every=0", f"output_dir={run_dir}"] + overrides,
         )
         t = time.perf_counter()
-        team = build_team(cfg)
+        job = settle(cfg)
+        team = build_training(job)
         load_s = time.perf_counter() - t
-        trainer = Trainer(cfg, team, Path(run_dir), progress=False)
+        trainer = Trainer(job.cfg, team, Path(run_dir), progress=False)
         rows = []
         for _ in range(steps):
             cpu = time.process_time()

@@ -24,17 +24,17 @@ import time
 def one(precision: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from mhgpo.config import RetrievalConfig, SystemConfig
+    from mhgpo.config import EvalConfig, RetrievalConfig, SystemConfig
     from mhgpo.model.generation import HFGenerator
-    from mhgpo.model.loading import load_generator
     from mhgpo.model.precision import resolve_precision
     from mhgpo.rl.evaluation import evaluate_examples
+    from mhgpo.run.setup import load_generator
     from mhgpo.team.build import build_workflow, load_examples
 
-    precision, _ = resolve_precision(precision)
+    precision, reason = resolve_precision(precision)
     examples = load_examples("synthetic:dev", args.questions)
     workflow = build_workflow("mas", "synthetic:dev", RetrievalConfig(), SystemConfig())
-    loaded, _, encode = load_generator(args.model, 1, 0, precision)
+    loaded, _, encode = load_generator(EvalConfig(model=args.model, gen_batch_size=1, precision=precision), reason)
     out: dict = {"precision": precision, "threads": torch.get_num_threads()}
     results = {}
     for name, batch, gen_batch in (("one", 1, 1), ("batched", len(examples), args.gen_batch_size)):

@@ -151,7 +151,7 @@ def bench_engines(engines: list[str], steps: int, overrides: list[str]) -> None:
     import tempfile
 
     from mhgpo.config import TrainConfig, demo_config_path, load_config
-    from mhgpo.rl.trainer import Trainer, build_team
+    from mhgpo.run.setup import build_trainer, settle
 
     for engine in engines:
         out = tempfile.mkdtemp(prefix="bench-generation-")
@@ -167,7 +167,7 @@ def bench_engines(engines: list[str], steps: int, overrides: list[str]) -> None:
             ],
         )
         start = time.perf_counter()
-        trainer = Trainer(cfg, build_team(cfg), out, progress=False)
+        trainer = build_trainer(settle(cfg), progress=False)
         trainer._engine_ready()  # the first adapters handed over (vLLM): not part of the rollouts
         ready = time.perf_counter() - start
         seconds = prompt = new = calls = recompute = 0.0

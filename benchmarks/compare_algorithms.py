@@ -251,9 +251,10 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
     """Train one row for the budget and validate it; the result (also written to OUT/ROW-seedS.json, with each
     step's metrics and its process's peak memory so far)."""
     from mhgpo.config import TrainConfig, demo_config_path, load_config
+    from mhgpo.model.trained import run_model_spec
     from mhgpo.rl.policy import peak_memory_mb
-    from mhgpo.rl.trainer import Trainer, build_team
-    from mhgpo.run.pipeline import evaluate_model
+    from mhgpo.run.evaluate import evaluate_validation
+    from mhgpo.run.setup import build_trainer, settle
 
     _, algo, _ = parse_row(row)
     budget = row_minutes(row, minutes)
@@ -263,10 +264,9 @@ def one(row: str, seed: int, minutes: float, clock: str, val_limit: int, out: Pa
         start_wall, start_cpu = time.perf_counter(), time.process_time()
         train_wall = train_cpu = 0.0
         if algo is None:
-            res = evaluate_model(cfg, Path(run_dir), desc=row)
+            res = evaluate_validation(cfg, run_model_spec(cfg.model, Path(run_dir)), desc=row)
         else:
-            team = build_team(cfg, with_val=True)
-            trainer = Trainer(cfg, team, Path(run_dir), progress=False)
+            trainer = build_trainer(settle(cfg), progress=False, with_val=True)
             now = time.process_time if clock == "cpu" else time.perf_counter
             start = now()
             while True:

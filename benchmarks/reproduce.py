@@ -561,7 +561,8 @@ def run_oracles(folder: Path, seeds: list[int], settings: dict, parallel: int) -
     finished oracle is not run again."""
     from mhgpo.config import TrainConfig, demo_config_path, load_config
     from mhgpo.data.spec import load_data
-    from mhgpo.run.pipeline import evaluate_model
+    from mhgpo.model.trained import run_model_spec
+    from mhgpo.run.evaluate import evaluate_validation
 
     ca.run_rows(["warm"], seeds, folder, settings, parallel)
     carries_paragraphs = has_gold_paragraphs(settings)  # the same validation records for every seed
@@ -580,7 +581,8 @@ def run_oracles(folder: Path, seeds: list[int], settings: dict, parallel: int) -
                     demo_config_path(),
                     ca.row_settings("warm", seed, settings["val_limit"], folder, settings["overrides"], run_dir),
                 )
-                result = evaluate_model(cfg, Path(run_dir), desc=f"oracle {name} seed {seed}", oracle=roles)
+                model = run_model_spec(cfg.model, Path(run_dir))
+                result = evaluate_validation(cfg, model, desc=f"oracle {name} seed {seed}", oracle=roles)
             examples = examples or {e.id: e for e in load_data(cfg.val_data)}
             atomic_write_json(path, oracle_result(name, seed, result, examples, settings))
             print(f"oracle {name} seed {seed}: F1 {result.metrics['f1']:.1f}", flush=True)

@@ -129,7 +129,8 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
     """One demo-settings step: generation and update seconds, FLOPs and decoder calls."""
     from mhgpo.config import TrainConfig, demo_config_path, load_config
     from mhgpo.model.logprobs import causal_lm
-    from mhgpo.rl.trainer import Trainer, build_team
+    from mhgpo.rl.trainer import Trainer
+    from mhgpo.run.setup import build_training, settle
 
     size = ["questions_per_step=2", "group_size=2"] if args.short else []
     with tempfile.TemporaryDirectory() as run_dir:
@@ -147,8 +148,9 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
                 *args.overrides,
             ],
         )
-        team = build_team(cfg)
-        trainer = Trainer(cfg, team, Path(run_dir), progress=False)
+        job = settle(cfg)
+        team = build_training(job)
+        trainer = Trainer(job.cfg, team, Path(run_dir), progress=False)
         dims = Dims(team.policy.model)
         generator, policy = team.generator, team.policy
         gen = {"seconds": 0.0, "flops": 0.0, "tokens": 0, "prompt_tokens": 0, "calls": 0, "weight_reads": 0}

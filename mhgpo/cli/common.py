@@ -1,5 +1,5 @@
-"""What the `mhgpo` sub-commands share: the help texts and flags common to several commands, `--flag` → `key=value`
-translation, and loading a model with a generator over it."""
+"""What the `mhgpo` sub-commands share: the help texts and flags common to several commands, and the `--flag` →
+`key=value` translation."""
 
 from __future__ import annotations
 

@@ -131,8 +131,8 @@ class DemoStages:
     def before_warm_start(self, job) -> None:
         from mhgpo.model.trained import run_model_spec
         from mhgpo.rl.evaluation import metrics_table, write_eval
-        from mhgpo.run.evaluate import run_evaluation
-        from mhgpo.run.setup import initial_model, validation_config
+        from mhgpo.run.evaluate import evaluate_validation
+        from mhgpo.run.setup import initial_model
 
         self.job, cfg = job, job.cfg
         warm = f"a warm start of {cfg.warm_start.steps} steps, then " if cfg.warm_start.enabled else ""
@@ -141,9 +141,7 @@ class DemoStages:
             f"[bold]mhgpo demo[/]: {warm}{algo_label(cfg.algo, cfg.sampler)} on {cfg.data}, model {base}, "
             f"{cfg.steps} steps × {cfg.questions_per_step} questions, G={cfg.group_size}; run dir {job.run_dir}"
         )
-        before = run_evaluation(
-            validation_config(cfg, run_model_spec(base, job.run_dir)), job.team, desc="eval untrained"
-        )
+        before = evaluate_validation(cfg, run_model_spec(base, job.run_dir), "eval untrained", workflow=job.team)
         write_eval(before, job.run_dir / "eval_before", {"data": cfg.val_data, "model": base, "label": "untrained"})
         self.rows["untrained team"] = before.metrics
         self.console.print(metrics_table({"untrained team": before.metrics}))

@@ -1,0 +1,1 @@
+"""Question records, the official data layouts and `--data` specs, seeded splits, the synthetic world, metrics."""

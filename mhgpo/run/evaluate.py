@@ -179,3 +179,15 @@ def run_evaluation(
     finally:
         if lock is not None:
             lock.release()
+
+
+def evaluate_validation(
+    cfg: Any, model: str, desc: str = "eval", oracle: tuple[str, ...] | list[str] = (), workflow: Any = None
+) -> EvalResult:
+    """A training config's validation (`val_data`, its first `val_limit` questions, the run's team, generation and
+    precision settings) of `model` as it is, as an evaluation job of its own (the model loaded, then released);
+    `oracle`: roles that give their gold output instead (mhgpo/team/oracle.py). `mhgpo demo` validates its untrained
+    team so."""
+    from mhgpo.run.setup import validation_config
+
+    return run_evaluation(validation_config(cfg, model, oracle), workflow, progress=True, desc=desc)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from mhgpo.config.tables import algo_label
 from mhgpo.errors import InputError
 from mhgpo.io import atomic_write_text, remove_stale_temps, temp_path, usual_permissions
 from mhgpo.model.pretrained import SHARED_FOLDER, TRAINED_KINDS, LoadedModel, resolve_model, stop_token_ids
@@ -175,8 +176,7 @@ def _stage_rows(trained: TrainedSpec) -> list[str]:
     rows = []
     for stage in trained.stages:
         c = stage.config
-        algo = str(c.get("algo", "?")).upper()
-        sampler = f"-{str(c['sampler']).upper()}" if c.get("sampler") and algo == "MHGPO" else ""
+        label = algo_label(str(c.get("algo", "?")), c.get("sampler"))
         lora = (
             f"LoRA r={stage.lora.r}, alpha={stage.lora.alpha} ({', '.join(stage.lora.target_modules)})"
             if stage.lora.enabled
@@ -197,7 +197,7 @@ def _stage_rows(trained: TrainedSpec) -> list[str]:
         system = c.get("system", "?")
         rows += [
             f"| run | `{stage.run_dir.name}`, checkpoint step {stage.step} |",
-            f"| algorithm | {algo}{sampler} on system `{system}`, {stage.step} steps{size}; {lora} |",
+            f"| algorithm | {label} on system `{system}`, {stage.step} steps{size}; {lora} |",
             f"| data | `{c.get('data', '?')}` |",
             f"| last validation | {scores} |",
         ]

@@ -1,0 +1,1 @@
+"""Teams of agents: the `Workflow` abstraction, the default search team and its prompts, teams of one's own."""
