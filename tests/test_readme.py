@@ -178,7 +178,7 @@ def test_a_command_that_does_not_parse_is_caught(broken, monkeypatch, tmp_path):
     """The check above can fail: each of these stops `mhgpo` with a usage or config error."""
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
-    with pytest.raises((SystemExit, InputError)):  # argparse's usage error, or a config error naming the key
+    with pytest.raises((ParseError, InputError)):  # a usage error, or a config error naming the key
         parse_cli(mhgpo_argv(broken))
 
 

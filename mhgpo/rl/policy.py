@@ -7,10 +7,11 @@ Log-probs are computed only at output positions, in chunks (`mhgpo.model.logprob
 One update = `ppo_epochs` passes over the step's samples, each pass one optimiser step whose gradient is
 accumulated over micro-batches; the step-wide token weights make it independent of the micro-batch cut.
 
-Log-probabilities for the ratio, the reference and the critic are computed with dropout off (`mhgpo.model.modules.no_dropout`),
-as the sampler computed them, so that on-policy data gives a ratio of exactly 1. Precision (`mhgpo.model.precision`):
-the trainable weights and the optimiser state are float32 except under ``bf16``; under ``bf16-mixed`` every
-forward runs under bfloat16 autocast (the reference's too, so that it matches the actor's at the start).
+Log-probabilities for the ratio, the reference and the critic are computed with dropout off
+(`mhgpo.model.modules.no_dropout`), as the sampler computed them, so that on-policy data gives a ratio of exactly 1.
+Precision (`mhgpo.model.precision`): the trainable weights and the optimiser state are float32 except under
+``bf16``; under ``bf16-mixed`` every forward runs under bfloat16 autocast (the reference's too, so that it matches
+the actor's at the start).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Policy:
         self.cfg = optim
         self.loss = loss
         self.pad_id = pad_id
-        self.ranks: Single = Single()  # the ranks of a data-parallel run (set by the trainer)
+        self.ranks: Single = Single()  # the ranks of a data-parallel run (set by mhgpo.run.setup)
         self.lora = lora.enabled
         self.precision = precision
         self.reference_adapters: list[str] = []
