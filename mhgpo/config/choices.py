@@ -3,6 +3,8 @@ the modules that dispatch on them all read these tuples."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from mhgpo.config.samplers import GROUP_SAMPLERS as GROUP_SAMPLERS  # re-exported: the samplers that form groups
 from mhgpo.config.samplers import SAMPLERS as _SAMPLER_TABLE
 from mhgpo.config.samplers import TRAIN_SAMPLERS
@@ -31,6 +33,40 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to (mhgpo/rl/
 def is_retriever_url(value: str) -> bool:
     """True for `http://HOST[:PORT]/PATH` and `https://...`: a retrieval service (mhgpo/retrieval/http.py)."""
     return value.startswith(("http://", "https://"))
+
+
+REDACTED = "***"  # what stands for a URL's password wherever the URL is recorded or printed
+
+
+def split_userinfo(url: str) -> tuple[str, str, str]:
+    """`(userinfo, url without it, redacted url)` of `scheme://USERINFO@host/...` (the userinfo is what precedes
+    the last `@` of the authority, as urllib and requests read it); `("", url, url)` without one. The redacted URL
+    keeps the user name: `user:***@` (a userinfo without a password may be a token: `***@`)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "", url, url
+    end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0], default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    if not at:
+        return "", url, url
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:{REDACTED}" if colon else REDACTED
+    return userinfo, f"{scheme}://{host}{rest[end:]}", f"{scheme}://{shown}@{host}{rest[end:]}"
+
+
+def redact_url(url: str) -> str:
+    """`url` with the password of its userinfo replaced by `***` (see `split_userinfo`)."""
+    return split_userinfo(url)[2]
+
+
+def redact_urls(tree: Any) -> Any:
+    """A config tree (nested dicts and lists, as `to_dict` makes it) with every URL's password redacted, for what
+    writes a config (config.yaml, the trackers)."""
+    if isinstance(tree, dict):
+        return {k: redact_urls(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(redact_urls(v) for v in tree)
+    return redact_url(tree) if isinstance(tree, str) and "://" in tree and "@" in tree else tree
 
 
 def one_of(values: tuple[str, ...]) -> str:
