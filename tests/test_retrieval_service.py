@@ -117,6 +117,8 @@ def test_health_names_the_retriever_and_its_corpus(served, local) -> None:
         "sha256": local.fingerprint["sha256"],
         "max_queries": 64,
         "max_topk": 10,
+        "max_passages": 10000,
+        "max_query_chars": 2000,
     }
     assert health["corpus"].endswith("corpus.jsonl")
 
@@ -157,9 +159,9 @@ def test_bad_requests_get_a_4xx_that_says_what_is_wrong(served, body, status, de
 
 
 def test_a_body_over_the_limit_is_a_413(served) -> None:
-    under = {"queries": ["word " * 3000], "topk": 1}
+    under = {"queries": ["word " * 300] * 13, "topk": 1}
     assert requests.post(served, json=under, timeout=10).status_code == 200
-    over = {"queries": ["word " * 4000], "topk": 1}
+    over = {"queries": ["word " * 300] * 14, "topk": 1}
     answer = requests.post(served, json=over, timeout=10)
     size = len(json.dumps(over))
     assert size > 20000 and (answer.status_code, answer.json()) == (
