@@ -99,6 +99,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     from mhgpo.config import EvalConfig, load_config
     from mhgpo.data.records import Example
+    from mhgpo.errors import printable
     from mhgpo.rl.rollout import RolloutSpec, run_rollouts
     from mhgpo.team.build import build_workflow, resolve_team
 
@@ -133,24 +134,24 @@ def cmd_ask(args: argparse.Namespace) -> int:
     for node in batch.nodes:
         if node.kind == "tool":
             console.rule(f"[bold]{node.agent}[/] (tool)")
-            for i, title in enumerate(node.info.get("titles", [])):
-                console.print(f"  Document{i}: {title}", markup=False)
+            for i, title in enumerate(node.info.get("titles", [])):  # (a corpus's or a service's text)
+                console.print(f"  Document{i}: {printable(str(title))}", markup=False)
             for k, v in node.info.items():
                 if k not in ("titles", "ids"):
-                    console.print(f"  {k}: {v}", markup=False)
+                    console.print(f"  {k}: {printable(str(v))}", markup=False)
             continue
         console.rule(f"[bold]{node.agent}[/]")
-        console.print(node.output, markup=False)
+        console.print(printable(node.output), markup=False)
         details = {k: v for k, v in node.info.items() if v not in ("", [], None)}
         if node.agent == "reranker" and batch.leaves()[0].trace.get("selected_titles"):
             details["selected_titles"] = batch.leaves()[0].trace["selected_titles"]
         if node.penalty:
             details["penalty"] = node.penalty
         for k, v in details.items():
-            console.print(f"  [dim]{escape(str(k))}:[/] {escape(str(v))}", markup=True, highlight=False)
+            console.print(f"  [dim]{escape(str(k))}:[/] {escape(printable(str(v)))}", markup=True, highlight=False)
     leaf = batch.leaves()[0]
     console.rule("[bold]answer[/]")
-    console.print(leaf.final_answer, markup=False)
+    console.print(printable(leaf.final_answer), markup=False)
     if args.gold:
         from mhgpo.data.metrics import score
 
@@ -332,7 +333,7 @@ def error_line(e: BaseException) -> str | None:
     import yaml
     from safetensors import SafetensorError
 
-    from mhgpo.errors import InputError, RunError
+    from mhgpo.errors import InputError, RunError, printable
 
     if isinstance(e, (InputError, RunError)):
         text = str(e)
@@ -349,7 +350,7 @@ def error_line(e: BaseException) -> str | None:
         text = str(e) or type(e).__name__
     else:
         return None
-    return " ".join(text.split())
+    return printable(" ".join(text.split()))  # (quoting a file or a service: no escape sequence reaches the terminal)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ start.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import math
 import socket
@@ -337,13 +338,13 @@ class HTTPRetriever(CachedRetriever):
         count = f"{tries} tries" if tries > 1 else "1 try"
         if tries <= self.retries:  # stopped by the total time
             count += f" in {spent:.1f} s (retrieval.total_timeout={self.total_timeout:g})"
-        running = problem.startswith("no ")  # it accepted the connection: it runs, too slowly
-        hint = "" if running else "; is the server running? (mhgpo serve-retriever starts one)"
+        down = problem.startswith(("cannot connect", "HTTP 5"))  # (not when it answered, too slowly or wrongly)
+        hint = "; is the server running? (mhgpo serve-retriever starts one)" if down else ""
         raise ServiceError(f"retrieval service {self.url}: {problem} after {count}{hint}")
 
     def _try(self, body: dict[str, Any], deadline: _Deadline) -> Any:
         """One POST and its answer's JSON, within `deadline`; _Retry or _Refused with the reason otherwise."""
-        received = [0]  # bytes of the answer read so far (named when the deadline cuts it)
+        headers_in = False
         try:
             answer = self._session.post(
                 self._endpoint,
@@ -353,47 +354,76 @@ class HTTPRetriever(CachedRetriever):
                 stream=True,
                 allow_redirects=False,
             )
+            headers_in = True
             with answer:
-                status = answer.status_code
-                if 300 <= status < 400:
-                    where = _short(printable(split_userinfo(answer.headers.get("Location", ""))[2]))
-                    raise _Refused(f"HTTP {status}, a redirect to {where or 'nowhere'} (redirects are not followed)")
-                if status >= 400:
-                    detail = _detail(_read(answer, ERROR_BODY_BYTES, received, cut=True), answer.reason)
-                    if status >= 500:
-                        raise _Retry(f"HTTP {status} ({detail})")
-                    raise _Refused(
-                        f"HTTP {status} ({detail}) for a request of {len(body['queries'])} queries, topk={body['topk']}"
-                    )
-                raw = _read(answer, self.max_answer_bytes, received)
+                raw = self._body(answer, body)
         except (requests.Timeout, requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
-            if deadline.expired or isinstance(e, requests.Timeout) or _timed_out(e):
-                if received[0]:
-                    raise _Retry(
-                        f"no complete answer within {deadline.seconds:g} s (the service had sent {received[0]} bytes)"
-                    ) from None
-                raise _Retry(f"no answer within {deadline.seconds:g} s") from None
-            if received[0]:
-                raise _Retry(f"the answer broke off after {received[0]} bytes ({_reason(e)})") from None
-            raise _Retry(f"cannot connect ({_reason(e)})") from None
-        except requests.RequestException as e:  # an undecodable body, an invalid URL, ...
+            raise _Retry(_lost(e, deadline, headers_in)) from None
+        except requests.exceptions.ContentDecodingError as e:
+            raise _Refused(f"the answer cannot be decoded ({_reason(e)})") from None
+        except requests.RequestException as e:  # an invalid URL, ...
             raise _Refused(_reason(e)) from None
         try:
             return json.loads(raw)
         except (ValueError, RecursionError):
             raise _Refused(f"the answer is not JSON ({_snippet(raw.decode('utf-8', 'replace'))})") from None
 
+    def _body(self, answer: requests.Response, body: dict[str, Any]) -> bytes:
+        """The body of a 2xx answer, within `max_answer_bytes`; _Retry for a 5xx, _Refused for a 4xx or 3xx."""
+        status = answer.status_code
+        if 300 <= status < 400:
+            where = _short(printable(split_userinfo(answer.headers.get("Location", ""))[2]))
+            raise _Refused(f"HTTP {status}, a redirect to {where or 'nowhere'} (redirects are not followed)")
+        if status >= 400:
+            detail = _detail(_read(answer, ERROR_BODY_BYTES, cut=True), answer.reason)
+            if status >= 500:
+                raise _Retry(f"HTTP {status} ({detail})")
+            raise _Refused(
+                f"HTTP {status} ({detail}) for a request of {len(body['queries'])} queries, topk={body['topk']}"
+            )
+        return _read(answer, self.max_answer_bytes)
 
-def _read(answer: requests.Response, limit: int, received: list[int], cut: bool = False) -> bytes:
+
+def _lost(e: Exception, deadline: _Deadline, headers_in: bool) -> str:
+    """What happened to a try that lost its connection or ran out of time."""
+    causes = _causes(e)
+    if deadline.expired or any(isinstance(c, (TimeoutError, socket.timeout)) for c in causes):
+        if headers_in:
+            return f"no complete answer within {deadline.seconds:g} s (its headers came, its body did not end)"
+        return f"no answer within {deadline.seconds:g} s"
+    if headers_in:
+        return f"the answer broke off ({_reason(e)})"
+    if any(isinstance(c, http.client.RemoteDisconnected) for c in causes):
+        return "the connection closed without an answer"
+    bad = [c for c in causes if isinstance(c, http.client.HTTPException)]
+    if bad:  # a status line or header that is not HTTP
+        return f"the answer is not HTTP ({_short(printable(' '.join(str(bad[0]).split())), 200)})"
+    return f"cannot connect ({_reason(e)})"
+
+
+def _causes(e: BaseException) -> list[BaseException]:
+    """`e` and the errors it wraps (its context, and the errors among its arguments, as urllib3 wraps them)."""
+    found: list[BaseException] = []
+    todo = [e]
+    while todo and len(found) < 20:
+        inner = todo.pop()
+        if inner in found:
+            continue
+        found.append(inner)
+        todo += [a for a in inner.args if isinstance(a, BaseException)]
+        todo += [inner.__context__] if inner.__context__ is not None else []
+    return found
+
+
+def _read(answer: requests.Response, limit: int, cut: bool = False) -> bytes:
     """The body of `answer`, streamed: at most `limit` bytes as sent (Content-Length, then the bytes counted) and
-    decoded; over it, _Refused (or, with `cut`, the first `limit` bytes). `received[0]` counts what was read."""
+    decoded; over it, _Refused (or, with `cut`, the first `limit` bytes)."""
     declared = answer.headers.get("Content-Length", "")
     if not cut and declared.isdigit() and int(declared) > limit:
         raise _Refused(f"the answer is {int(declared)} bytes; at most {limit} (retrieval.max_answer_bytes)")
     chunks, size = [], 0
     for chunk in answer.iter_content(CHUNK):
         size += len(chunk)
-        received[0] = size
         if size > limit or answer.raw.tell() > limit:
             if cut:
                 chunks.append(chunk[: max(0, limit - (size - len(chunk)))])
@@ -401,15 +431,6 @@ def _read(answer: requests.Response, limit: int, received: list[int], cut: bool 
             raise _Refused(f"the answer is over {limit} bytes (retrieval.max_answer_bytes)")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _timed_out(e: Exception) -> bool:
-    inner: Any = e
-    while inner is not None:
-        if isinstance(inner, (TimeoutError, socket.timeout)) or "timed out" in str(inner):
-            return True
-        inner = inner.__context__ if inner.__context__ is not inner else None
-    return False
 
 
 def _reason(e: Exception) -> str:
