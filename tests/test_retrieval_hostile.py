@@ -13,6 +13,7 @@ import gzip
 import json
 import re
 import socket
+import sys
 import threading
 import time
 import tracemalloc
@@ -401,6 +402,13 @@ def test_a_password_stays_out_of_config_errors_and_trackers(capsys, monkeypatch)
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("mhgpo: error: ") and "trainer:***@" in err and "hunter2" not in err, err
+    monkeypatch.setattr(sys, "argv", ["mhgpo", "serve-retriever", f"retrieval.retriever={url}"])
+    assert main() == 2
+    assert sys.argv[2] == "retrieval.retriever=http://trainer:***@127.0.0.1:9/retrieve"  # as W&B would record it
+    with pytest.raises(SystemExit):  # argparse's own error quotes the argument
+        main(["serve-retriever", "--retriever", url])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'http://trainer:***@127.0.0.1:9/retrieve'" in err and "hunter2" not in err
     given: list[dict] = []
     monkeypatch.setattr(trackers, "_CLASSES", {"tensorboard": lambda run_dir, step, config, ids: given.append(config)})
     monkeypatch.setattr(trackers, "require_trackers", lambda names: None)

@@ -11,12 +11,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from mhgpo.cli import retrieval as retrieval_cli
 from mhgpo.cli import serve as serve_cli
 from mhgpo.cli import train as train_cli
 from mhgpo.cli.common import DATA_HELP, TRUST_HELP, add_common_flags, flag_overrides
-from mhgpo.config.choices import EXPORT_DTYPES
+from mhgpo.config.choices import EXPORT_DTYPES, redact_text
 from mhgpo.model.allocator import keep_freed_memory
 from mhgpo.model.loading import load_generator
 from mhgpo.model.precision import resolve_config_precision
@@ -243,8 +244,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------------- parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (and its subcommands'), whose errors, which quote the argument, redact a URL's password."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(redact_text(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mhgpo",
         description="Train and evaluate LLM multi-agent search systems with MHGPO.",
         epilog="Errors in the input end with one line (exit status 2); --debug (anywhere on the line) shows the "
@@ -350,11 +358,13 @@ def error_line(e: BaseException) -> str | None:
         text = str(e) or type(e).__name__
     else:
         return None
-    return printable(" ".join(text.split()))  # (quoting a file or a service: no escape sequence reaches the terminal)
+    return printable(redact_text(" ".join(text.split())))  # (no password of a URL, no escape sequence shown)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # what reads the command line later (W&B records it) sees a service's password redacted
+        argv, sys.argv[1:] = sys.argv[1:], [redact_text(a) for a in sys.argv[1:]]
+    argv = list(argv)
     debug = "--debug" in argv or os.environ.get("MHGPO_DEBUG") not in (None, "", "0")
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
     _quiet_libraries()

@@ -3,6 +3,7 @@ the modules that dispatch on them all read these tuples."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mhgpo.config.samplers import GROUP_SAMPLERS as GROUP_SAMPLERS  # re-exported: the samplers that form groups
@@ -59,14 +60,25 @@ def redact_url(url: str) -> str:
     return split_userinfo(url)[2]
 
 
+_URL_USERINFO = re.compile(r"[A-Za-z][\w+.-]*://[^\s/?#'\"]*@")  # a URL's start, up to its userinfo's last @
+
+
+def redact_text(text: str) -> str:
+    """`text` (a message) with the userinfo of every URL in it redacted as `redact_url` does."""
+    return _URL_USERINFO.sub(lambda m: redact_url(m.group(0)), text)
+
+
 def redact_urls(tree: Any) -> Any:
-    """A config tree (nested dicts and lists, as `to_dict` makes it) with every URL's password redacted, for what
-    writes a config (config.yaml, the trackers)."""
+    """A config tree (nested dicts and lists, as `to_dict` makes it) with the password of every URL that has one
+    redacted (`user:password@` becomes `user:***@`), for what writes a config (config.yaml, the trackers). (The
+    retrieval service's URL is redacted when the config is read, a token alone included: `RetrievalConfig`.)"""
     if isinstance(tree, dict):
         return {k: redact_urls(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
         return type(tree)(redact_urls(v) for v in tree)
-    return redact_url(tree) if isinstance(tree, str) and "://" in tree and "@" in tree else tree
+    if isinstance(tree, str) and "://" in tree and ":" in split_userinfo(tree)[0]:
+        return redact_url(tree)
+    return tree
 
 
 def one_of(values: tuple[str, ...]) -> str:
