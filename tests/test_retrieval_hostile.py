@@ -448,3 +448,17 @@ def test_many_clients_of_a_flaky_service_all_get_their_answers() -> None:
         for t in threads:
             t.join()
     assert got == {i: [f"query {i}"] for i in range(64)} and set(tries.values()) == {3}
+
+
+def test_ask_shows_a_services_titles_with_their_escape_sequences_made_visible(tiny_model_dir, capsys) -> None:
+    from mhgpo.cli.main import main
+
+    def evil_titles(conn, request):
+        queries = json.loads(request.split(b"\r\n\r\n", 1)[1])["queries"]
+        docs = [doc(i, text="\x1b]0;owned\x07 text", title=f"\x1b[2J\x1b[31mTitle {i}") for i in range(3)]
+        respond(conn, json.dumps({"result": [docs for _ in queries]}).encode())
+
+    with hostile(evil_titles) as srv:
+        assert main(["ask", "who founded it?", "--model", str(tiny_model_dir), "--retriever", srv.url]) == 0
+    out = capsys.readouterr().out
+    assert "\\x1b[2J\\x1b[31mTitle 0" in out and not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out)
