@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 
 from mhgpo.cli.common import CORPUS_HELP, DATA_HELP, INDEX_HELP, flag_overrides
@@ -37,7 +38,7 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     retriever = build_retriever(cfg.data, cfg.retrieval)
     limits = Limits(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Limits) if hasattr(cfg, f.name)})
     name = cfg.retrieval.corpus or cfg.retrieval.index or cfg.data
-    app = create_app(retriever, limits, name=str(name))
+    app = create_app(retriever, limits, name=re.sub(r"[^:]*/", "", str(name)))  # (/health names no folder)
     print(
         f"mhgpo: serving the {retriever.kind} retriever over {len(retriever)} passages ({name}) at "
         f"http://{cfg.host}:{cfg.port}/retrieve",
