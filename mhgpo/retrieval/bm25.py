@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -74,15 +75,19 @@ INDEX_FILES = frozenset(
     }
 )
 DEFAULT_CACHE_SIZE = 65536
+DEFAULT_CACHE_BYTES = 256 << 20  # the result cache's bytes (its queries, and passages it holds alone), at most
+ENTRY_BYTES = 200  # a cache entry's own objects (key tuple, ordered-dict node, tuple of hits), about
 
 
 class CacheInfo(NamedTuple):
-    """Counters of the (query, k) result cache."""
+    """Counters of the (query, k) result cache; `nbytes`: about how many bytes it holds (at most `maxbytes`)."""
 
     hits: int
     misses: int
     size: int
     maxsize: int
+    nbytes: int = 0
+    maxbytes: int = DEFAULT_CACHE_BYTES
 
 
 def corpus_fingerprint(passages: Sequence[Passage]) -> dict[str, Any]:
@@ -124,11 +129,15 @@ class CachedRetriever:
     passages: tuple[Passage, ...]
     fingerprint: dict[str, Any]
 
-    def __init__(self, passages: Sequence[Passage], cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+    def __init__(
+        self, passages: Sequence[Passage], cache_size: int = DEFAULT_CACHE_SIZE, cache_bytes: int = DEFAULT_CACHE_BYTES
+    ) -> None:
         self.passages = tuple(passages)
         self.fingerprint = corpus_fingerprint(self.passages)
         self._cache: OrderedDict[tuple[str, int], tuple[Passage, ...]] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache_size, self._cache_bytes = cache_size, cache_bytes
+        self._entry_sizes: dict[tuple[str, int], int] = {}  # bytes of each entry (`_entry_bytes`)
+        self._cache_used = 0
         self._hits = 0
         self._misses = 0
         self._lock = threading.Lock()
@@ -170,13 +179,27 @@ class CachedRetriever:
     def cache_info(self) -> CacheInfo:
         """Hits, misses and size of the (query, k) result cache."""
         with self._lock:
-            return CacheInfo(self._hits, self._misses, len(self._cache), self._cache_size)
+            return CacheInfo(
+                self._hits, self._misses, len(self._cache), self._cache_size, self._cache_used, self._cache_bytes
+            )
 
     def cache_clear(self) -> None:
         """Empty the result cache and reset its counters."""
         with self._lock:
             self._cache.clear()
-            self._hits = self._misses = 0
+            self._entry_sizes.clear()
+            self._hits = self._misses = self._cache_used = 0
+
+    def bound_cache(self, max_bytes: int) -> None:
+        """Let the result cache hold at most about `max_bytes` (0: cache nothing); the oldest entries go first."""
+        with self._lock:
+            self._cache_bytes = max_bytes
+            self._evict()
+
+    def _entry_bytes(self, key: tuple[str, int], hits: tuple[Passage, ...]) -> int:
+        """About how many bytes a cache entry holds: its query and a reference per passage (a local retriever's
+        passages are its corpus's, held anyway; a retriever whose passages come from elsewhere counts them)."""
+        return ENTRY_BYTES + sys.getsizeof(key[0]) + 8 * len(hits)
 
     def _cache_get(self, key: tuple[str, int]) -> tuple[Passage, ...] | None:
         hits = self._cache.get(key)
@@ -185,12 +208,20 @@ class CachedRetriever:
         return hits
 
     def _cache_put(self, key: tuple[str, int], hits: tuple[Passage, ...]) -> None:
-        if self._cache_size <= 0:
+        size = self._entry_bytes(key, hits)
+        if self._cache_size <= 0 or size > self._cache_bytes:
             return
+        self._cache_used += size - self._entry_sizes.get(key, 0)
+        self._entry_sizes[key] = size
         self._cache[key] = hits
         self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently used entries until the cache is within its entries and bytes."""
+        while self._cache and (len(self._cache) > self._cache_size or self._cache_used > self._cache_bytes):
+            key, _ = self._cache.popitem(last=False)
+            self._cache_used -= self._entry_sizes.pop(key)
 
     def search_scored(self, queries: Sequence[str], k: int) -> list[list[tuple[Passage, float]]]:
         """The top `k` passages of each query with their scores, best first (not cached: a retrieval service

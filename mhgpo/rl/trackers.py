@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from mhgpo.config.choices import TRACKERS
+from mhgpo.config.choices import TRACKERS, redact_urls
 from mhgpo.errors import InputError
 from mhgpo.io import atomic_write_json
 
@@ -216,4 +216,5 @@ def open_trackers(names: list[str], run_dir: Path, resume_step: int, config: dic
     `close(finished)`."""
     require_trackers(names)
     ids = _Ids(Path(run_dir))
+    config = redact_urls(config)  # a retrieval service's password stays out of every tracker
     return [_CLASSES[name](Path(run_dir), resume_step, config, ids) for name in names]

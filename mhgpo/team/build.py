@@ -176,7 +176,9 @@ def resolve_team(cfg: Any, workflow: Any = None) -> Team:
 
 def open_service(retrieval: RetrievalConfig):
     """The retrieval service at the URL `retrieval.retriever`, probed with one small request (so that an
-    unreachable or foreign server is named before any model loads)."""
+    unreachable or foreign server is named before any model loads). Its password, redacted in the config, comes
+    from where the URL was given (or `$MHGPO_RETRIEVER_AUTH`: `service_auth`)."""
+    from mhgpo.config.eval import service_auth
     from mhgpo.retrieval.http import HTTPRetriever
 
     retriever = HTTPRetriever(
@@ -184,6 +186,10 @@ def open_service(retrieval: RetrievalConfig):
         request_queries=retrieval.request_queries,
         timeout=retrieval.timeout,
         retries=retrieval.retries,
+        total_timeout=retrieval.total_timeout,
+        max_answer_bytes=retrieval.max_answer_bytes,
+        max_passage_chars=retrieval.max_passage_chars,
+        auth=service_auth(retrieval.retriever),
     )
     retriever.probe()
     return retriever
