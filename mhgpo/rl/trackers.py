@@ -454,11 +454,7 @@ class Trackers:
     and the checkpoints go on. (An interrupt, KeyboardInterrupt, is not a failure: it goes on up.)"""
 
     def __init__(self, opened: dict[str, Any]) -> None:
-        self.opened = opened
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.opened)
+        self.opened = opened  # {name: tracker}, less those that failed
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for name, tracker in list(self.opened.items()):
