@@ -1,6 +1,7 @@
 """Experiment trackers (`report_to`): each tracker's local run (W&B offline, MLflow's local SQLite store, Trackio's
 local database, TensorBoard events) holds exactly the values of metrics.jsonl at their steps, and the run's config;
-a resumed run continues the same tracker run; a tracker that is not installed is named with its extra."""
+a resumed run continues the same tracker run; a tracker that is not installed, W&B without a key and an MLflow URI
+that does not parse are named before the model loads (the hostile cases are in test_trackers_hostile.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import glob
 import importlib.util
 import json
 import math
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ from mhgpo.cli.main import main
 from mhgpo.config import TrainConfig, from_dict
 from mhgpo.errors import InputError
 from mhgpo.rl.runlog import RunLog, read_metrics
-from mhgpo.rl.trackers import IDS_FILE, mlflow_key, numeric
+from mhgpo.rl.trackers import IDS_FILE, mlflow_key, numeric, one_line, require_trackers
 
 INSTALLED = [name for name in ("wandb", "mlflow", "trackio") if importlib.util.find_spec(name) is not None]
 
@@ -97,16 +101,15 @@ def wandb_history(run_dir: Path, sessions: int) -> tuple[dict[int, dict[str, flo
 def mlflow_history(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict]:
     from mlflow.tracking import MlflowClient
 
-    ids = json.loads((run_dir / IDS_FILE).read_text())["mlflow"]
-    assert ids["tracking_uri"] == f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
-    client = MlflowClient(tracking_uri=ids["tracking_uri"])
-    run = client.get_run(ids["run_id"])
+    run_id = json.loads((run_dir / IDS_FILE).read_text())["mlflow"]["run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+    run = client.get_run(run_id)
     history: dict[int, dict[str, float]] = {}
     for key in run.data.metrics:
-        for m in client.get_metric_history(ids["run_id"], key):
+        for m in client.get_metric_history(run_id, key):
             assert m.step not in history or key not in history[m.step], f"{key} logged twice at step {m.step}"
             history.setdefault(m.step, {})[key] = m.value
-    config = json.loads(Path(client.download_artifacts(ids["run_id"], "config.json", str(run_dir / "dl"))).read_text())
+    config = json.loads(Path(client.download_artifacts(run_id, "config.json", str(run_dir / "dl"))).read_text())
     assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(run_dir.resolve())
     return history, {
         "params": run.data.params,
@@ -119,11 +122,11 @@ def mlflow_history(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict]:
 def trackio_history(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict]:
     from trackio.sqlite_storage import SQLiteStorage
 
-    ids = json.loads((run_dir / IDS_FILE).read_text())["trackio"]
-    logs = SQLiteStorage.get_logs(ids["project"], ids["name"])
+    name = json.loads((run_dir / IDS_FILE).read_text())["trackio"]["name"]
+    logs = SQLiteStorage.get_logs("mhgpo", name)
     history = {row["step"]: {k: v for k, v in row.items() if k not in ("step", "timestamp")} for row in logs}
     assert len(history) == len(logs), "a step logged twice"
-    return history, SQLiteStorage.get_run_config(ids["project"], ids["name"])
+    return history, SQLiteStorage.get_run_config("mhgpo", name)
 
 
 def expected(run_dir: Path, key=lambda k: k) -> dict[int, dict[str, float]]:
@@ -270,3 +273,117 @@ def test_a_tracker_that_is_not_installed_is_one_line_naming_its_extra_before_the
         f"(or leave {name} out of report_to)"
     )
     assert not (out / "checkpoints").exists()
+
+
+@pytest.fixture
+def no_credentials(tmp_path, monkeypatch) -> Path:
+    """No W&B key anywhere (an empty home, NETRC naming a file that is not there), W&B online, no MLflow URI."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_IDENTITY_TOKEN_FILE", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(key, raising=False)
+    return tmp_path
+
+
+def test_wandb_online_without_a_key_is_refused_before_the_model_loads(
+    tiny_model_dir, world, no_credentials, monkeypatch, capsys
+) -> None:
+    from helpers import train_overrides
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("mhgpo.model.trained.initial_weights", no_model)
+    out = no_credentials / "run"
+    rc = main(["train", *train_overrides(tiny_model_dir, world, out), "report_to=[tensorboard,wandb]"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1] == (
+        "mhgpo: error: report_to: wandb: no API key for api.wandb.ai (set WANDB_API_KEY, or run `wandb login`, "
+        "which keeps it in the netrc file), or log offline into the run folder with WANDB_MODE=offline (or leave "
+        "wandb out of report_to)"
+    )
+    assert not (out / "checkpoints").exists()
+
+
+WANDB_CASES = {
+    "a key in the environment": ({"WANDB_API_KEY": "k" * 40}, "", None),
+    "offline": ({"WANDB_MODE": "offline"}, "", None),
+    "disabled": ({"WANDB_MODE": "disabled"}, "", None),
+    "an identity token file": ({"WANDB_IDENTITY_TOKEN_FILE": "token.jwt"}, "", None),
+    "the netrc": ({}, "machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n", None),
+    "the netrc of a server of one's own": (
+        {"WANDB_BASE_URL": "https://wandb.corp.example"},
+        "machine wandb.corp.example login user password kkkk\n",
+        None,
+    ),
+    "no key": ({}, "", "no API key for api.wandb.ai"),
+    "an empty key": ({"WANDB_API_KEY": ""}, "", "no API key for api.wandb.ai"),
+    "the netrc of another host": ({}, "machine example.com login u password p\n", "no API key for api.wandb.ai"),
+    "a malformed netrc": ({}, "machine api.wandb.ai login\n", "no API key for api.wandb.ai"),
+    "a netrc that is not text": ({}, b"\xff\xfe\x00machine", "no API key for api.wandb.ai"),
+    "a misspelt mode": ({"WANDB_MODE": "ofline"}, "", "WANDB_MODE='ofline' is not a W&B mode"),
+    "a base URL that is no URL": ({"WANDB_BASE_URL": "http://[::1"}, "", "WANDB_BASE_URL='http://[::1' is not a URL"),
+}
+
+
+@pytest.mark.parametrize("case", list(WANDB_CASES))
+def test_wandb_needs_a_key_or_offline_mode(case, no_credentials, monkeypatch) -> None:
+    env, netrc, problem = WANDB_CASES[case]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if netrc:
+        (no_credentials / "netrc").write_bytes(netrc if isinstance(netrc, bytes) else netrc.encode())
+    if problem is None:
+        require_trackers(["wandb"])
+        return
+    with pytest.raises(InputError) as err:
+        require_trackers(["wandb"])
+    assert str(err.value).startswith(f"report_to: wandb: {problem}")
+    assert str(err.value).endswith("(or leave wandb out of report_to)") and "\n" not in str(err.value)
+
+
+BAD_URIS = {
+    "http://": "names no host",
+    "https://:5000/": "names no host",
+    "http://user:secret@/x": "names no host",
+    "http://[::1": "does not parse",
+    "ht!tp://x": "is not a tracking URI",
+    "foo://x": "is not a tracking URI",
+    "sqlite://": "names no database file",
+    "sqlite:///": "names no database file",
+}
+GOOD_URIS = [
+    "http://mlflow.example:5000",
+    "https://mlflow.example/prefix",
+    "sqlite:////abs/mlflow.db",
+    "postgresql+psycopg2://u:p@db.example/mlflow",
+    "file:///abs/mlruns",
+    "/abs/mlruns",
+    "databricks",
+    "databricks://profile",
+]
+
+
+@pytest.mark.parametrize("uri", list(BAD_URIS) + GOOD_URIS)
+def test_mlflow_needs_a_tracking_uri_that_parses(uri, no_credentials, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    if uri in GOOD_URIS:
+        require_trackers(["mlflow"])
+        return
+    with pytest.raises(InputError) as err:
+        require_trackers(["mlflow"])
+    shown = one_line(uri)
+    assert str(err.value).startswith(f"report_to: mlflow: MLFLOW_TRACKING_URI={shown!r} {BAD_URIS[uri]}")
+    assert "secret" not in str(err.value)
+
+
+def test_the_checks_import_no_tracker(no_credentials) -> None:
+    """require_trackers is cheap: the trackers' packages are looked up, not imported."""
+    code = (
+        "import sys; from mhgpo.rl.trackers import require_trackers; "
+        "require_trackers(['tensorboard', 'wandb', 'mlflow', 'trackio']); "
+        "print(sorted(m for m in ('wandb', 'mlflow', 'trackio', 'tensorboard') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "WANDB_MODE": "offline"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -15,7 +15,8 @@ from mhgpo.rl.tree import RolloutBatch
 
 
 class RunLog:
-    """metrics.jsonl and the experiment trackers (`report_to`: see `mhgpo.rl.trackers`) of rank 0."""
+    """metrics.jsonl and the experiment trackers (`report_to`: see `mhgpo.rl.trackers`) of rank 0. A tracker that
+    fails is left out with a warning and the run goes on; an append that metrics.jsonl refuses stops it."""
 
     def __init__(
         self,
@@ -40,9 +41,7 @@ class RunLog:
 
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         append_text(self.metrics_path, json.dumps(row) + "\n", self._then(step))
-        values = numeric(row)
-        for tracker in self.trackers:
-            tracker.log(step, values)
+        self.trackers.log(step, numeric(row))  # (a tracker that fails is left out, with a warning)
 
     def error(self, step: int, record: dict[str, Any]) -> None:
         append_text(self.errors_path, json.dumps({"step": step, **record}, ensure_ascii=False) + "\n", self._then(step))
@@ -56,9 +55,7 @@ class RunLog:
 
     def close(self, finished: bool = True) -> None:
         """Close the trackers (`finished`: the run reached its last step, else it was stopped)."""
-        for tracker in self.trackers:
-            tracker.close(finished)
-        self.trackers = []
+        self.trackers.close(finished)
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop the lines (metrics, errors) and rollout records of steps after the checkpoint (they will
