@@ -49,8 +49,11 @@ def resume_sft(
     `trust_code` as for `mhgpo.run.pipeline.resume`."""
     run_dir = Path(run_dir)
     cfg, changed = run_config(run_dir, SFTConfig, overrides, trust_code or workflow is not None, "mhgpo sft")
-    job = settle(cfg, workflow, current(), new_run=False)
-    return continue_run(run_dir, lambda: _trainer(job, progress), from_step, "sft", changed=changed)  # type: ignore[return-value]
+
+    def make() -> SFTTrainer:  # settled once the checkpoint passed its checks (the team's code imported after them)
+        return _trainer(settle(cfg, workflow, current(), new_run=False), progress)
+
+    return continue_run(run_dir, make, from_step, "sft", changed=changed)  # type: ignore[return-value]
 
 
 def _trainer(job: Job, progress: bool) -> SFTTrainer:
