@@ -125,10 +125,73 @@ def update_flops(dims: Dims, samples: list[Any], reference: bool, checkpointing:
     return ref, train
 
 
+class StepMeter:
+    """What a step spends in generation and in the update, by wrapping the generator's ``generate``, the policy's
+    ``reference_logprobs`` and ``update``: ``gen`` holds generation's seconds, FLOPs (:func:`generation_flops`), new
+    and prompt tokens and decoder calls; ``ref_seconds`` the reference pass's seconds; ``update_seconds`` the policy
+    update's (reference pass included) and ``updated`` the samples it trained on (those with an output). ``sync`` is
+    called before each clock reading (``torch.cuda.synchronize`` on a GPU, whose kernels run asynchronously).
+    :meth:`reset` zeroes the counts (between steps), :meth:`close` unwraps."""
+
+    def __init__(self, generator: Any, policy: Any, dims: Dims, sync: Any = None) -> None:
+        from mhgpo.model.logprobs import causal_lm
+
+        self.dims, self._sync = dims, sync or (lambda: None)
+        self._generator, self._policy = generator, policy
+        self._originals = (generator.generate, policy.reference_logprobs, policy.update)
+        generator.generate, policy.reference_logprobs, policy.update = self._generate, self._reference, self._update
+        self._generating = False
+        decoder = causal_lm(policy.model).get_decoder()
+        self._hook = decoder.register_forward_pre_hook(self._count_call, with_kwargs=True)
+        self.reset()
+
+    def reset(self) -> None:
+        self.gen = {"seconds": 0.0, "flops": 0.0, "tokens": 0, "prompt_tokens": 0, "calls": 0}
+        self.ref_seconds = self.update_seconds = 0.0
+        self.updated: list[Any] = []
+
+    def close(self) -> None:
+        self._hook.remove()
+        self._generator.generate, self._policy.reference_logprobs, self._policy.update = self._originals
+
+    def _count_call(self, module: Any, args: Any, kwargs: Any) -> None:
+        self.gen["calls"] += int(self._generating)
+
+    def _timed(self, fn: Any, *args: Any) -> tuple[Any, float]:
+        self._sync()
+        t = time.perf_counter()
+        out = fn(*args)
+        self._sync()
+        return out, time.perf_counter() - t
+
+    def _generate(self, prompts: list[list[int]], params: Any) -> Any:
+        self._generating = True
+        try:
+            out, seconds = self._timed(self._originals[0], prompts, params)
+        finally:
+            self._generating = False
+        self.gen["seconds"] += seconds
+        for g in out:
+            self.gen["flops"] += generation_flops(self.dims, len(g.prompt_ids), len(g.output_ids))
+            self.gen["tokens"] += len(g.output_ids)
+            self.gen["prompt_tokens"] += len(g.prompt_ids)
+        return out
+
+    def _reference(self, samples: list[Any]) -> Any:
+        out, seconds = self._timed(self._originals[1], samples)
+        self.ref_seconds += seconds
+        return out
+
+    def _update(self, samples: list[Any]) -> Any:
+        out, seconds = self._timed(self._originals[2], samples)
+        self.update_seconds += seconds
+        self.updated += [s for s in samples if s.output_ids]
+        return out
+
+
 def measure_step(args: argparse.Namespace) -> dict[str, Any]:
     """One demo-settings step: generation and update seconds, FLOPs and decoder calls."""
     from mhgpo.config import TrainConfig, demo_config_path, load_config
-    from mhgpo.model.logprobs import causal_lm
     from mhgpo.rl.trainer import Trainer
     from mhgpo.run.setup import build_training, settle
 
@@ -152,33 +215,7 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
         team = build_training(job)
         trainer = Trainer(job.cfg, team, Path(run_dir), progress=False)
         dims = Dims(team.policy.model)
-        generator, policy = team.generator, team.policy
-        gen = {"seconds": 0.0, "flops": 0.0, "tokens": 0, "prompt_tokens": 0, "calls": 0, "weight_reads": 0}
-        ref_seconds = [0.0]
-
-        def count_call(module: Any, args_: Any, kwargs: Any) -> None:
-            gen["calls"] += 1
-
-        generate, reference = generator.generate, policy.reference_logprobs
-
-        def timed_generate(prompts: list[list[int]], params: Any) -> Any:
-            t = time.perf_counter()
-            out = generate(prompts, params)
-            gen["seconds"] += time.perf_counter() - t
-            for g in out:
-                gen["flops"] += generation_flops(dims, len(g.prompt_ids), len(g.output_ids))
-                gen["tokens"] += len(g.output_ids)
-                gen["prompt_tokens"] += len(g.prompt_ids)
-            return out
-
-        def timed_reference(samples: list[Any]) -> Any:
-            t = time.perf_counter()
-            out = reference(samples)
-            ref_seconds[0] += time.perf_counter() - t
-            return out
-
-        generator.generate, policy.reference_logprobs = timed_generate, timed_reference
-        hook = causal_lm(team.policy.model).get_decoder().register_forward_pre_hook(count_call, with_kwargs=True)
+        meter = StepMeter(team.generator, team.policy, dims)
         per_step: list[tuple[float, float]] = []  # (rollout, update) seconds of each step
         samples_with_output: list[Any] = []
         ref_flops = train_flops = 0.0
@@ -194,21 +231,21 @@ def measure_step(args: argparse.Namespace) -> dict[str, Any]:
             ref, train = update_flops(dims, trained, cfg.optim.kl_beta != 0, cfg.optim.gradient_checkpointing)
             ref_flops, train_flops = ref_flops + ref, train_flops + train
             samples_with_output += trained
-        hook.remove()
+        meter.close()
     weight_bytes = sum(
         p.numel() * p.element_size()
         for n, p in team.policy.model.named_parameters()
         if "lora_" not in n or p.requires_grad
     )
     n = len(per_step)  # every figure below is a mean over the steps
-    gen = {k: v / n for k, v in gen.items()}
+    gen = {k: v / n for k, v in meter.gen.items()}
     return {
         "precision": cfg.precision,
         "gen": gen,
         "per_step": per_step,
         "rollout_seconds": sum(r for r, _ in per_step) / n,
         "update_seconds": sum(u for _, u in per_step) / n,
-        "ref_seconds": ref_seconds[0] / n,
+        "ref_seconds": meter.ref_seconds / n,
         "ref_flops": ref_flops / n,
         "train_flops": train_flops / n,
         "trained_tokens": sum(len(s.prompt_ids) + len(s.output_ids) for s in samples_with_output) / n,

@@ -282,3 +282,24 @@ def test_index_dir_suffix_per_retriever(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(retrieval.os, "access", lambda *args, **kwargs: False)
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
     assert index_dir_for(tmp_path / "wiki.tsv", "dense-x") != index_dir_for(tmp_path / "wiki.tsv")
+
+
+@pytest.mark.parametrize("chosen", [None, "cuda"])
+def test_jax_is_kept_off_the_gpu_unless_chosen(tmp_path: Path, chosen: str | None) -> None:
+    """bm25s runs its top-k selection with JAX when JAX is installed; a stand-in `jax` records the platforms JAX
+    would start on: the CPU (JAX on a GPU takes 75% of its memory at start), or the user's choice."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "jax"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import os\nPLATFORMS = os.environ.get('JAX_PLATFORMS')\n")
+    (fake / "lax.py").write_text("def top_k(x, k):\n    return x[:k], list(range(k))\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])
+    if chosen:
+        env["JAX_PLATFORMS"] = chosen
+    code = "import mhgpo.retrieval.bm25, bm25s.selection as s, jax; print(s.JAX_IS_AVAILABLE, jax.PLATFORMS)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", chosen or "cpu"]

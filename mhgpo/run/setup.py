@@ -220,25 +220,28 @@ def build_generator(engine: str, **inputs: Any) -> Any:
     return load_function(ENGINES[engine].build)(**inputs)
 
 
-def build_training(job: Job, with_val: bool = False) -> TrainingSetup:
+def build_training(job: Job, with_val: bool = False, loaded: Any = None) -> TrainingSetup:
     """Everything RL training needs (a `TrainingSetup`): the data and workflows, the model with its reference, the
     critic (an algorithm with one), the policy with its loss, and the generator; the validation set is loaded when
     `eval_every` asks for it or `with_val`. With several ranks, the policy and critic are told them, and an FSDP
-    launch shards the actor's layers."""
+    launch shards the actor's layers. `loaded`: a model already built (a `LoadedModel`, stored as the precision asks:
+    `weight_dtype(precision, trainable=not lora.enabled)`) instead of `cfg.model` (its reference is itself:
+    `reference=init`), e.g. one initialised at random from a config to measure speed and memory."""
     cfg, ranks = job.cfg, job.ranks
     seed_everything(cfg.seed)
     train, val, workflow, val_workflow = build_data(job, bool(cfg.eval_every) or with_val)
-    device = default_device()
-    # `model` may be a trained run (its weights merged: the initial weights); `reference=base` keeps what lies
-    # beneath. LoRA: the frozen base may be stored in bfloat16 (bf16-mixed); full fine-tuning: the master weights
     spec = run_model_spec(cfg.model, job.run_dir)
-    loaded, reference = initial_weights(
-        spec,
-        cfg.reference,
-        cfg.lora.enabled,
-        device=device,
-        dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled),
-    )
+    reference = None
+    if loaded is None:
+        # `model` may be a trained run (its weights merged: the initial weights); `reference=base` keeps what lies
+        # beneath. LoRA: the frozen base may be stored in bfloat16 (bf16-mixed); full fine-tuning: the master weights
+        loaded, reference = initial_weights(
+            spec,
+            cfg.reference,
+            cfg.lora.enabled,
+            device=default_device(),
+            dtype=weight_dtype(cfg.precision, trainable=not cfg.lora.enabled),
+        )
     announce(cfg.precision, job.reason)
     engine = ENGINES[cfg.generation.engine]
     generator, scratch = None, None
