@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from test_faults import assert_one_line_error, cli, copy_run, two_steps  # noqa: F401
 from test_trainer import fresh_model, hand_samples, snapshot
 
-import mhgpo.rl.policy as policy_module
+import mhgpo.rl.losses as losses_module
 from mhgpo.cli.main import error_line
 from mhgpo.config import LoraConfig, OptimConfig
 from mhgpo.errors import InputError, NotFinite, RunError
@@ -45,10 +45,8 @@ def test_a_non_finite_loss_is_refused_before_the_optimiser_step(tiny_model_dir, 
         k: {n: v.clone() for n, v in s.items() if torch.is_tensor(v)}
         for k, s in policy.optimizer.state_dict()["state"].items()
     }
-    real = policy_module.mhgpo_policy_loss
-    monkeypatch.setattr(
-        policy_module, "mhgpo_policy_loss", lambda *a, **k: (lambda out: (out[0] * bad, out[1]))(real(*a, **k))
-    )
+    real = policy.loss
+    monkeypatch.setattr(policy, "loss", lambda *a, **k: (lambda out: (out[0] * bad, out[1]))(real(*a, **k)))
     with pytest.raises(NotFinite, match=r"the loss/gradient is not finite \(loss (nan|-?inf), gradient norm nan\)"):
         policy.update(samples)
     after = snapshot(policy.model)
@@ -63,7 +61,7 @@ def test_a_diverged_step_stops_the_run_and_keeps_the_last_good_checkpoint(
     """Step 2's loss is NaN with keep_checkpoints=1: the run stops with one line naming the step and the kept
     checkpoint; step_1 is not rotated away, nothing of step 2 is logged or saved, errors.jsonl says why."""
     out = tmp_path / "nan"
-    real = policy_module.mhgpo_policy_loss
+    real = losses_module.mhgpo_policy_loss
     calls = []
 
     def loss(*a, **k):
@@ -72,7 +70,7 @@ def test_a_diverged_step_stops_the_run_and_keeps_the_last_good_checkpoint(
         return (value * math.nan if steps_done() >= 1 else value), stats
 
     steps_done = lambda: len(read_metrics(out)) if out.exists() else 0  # noqa: E731
-    monkeypatch.setattr(policy_module, "mhgpo_policy_loss", loss)
+    monkeypatch.setattr(losses_module, "mhgpo_policy_loss", loss)  # (the loss table's entry names it)
     rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, out, keep_checkpoints=1, eval_every=0))
     assert_one_line_error(
         rc,

@@ -215,7 +215,8 @@ ROLLOUT_KEYS = [
 def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(reference_run) -> None:
     cfg, out, trainer = reference_run
     assert trainer.step == 4
-    assert load_config(TrainConfig, out / "config.yaml") == cfg
+    assert load_config(TrainConfig, out / "config.yaml") == trainer.cfg  # the settled config, as it ran
+    assert cfg.precision == "auto" and trainer.cfg.precision in ("fp32", "bf16-mixed")  # the given one unchanged
 
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
