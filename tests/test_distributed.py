@@ -217,10 +217,16 @@ def test_questions_per_step_not_divisible_by_the_ranks_is_refused(tiny_model_dir
 
 
 def launch(
-    out: Path, tiny_model_dir, world, *extra: str, resume: bool = False, config: str = "cpu_ddp.yaml"
+    out: Path,
+    tiny_model_dir,
+    world,
+    *extra: str,
+    resume: bool = False,
+    config: str = "cpu_ddp.yaml",
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     """`accelerate launch --config_file configs/accelerate/cpu_ddp.yaml -m mhgpo train ...` (2 ranks, gloo);
-    `config`: another of configs/accelerate (cpu_fsdp.yaml)."""
+    `config`: another of configs/accelerate (cpu_fsdp.yaml); `env`: more environment variables."""
     args = (
         ["--resume", str(out), *extra]
         if resume
@@ -252,7 +258,7 @@ def launch(
         "train",
         *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     return subprocess.Popen(
         cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )  # its own process group, as a terminal's foreground job

@@ -47,7 +47,15 @@ from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
 from mhgpo.rl.rewards import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
 from mhgpo.rl.rollout import run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
-from mhgpo.rl.stopguard import StopGuard
+from mhgpo.rl.stopguard import (
+    Completed,
+    RankFailed,
+    StopGuard,
+    error_text,
+    failed_step,
+    not_finite,
+    save_on_stop,
+)
 from mhgpo.rl.tree import RolloutBatch, RolloutSpec, merge_batches
 from mhgpo.team.workflow import Workflow
 
@@ -67,16 +75,6 @@ class TrainingSetup:
     engine_scratch: Path | None = None  # generation.engine=vllm: the folder of the adapters handed to the engine
 
 
-@dataclass
-class _Completed:
-    """The run's state after its last completed step: what a step stopped half-way is rewound to."""
-
-    rng: dict[str, Any]
-    position: int
-    failures: int
-    saved_step: int  # the step of the last checkpoint this run wrote (or resumed from)
-
-
 class TooManyFailures(InputError):
     """More questions failed in the workflow's methods than `max_failures` allows."""
 
@@ -91,7 +89,7 @@ class Trainer:
         progress = progress and self.ranks.is_main
         self.cfg, self.setup, self.run_dir, self.progress = cfg, setup, Path(run_dir), progress
         self._guard: StopGuard | None = None
-        self._updating = False  # inside a step's critical section: the weights belong to no saved step
+        self.phase = "rollouts"  # where the current step is: rollouts, update (weights of no step), records
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
@@ -328,10 +326,23 @@ class Trainer:
         ranks = self.ranks
         rng = np.random.default_rng([self.cfg.seed, self.position, ranks.rank])
         torch.manual_seed(int(rng.integers(2**62)))
-        parts = ranks.gather((self._grow(ranks.share(questions), rng), self._guard is not None and self._guard.pending))
-        if any(stop for _, stop in parts):
+        mine, error = None, None
+        try:
+            mine = self._grow(ranks.share(questions), rng)
+        except (KeyboardInterrupt, RunError):
+            raise
+        except Exception as e:  # told to every rank, so that all stop here (and save) rather than wait for it
+            error = e
+        told = f"rank {ranks.rank}: {error_text(error)}" if error is not None else ""
+        parts = ranks.gather((mine, self._guard is not None and self._guard.pending, told))
+        if error is not None:
+            raise error
+        failed = [f for _, _, f in parts if f]
+        if failed:
+            raise RankFailed(failed[0])
+        if any(stop for _, stop, _ in parts):
             raise KeyboardInterrupt
-        return merge_batches([b for b, _ in parts])
+        return merge_batches([b for b, _, _ in parts])
 
     def _sample(self) -> tuple[RolloutBatch, dict[str, float], int, dict[str, float]]:
         """The step's rollouts. With `filter_zero_variance`, the groups whose rewards are all equal are untrained
@@ -417,7 +428,7 @@ class Trainer:
         bar = tqdm(
             total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not self.progress, dynamic_ncols=True
         )
-        done = _Completed(rng_states(self.rng), self.position, self.failures, saved_step=self.step)
+        done = Completed(rng_states(self.rng), self.position, self.failures, saved_step=self.step)
         guard: StopGuard | None = None
         try:
             with StopGuard(deferred=self.ranks.world > 1) as guard:
@@ -426,64 +437,62 @@ class Trainer:
                     metrics = self._run_step(log, guard, done)
                     bar.update(1)
                     bar.set_postfix(self._postfix(metrics))
-        except (KeyboardInterrupt, TooManyFailures, ServiceError) as stop:  # the last completed step is saved
+        except (KeyboardInterrupt, TooManyFailures) as stop:  # the last completed step is saved
             bar.close()
-            if not (isinstance(stop, ServiceError) and self._updating):  # (a failed validation after an update:
-                self._save_on_stop(stop, guard, done)  # those weights are no step's, not saved)
-            if isinstance(stop, ServiceError):
-                kept = list_checkpoints(self.run_dir)
-                then = (
-                    f"its last checkpoint is {kept[-1].name}; continue with: mhgpo train --resume {self.run_dir}"
-                    if kept
-                    else f"it has no checkpoint yet: start it again (in another folder, or after "
-                    f"removing {self.run_dir})"
-                )
-                raise ServiceError(f"{stop}; the run stops at step {self.step}; {then}") from stop
+            save_on_stop(self, stop, guard, done)
             raise
+        except RunError as stop:  # a stop that says itself what is kept (a full disk, a diverged or stale update)
+            if not isinstance(stop, ServiceError):
+                raise
+            raise failed_step(self, stop, log, guard, done) from stop
+        except Exception as e:  # an engine, the memory, a team's code, a tool: a saving stop like Ctrl-C
+            raise failed_step(self, e, log, guard, done) from e
         finally:
             bar.close()
             log.close(finished=self.step >= cfg.steps)
         return {"steps": self.step, "val": self.val_history}
 
-    def _run_step(self, log: RunLog, guard: StopGuard, done: _Completed) -> dict[str, float]:
+    def _run_step(self, log: RunLog, guard: StopGuard, done: Completed) -> dict[str, float]:
         """One step: collect (safe to interrupt), then learn, validate, log and save. From the first weight change
         on, the step is completed (logged, saved) before a signal stops the run: an interrupted update would leave
-        weights that belong to no step."""
+        weights that belong to no step. Once the update is done the step is complete: what fails in its records
+        (validation, rollout records, metrics) stops the run with the step saved."""
+        self.phase = "rollouts"
         batch, samples, metrics = self.collect()
         if batch is not None:  # (the supervised warm start has no rollouts)
             self._failed(log, self.step + 1, "train", batch.failures)
         with guard.critical():
-            self._updating = True
+            self.phase = "update"
             step = self.step + 1
             try:
                 metrics = self.learn(samples, metrics)
                 if not weights_finite(self.setup.policy.params, self.ranks):
                     raise NotFinite("the trained weights are not finite after the update")
             except NotFinite as e:
-                raise self._not_finite(log, step, e) from None
+                raise not_finite(self, log, step, e) from None
+            self.step = step  # the update is done: the step is complete, whatever happens to its records
+            done.rng, done.position, done.failures = rng_states(self.rng), self.position, self.failures
+            failed = None
             if self._validates_at(step):
-                metrics.update(self._validate_in_run(log, step))
+                self.phase = "validation"
+                try:
+                    metrics.update(self._validate_in_run(log, step))
+                except Exception as e:  # the step is logged and saved without it, then the run stops
+                    failed = e
+            self.phase = "records"
             metrics["memory/peak_mb"] = peak_memory_mb()
             if batch is not None and self.ranks.is_main:
                 write_rollouts(self.run_dir, step, batch)
             log.log(step, metrics)
-            self.step = step
-            done.rng, done.position, done.failures = rng_states(self.rng), self.position, self.failures
-            if self._saves_at(step):
+            if self._saves_at(step) or failed is not None:
                 self._save_or_stop()
                 done.saved_step = step
-            self._updating = False
+            if failed is not None:
+                self.phase = "validation"
+                raise failed
         if guard.deferred and self.ranks.any(guard.pending):  # several ranks: a signal on any stops them all here
             raise KeyboardInterrupt
         return metrics
-
-    def _not_finite(self, log: RunLog, step: int, e: NotFinite) -> RunError:
-        """The error that stops a run whose update met a NaN / infinite loss, gradient or weight: nothing of this
-        step is logged or saved (a checkpoint of it would rotate a good one away), errors.jsonl says why."""
-        kept = list_checkpoints(self.run_dir)
-        last = f"the last good checkpoint {kept[-1].name} is kept" if kept else "no checkpoint was saved before it"
-        log.error(step, {"phase": "train", "error": str(e)})
-        return RunError(f"step {step}: {e}; {last} (lower optim.lr, or check the data and rewards)")
 
     def _validate_in_run(self, log: RunLog, step: int) -> dict[str, float]:
         """Validate after `step`'s update: recorded in `val_history` and `last_eval`; returns the step's val
@@ -506,29 +515,6 @@ class Trainer:
         if self.val_history:
             post["val_f1"] = f"{self.val_history[-1]['val/f1']:.1f}"
         return post
-
-    def _save_on_stop(self, stop: BaseException, guard: StopGuard | None, done: _Completed) -> None:
-        """On an interrupt (or too many failures): save the last completed step unless it is saved already,
-        rewinding a step stopped half-way (data position, failures, rng); a second signal inside a critical
-        section saves nothing."""
-        if guard is not None and guard.aborted:
-            print("mhgpo: aborted; nothing saved", flush=True)
-            return
-        if done.saved_step != self.step:
-            self._save_last(stop, done)
-        if guard is not None and guard.deferred:  # every rank stopped here: none ends before rank 0 has saved
-            self.ranks.barrier()
-
-    def _save_last(self, stop: BaseException, done: _Completed) -> None:
-        rng = None
-        if self.position != done.position:  # stopped inside a step: rewind it
-            self.position, self.failures = done.position, done.failures
-            rng = done.rng
-        path = self.save(rng)
-        if not self.ranks.is_main:
-            return
-        why = "interrupted" if isinstance(stop, KeyboardInterrupt) else "stopped"
-        print(f"mhgpo: {why}; saved {path} (resume with: mhgpo train --resume {self.run_dir})", flush=True)
 
     def _validates_at(self, step: int) -> bool:
         every = self.cfg.eval_every
