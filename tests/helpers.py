@@ -14,7 +14,7 @@ VOLATILE = ("seconds/", "memory/")  # wall-clock and memory: the only metrics th
 def write_echo_world(folder: Path, seed: int, n_train: int, n_dev: int) -> Path:
     """A synthetic world in `folder`, plus `train_echo.jsonl`: its train questions answered "assistant" (what the
     tiny model mostly says, so the leaves' F1 differs within groups and advantages are non-zero)."""
-    from mhgpo.data.synth import write_world
+    from mhgpo.data.synth_files import write_world
 
     paths = write_world(folder, seed=seed, n_train=n_train, n_dev=n_dev)
     rows = [json.loads(line) for line in paths["train"].read_text(encoding="utf-8").splitlines()]

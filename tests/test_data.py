@@ -243,17 +243,17 @@ def test_sentences_without_leading_spaces_are_joined_with_one_space(tmp_path: Pa
 
 @pytest.fixture
 def fake_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for mhgpo.data.synth whose default world is a folder with train/dev files."""
+    """A stand-in for mhgpo.data.synth_files whose default world is a folder with train/dev files."""
     world = tmp_path / "world"
     world.mkdir()
     _write_jsonl(world / "train.jsonl", [json.dumps(_record("t1")), json.dumps(_record("t2"))])
     _write_jsonl(world / "dev.jsonl", [json.dumps(_record("d1"))])
-    fake = types.ModuleType("mhgpo.data.synth")
+    fake = types.ModuleType("mhgpo.data.synth_files")
     fake.ensure_default_world = lambda: world  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "mhgpo.data.synth", fake)
+    monkeypatch.setitem(sys.modules, "mhgpo.data.synth_files", fake)
     import mhgpo.data
 
-    monkeypatch.setattr(mhgpo.data, "synth", fake, raising=False)
+    monkeypatch.setattr(mhgpo.data, "synth_files", fake, raising=False)
     return world
 
 

@@ -20,7 +20,7 @@ import requests
 
 from mhgpo.cli.main import main
 from mhgpo.data.formats import load_corpus_jsonl
-from mhgpo.data.synth import write_world
+from mhgpo.data.synth_files import write_world
 from mhgpo.retrieval.bm25 import BM25Retriever
 from mhgpo.retrieval.http import HTTPRetriever
 

@@ -28,7 +28,7 @@ VOLATILE = ("seconds/", "memory/")
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mhgpo.data.synth import write_world
+    from mhgpo.data.synth_files import write_world
 
     mp = pytest.MonkeyPatch()
     mp.setenv("MHGPO_CACHE", str(tmp_path_factory.mktemp("cache")))

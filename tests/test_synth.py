@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.data import synth, synth_vocab
+from mhgpo.data import synth, synth_files, synth_vocab
 from mhgpo.errors import InputError
 
 KEYS = {"_id", "question", "answer", "type", "supporting_facts", "context", "level", "decomposition"}
@@ -39,9 +39,9 @@ def read_bytes(paths: dict[str, Path]) -> dict[str, bytes]:
 
 
 def test_same_seed_gives_byte_identical_files_and_another_seed_differs(tmp_path: Path) -> None:
-    first = read_bytes(synth.write_world(tmp_path / "a", seed=5, n_train=60, n_dev=20))
-    second = read_bytes(synth.write_world(tmp_path / "b", seed=5, n_train=60, n_dev=20))
-    other = read_bytes(synth.write_world(tmp_path / "c", seed=6, n_train=60, n_dev=20))
+    first = read_bytes(synth_files.write_world(tmp_path / "a", seed=5, n_train=60, n_dev=20))
+    second = read_bytes(synth_files.write_world(tmp_path / "b", seed=5, n_train=60, n_dev=20))
+    other = read_bytes(synth_files.write_world(tmp_path / "c", seed=6, n_train=60, n_dev=20))
     assert set(first) == {"corpus", "train", "dev", "world"}
     assert first == second
     for name in ("corpus", "train", "dev"):
@@ -52,7 +52,7 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_differs(tmp_path:
 
 
 def test_written_files_are_utf8_jsonl_with_counts(tmp_path: Path) -> None:
-    paths = synth.write_world(tmp_path / "w", seed=1, n_train=30, n_dev=10)
+    paths = synth_files.write_world(tmp_path / "w", seed=1, n_train=30, n_dev=10)
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == sorted(synth.FILES)  # no temporary files left
     rows = {
         name: [json.loads(line) for line in paths[name].read_text("utf-8").splitlines()]
@@ -314,7 +314,7 @@ def test_sizes_scale_and_bad_sizes_are_rejected() -> None:
 def test_write_world_refuses_a_file_as_folder(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError):
-        synth.write_world(tmp_path / "file", n_train=5, n_dev=1)
+        synth_files.write_world(tmp_path / "file", n_train=5, n_dev=1)
 
 
 # --- the cache --------------------------------------------------------------------------------------------
@@ -322,15 +322,15 @@ def test_write_world_refuses_a_file_as_folder(tmp_path: Path) -> None:
 
 def test_default_world_dir_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
-    assert synth.default_world_dir() == tmp_path / "world-seed0-v2"
+    assert synth_files.default_world_dir() == tmp_path / "world-seed0-v2"
     monkeypatch.delenv("MHGPO_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert synth.default_world_dir() == tmp_path / "home" / ".cache" / "mhgpo" / "world-seed0-v2"
+    assert synth_files.default_world_dir() == tmp_path / "home" / ".cache" / "mhgpo" / "world-seed0-v2"
 
 
 def test_ensure_default_world_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
-    folder = synth.ensure_default_world()
+    folder = synth_files.ensure_default_world()
     assert folder == tmp_path / "cache" / "world-seed0-v2"
     assert sorted(p.name for p in folder.iterdir()) == sorted(synth.FILES)
     assert [p.name for p in folder.parent.iterdir()] == ["world-seed0-v2"]  # no temporary folder left
@@ -341,8 +341,8 @@ def test_ensure_default_world_creates_once_then_reuses(tmp_path: Path, monkeypat
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("the cached world was generated again")
 
-    monkeypatch.setattr(synth, "generate_world", fail)
-    assert synth.ensure_default_world() == folder
+    monkeypatch.setattr(synth_files, "generate_world", fail)
+    assert synth_files.ensure_default_world() == folder
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps
 
 
@@ -351,7 +351,7 @@ def test_ensure_default_world_replaces_a_partial_folder(tmp_path: Path, monkeypa
     partial = tmp_path / "world-seed0-v2"
     partial.mkdir()
     (partial / "corpus.jsonl").write_text('{"id": "w0", "ti')
-    folder = synth.ensure_default_world()
+    folder = synth_files.ensure_default_world()
     assert folder == partial
     assert sorted(p.name for p in folder.iterdir()) == sorted(synth.FILES)
     assert len((folder / "dev.jsonl").read_text("utf-8").splitlines()) == synth.DEFAULT_N_DEV

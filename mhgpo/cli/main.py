@@ -47,7 +47,7 @@ def _console():
 
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
-    from mhgpo.data.synth import write_world
+    from mhgpo.data.synth_files import write_world
     from mhgpo.errors import InputError
     from mhgpo.io import prepare_output_dir
 

@@ -70,9 +70,9 @@ def question_records(spec: str) -> tuple[str, Path, list[dict]]:
     spec = spec.strip()
     prefix, sep, rest = spec.partition(":")
     if prefix == "synthetic" and rest in ("", "train", "dev"):
-        from mhgpo.data import synth
+        from mhgpo.data import synth_files
 
-        layout, path = "hotpotqa", Path(synth.ensure_default_world()) / f"{rest or 'dev'}.jsonl"
+        layout, path = "hotpotqa", Path(synth_files.ensure_default_world()) / f"{rest or 'dev'}.jsonl"
     elif sep and rest and prefix in PARSERS:
         layout, path = prefix, Path(os.path.expanduser(rest))
     elif not sep and prefix in HUB_NAMES:
@@ -88,9 +88,9 @@ def _spec_error(spec: str) -> InputError:
 
 
 def _synthetic(split: str) -> list[Example]:
-    from mhgpo.data import synth  # imported here: building the world is only needed for this spec
+    from mhgpo.data import synth_files  # imported here: building the world is only needed for this spec
 
-    folder = Path(synth.ensure_default_world())
+    folder = Path(synth_files.ensure_default_world())
     return load_hotpotqa(folder / f"{split}.jsonl")
 
 

@@ -19,21 +19,17 @@ director's birth city); `comparison` questions weigh two entities (which came fi
 nationality?). As in HotpotQA, every sentence after a paragraph's first starts with a space, so joining the
 sentences of a `context` paragraph gives exactly the corpus text.
 
-Everything is drawn from one `random.Random(seed)`: the same seed gives byte-identical files.
+Everything is drawn from one `random.Random(seed)`: the same seed gives byte-identical files
+(`mhgpo.data.synth_files` writes them, and the default world into the cache).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import random
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from mhgpo.data.synth_vocab import (
     ADJECTIVES,
@@ -69,16 +65,11 @@ from mhgpo.data.synth_vocab import (
     YESNO_TEMPLATES,
 )
 from mhgpo.errors import InputError
-from mhgpo.io import atomic_write_bytes, check_outputs
-from mhgpo.paths import world_dir
 
 __all__ = [
     "Entity",
     "World",
     "generate_world",
-    "write_world",
-    "default_world_dir",
-    "ensure_default_world",
     "VERSION",
     "DEFAULT_N_TRAIN",
     "DEFAULT_N_DEV",
@@ -554,74 +545,3 @@ def generate_world(
         for n, i in enumerate(order)
     ]
     return World(corpus=corpus, train=train, dev=dev, seed=seed, entities=entities)
-
-
-def _jsonl(rows: Sequence[dict]) -> bytes:
-    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
-
-
-def write_world(
-    out_dir: str | os.PathLike[str],
-    seed: int = 0,
-    n_train: int = DEFAULT_N_TRAIN,
-    n_dev: int = DEFAULT_N_DEV,
-    n_entities: int | None = None,
-    overwrite: bool = False,
-) -> dict[str, Path]:
-    """Generate a world and write `corpus.jsonl`, `train.jsonl`, `dev.jsonl` and, last, `world.json` (the
-    seed and the counts) into `out_dir`; files already there are refused unless `overwrite`. Returns the paths by
-    name: corpus, train, dev, world."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder")
-    check_outputs([out / f"{name}.jsonl" for name in ("corpus", "train", "dev")] + [out / "world.json"], [], overwrite)
-    world = generate_world(seed=seed, n_train=n_train, n_dev=n_dev, n_entities=n_entities)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        name: atomic_write_bytes(out / f"{name}.jsonl", _jsonl(rows))
-        for name, rows in (("corpus", world.corpus), ("train", world.train), ("dev", world.dev))
-    }
-    meta = {
-        "version": VERSION,
-        "seed": seed,
-        "n_train": len(world.train),
-        "n_dev": len(world.dev),
-        "n_passages": len(world.corpus),
-    }
-    paths["world"] = atomic_write_bytes(out / "world.json", (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
-    return paths
-
-
-def default_world_dir() -> Path:
-    """The cache folder of the default world: `$MHGPO_CACHE` (else `~/.cache/mhgpo`) / `world-seed0-v<VERSION>`."""
-    return world_dir(VERSION)
-
-
-def _is_complete(folder: Path) -> bool:
-    try:
-        meta = json.loads((folder / "world.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("version") == VERSION and all((folder / f).is_file() for f in FILES)
-
-
-def ensure_default_world() -> Path:
-    """The default world's folder, generated on first use. The world is written into a temporary folder beside
-    it and renamed into place, so no reader ever sees half a world."""
-    target = default_world_dir()
-    if _is_complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        write_world(tmp, seed=0, n_train=DEFAULT_N_TRAIN, n_dev=DEFAULT_N_DEV)
-        if target.exists() and not _is_complete(target):
-            shutil.rmtree(target)  # left incomplete by something else
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _is_complete(target):  # unless another process has just put a world in place
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -3,6 +3,7 @@ trainer restored from the checkpoint (`mhgpo train --resume`, `mhgpo sft --resum
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -118,8 +119,7 @@ def run_config(
                 f"{key} out, or start a new run"
             )
         changed[key] = [lookup(old, key), lookup(new, key)]
-    cfg.output_dir = str(run_dir)
-    return cfg, changed
+    return dataclasses.replace(cfg, output_dir=str(run_dir)), changed
 
 
 def record_changes(run_dir: Path, step: int, changed: dict[str, list[Any]]) -> None:

@@ -51,7 +51,7 @@ def load_corpus(data_spec: str, retrieval: RetrievalConfig) -> tuple[list[Passag
         path, reader = corpus_file(retrieval.corpus)
         return reader(path), chosen or index_dir_for(path, suffix)
     if data_spec.split(":")[0] == "synthetic" and retrieval.corpus != "context":
-        from mhgpo.data.synth import ensure_default_world
+        from mhgpo.data.synth_files import ensure_default_world
 
         path = ensure_default_world() / "corpus.jsonl"
         return load_corpus_jsonl(path), chosen or index_dir_for(path, suffix)
