@@ -51,7 +51,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer.ranks.close()  # a data-parallel run: every rank got here (a failure raises before)
     if not trainer.ranks.is_main:  # rank 0 reports
         return 0
-    print(f"finished {trainer.step} steps; run directory: {trainer.run_dir}")
+    if trainer.stopped_on_budget:
+        print(
+            f"stopped by the time budget after {trainer.step} of {trainer.cfg.steps} steps "
+            f"({trainer.budget.describe()} used); run directory: {trainer.run_dir}"
+        )
+    else:
+        print(f"finished {trainer.step} steps; run directory: {trainer.run_dir}")
     if trainer.val_history:
         last = trainer.val_history[-1]
         print(f"val F1 {last['val/f1']:.1f}  EM {last['val/em']:.1f}  Acc {last['val/acc']:.1f} (step {last['step']})")
@@ -163,13 +169,13 @@ class DemoStages:
         from mhgpo.rl.evaluation import write_eval
 
         cfg = job.cfg
-        if trainer.last_eval is not None and trainer.last_eval[0] == cfg.steps:  # validated on the last step
+        if trainer.last_eval is not None and trainer.last_eval[0] == trainer.step:  # validated on the last step
             after = trainer.last_eval[1]
         else:
             after = trainer.validate(desc="eval after")
         write_eval(after, job.run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
         stage = "+ " if cfg.warm_start.enabled else "after "
-        self.rows[f"{stage}{algo_label(cfg.algo, cfg.sampler)} ({cfg.steps} steps)"] = after.metrics
+        self.rows[f"{stage}{algo_label(cfg.algo, cfg.sampler)} ({trainer.step} steps)"] = after.metrics
         self.questions = len(trainer.setup.val)
 
     def summary(self) -> None:
