@@ -95,6 +95,16 @@ def parse_cli(argv: list[str]) -> argparse.Namespace:
         load_config(TrainConfig, args.config or demo_config_path(), train_cli._overrides(args))
     elif args.command == "eval" and not args.resume:
         _eval_config(args)
+    elif args.command == "reproduce":  # the rows it names are rows of the table
+        from mhgpo.cli.reproduce import _keys
+        from mhgpo.config.rows import load_rows
+        from mhgpo.experiments.claims import split_key
+
+        table = load_rows(args.rows_file)
+        for key in _keys(args)[0]:
+            for row in split_key(key):
+                if row is not None:
+                    table.row(row)
     elif args.command == "sft" and not args.resume:
         load_config(SFTConfig, args.config, flag_overrides(args, train_cli.SFT_FLAGS) + list(args.overrides))
     return args
@@ -130,6 +140,7 @@ def test_readme_shows_every_command():
         ("data", "split"),
         ("export",),
         ("report",),
+        ("reproduce",),
     }
     assert expected <= shown, sorted(expected - shown)
 
@@ -167,6 +178,7 @@ BROKEN = [
     "mhgpo eval --limit 0",  # a count below 1
     "mhgpo train --config experiments/rows.yaml:no_such_row --scale demo",
     "mhgpo train --config experiments/rows.yaml:mappo --scale huge",
+    "mhgpo reproduce --rows warm,warm+rr --seeds 0",  # the earlier scripts' row names are no rows
 ]
 
 

@@ -1,5 +1,5 @@
 """The `mhgpo` command line: data, ask, eval, train, demo, export, report, index build, eval-retrieval,
-serve-retriever.
+serve-retriever, reproduce.
 
 Flags are shortcuts for config keys; any config key can also be set with a trailing `key=value`.
 Bad input ends with one line naming the file, line or key, and exit status 2.
@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from mhgpo.cli import reproduce as reproduce_cli
 from mhgpo.cli import retrieval as retrieval_cli
 from mhgpo.cli import serve as serve_cli
 from mhgpo.cli import train as train_cli
@@ -338,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_commands(sub)
     retrieval_cli.add_commands(sub)
     serve_cli.add_commands(sub)
+    reproduce_cli.add_commands(sub)
     return parser
 
 
