@@ -196,13 +196,10 @@ def _row_eval_config(args: argparse.Namespace, overrides: list[str]):
     config."""
     from mhgpo.config import EvalConfig, load_config, to_dict
     from mhgpo.config.rows import row_spec
-    from mhgpo.errors import InputError
     from mhgpo.run.setup import validation_config
 
-    spec = row_spec(args.config)
+    spec = row_spec(args.config, args.scale)
     if spec is None:
-        if args.scale:
-            raise InputError("--scale: only with a row of a table of rows (--config experiments/rows.yaml:ROW)")
         return None
     table, name = spec
     cfg = table.config(name, args.scale)

@@ -39,10 +39,8 @@ def train_config(args: argparse.Namespace):
     from mhgpo.config.rows import row_spec
     from mhgpo.errors import InputError
 
-    spec = row_spec(args.config)
+    spec = row_spec(args.config, args.scale)
     if spec is None:
-        if getattr(args, "scale", None):
-            raise InputError("--scale: only with a row of a table of rows (--config experiments/rows.yaml:ROW)")
         return load_config(TrainConfig, args.config, _overrides(args))
     table, name = spec
     if not table.row(name).train:

@@ -176,9 +176,16 @@ def _row(path: Path, name: Any, entry: Any) -> Row:
     return Row(name, overrides, train, label)
 
 
-def row_spec(config: str | Path | None) -> tuple[RowTable, str] | None:
+def row_spec(config: str | Path | None, scale: str | None = None) -> tuple[RowTable, str] | None:
     """`FILE.yaml:ROW` (a row of a table of rows) as the table and the row's name; None for any other config. The
-    table itself without a row is refused, naming its rows."""
+    table itself without a row is refused, naming its rows, and so is a `scale` without a row."""
+    spec = _row_spec(config)
+    if spec is None and scale:
+        raise InputError("--scale: only with a row of a table of rows (--config experiments/rows.yaml:ROW)")
+    return spec
+
+
+def _row_spec(config: str | Path | None) -> tuple[RowTable, str] | None:
     if config is None:
         return None
     text = str(config)

@@ -347,7 +347,7 @@ def budget_note(run: Run) -> str:
     what = (
         f"stopped by its time budget at step {last['step']}"
         if last.get("budget/stopped")
-        else f"within its time budget at step {last['step']}"
+        else f"ended within its time budget at step {last['step']}"
     )
     return f" The run {what}: {last['budget/minutes_used']:.1f} of {minutes:g} {md_text(clock)} minutes used."
 

@@ -119,6 +119,10 @@ def test_resume_keeps_the_time_used(world, tiny_model_dir, tmp_path, fake_clock,
     assert mhgpo("train", *settings, "budget_minutes=2.5") == 0  # `steps` ends it first: 100 of 150 s used
     assert "finished 2 steps" in capsys.readouterr().out
     assert "budget/stopped" not in metrics(run)[-1] and checkpoint_state(run, 2)["budget"]["seconds"] == 100.0
+    from mhgpo.run.report import build_report
+
+    report = build_report([run], tmp_path / "report").read_text()
+    assert "The run ended within its time budget at step 2: 1.7 of 2.5 cpu minutes used." in report
     assert mhgpo("train", "--resume", run, "steps=10") == 0  # step 3 fits (100 + 50), step 4 would not
     assert "stopped by the time budget after 3 of 10 steps (2.5 of 2.5 cpu minutes used)" in capsys.readouterr().out
     rows = metrics(run)
