@@ -64,7 +64,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer.ranks.close()  # a data-parallel run: every rank got here (a failure raises before)
     if not trainer.ranks.is_main:  # rank 0 reports
         return 0
-    if trainer.stopped_on_budget:
+    if getattr(trainer, "stopped_on_budget", False):  # (a trainer stopped by `budget_minutes`)
         print(
             f"stopped by the time budget after {trainer.step} of {trainer.cfg.steps} steps "
             f"({trainer.budget.describe()} used); run directory: {trainer.run_dir}"
