@@ -122,7 +122,9 @@ def collect(folder: Path) -> dict[str, dict[int, dict]]:
         if res is None or res["row"] == "warm_start":
             continue
         key = LEGACY_ROWS.get(res["row"], res["row"])
-        by_row.setdefault(key, {}).setdefault(res["seed"], {**res, "row": key})
+        seeds = by_row.setdefault(key, {})
+        if res["row"] == key or res["seed"] not in seeds:  # a result under the row's own name comes first
+            seeds[res["seed"]] = {**res, "row": key}
     return by_row
 
 

@@ -217,9 +217,13 @@ def test_verdict_rule():
     assert resolution(by_row, claims.Claim("a", "<", "b", "p", "llm_calls")) == 0.0
 
 
-def test_legacy_rows_are_rows_of_the_table():
+def test_legacy_rows_are_rows_of_the_table(tmp_path):
     assert set(LEGACY_ROWS.values()) <= set(TABLE.rows)
     assert claims.table_rows(["algorithms", "aggregators"]).count("warm_rr") == 1
+    atomic_write_json(result_path(tmp_path, "warm+rr", 0), _result("warm+rr", 0, 1.0))
+    atomic_write_json(result_path(tmp_path, "warm+rr", 1), _result("warm+rr", 1, 2.0))
+    atomic_write_json(result_path(tmp_path, "warm_rr", 0), _result("warm_rr", 0, 3.0))  # its own name first
+    assert {s: r["val_f1"] for s, r in collect(tmp_path)["warm_rr"].items()} == {0: 3.0, 1: 2.0}
 
 
 def _fake(out: Path, calls: list[list[Job]]):
