@@ -15,7 +15,6 @@ from mhgpo.cli import train as train_cli
 from mhgpo.cli.common import flag_overrides
 from mhgpo.cli.main import _eval_config, build_parser
 from mhgpo.config import SFTConfig, TrainConfig, demo_config_path, load_config
-from mhgpo.config.experiments import scaled_tree
 from mhgpo.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,15 +89,22 @@ def parse_cli(argv: list[str]) -> argparse.Namespace:
             args.overrides = list(args.overrides) + extra
         else:
             fail(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command in ("train", "demo") and not getattr(args, "resume", None):
-        if getattr(args, "scale", None):
-            base = scaled_tree(args.config, args.scale)
-            load_config(TrainConfig, None, train_cli._overrides(args), base=base)
-        else:
-            default = demo_config_path() if args.command == "demo" else None
-            load_config(TrainConfig, args.config or default, train_cli._overrides(args))
+    if args.command == "train" and not args.resume:
+        train_cli.train_config(args)
+    elif args.command == "demo":
+        load_config(TrainConfig, args.config or demo_config_path(), train_cli._overrides(args))
     elif args.command == "eval" and not args.resume:
         _eval_config(args)
+    elif args.command == "reproduce":  # the rows it names are rows of the table
+        from mhgpo.cli.reproduce import _keys
+        from mhgpo.config.rows import load_rows
+        from mhgpo.experiments.claims import split_key
+
+        table = load_rows(args.rows_file)
+        for key in _keys(args)[0]:
+            for row in split_key(key):
+                if row is not None:
+                    table.row(row)
     elif args.command == "sft" and not args.resume:
         load_config(SFTConfig, args.config, flag_overrides(args, train_cli.SFT_FLAGS) + list(args.overrides))
     return args
@@ -134,6 +140,7 @@ def test_readme_shows_every_command():
         ("data", "split"),
         ("export",),
         ("report",),
+        ("reproduce",),
     }
     assert expected <= shown, sorted(expected - shown)
 
@@ -169,7 +176,9 @@ BROKEN = [
     "mhgpo export runs/demo",  # --out is required
     "mhgpo train --steps 2 optim.no_such_key=1",  # an override the config does not have
     "mhgpo eval --limit 0",  # a count below 1
-    "mhgpo train --config experiments/no_such_row.yaml --scale demo",
+    "mhgpo train --config experiments/rows.yaml:no_such_row --scale demo",
+    "mhgpo train --config experiments/rows.yaml:mappo --scale huge",
+    "mhgpo reproduce --rows warm,warm+rr --seeds 0",  # the earlier scripts' row names are no rows
 ]
 
 

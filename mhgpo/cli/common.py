@@ -26,6 +26,10 @@ SYSTEM_HELP = (
     "module.path:Class (its config section: team.KEY=value)"
 )
 
+SCALE_HELP = (
+    "with --config ROWS.yaml:ROW: run the row at a scale of its table (demo: the demo's model, data, steps, batch, "
+    "tokens and LoRA)"
+)
 TRUST_HELP = (
     "with --resume: import the workflow class (system: PATH.py:Class or module:Class) that the folder's "
     "saved config names; without it (or the same --system again) such a folder is refused"
@@ -42,10 +46,13 @@ def flag_overrides(args: argparse.Namespace, mapping: dict[str, str]) -> list[st
     return out
 
 
-def add_common_flags(p: argparse.ArgumentParser) -> None:
+ROW_CONFIG_HELP = "a YAML config file, or a row of a table of rows: experiments/rows.yaml:ROW"
+
+
+def add_common_flags(p: argparse.ArgumentParser, config_help: str = "a YAML config file") -> None:
     """The flags of every command that runs a team: config file, model, corpus, retriever, index, system and the
     trailing `key=value` overrides."""
-    p.add_argument("--config", help="a YAML config file")
+    p.add_argument("--config", help=config_help)
     p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--corpus", help=CORPUS_HELP)
     p.add_argument("--retriever", metavar="|".join(RETRIEVERS) + "|URL", help=RETRIEVER_HELP)

@@ -1,5 +1,5 @@
 """The `mhgpo` command line: data, ask, eval, train, demo, export, report, index build, eval-retrieval,
-serve-retriever.
+serve-retriever, reproduce.
 
 Flags are shortcuts for config keys; any config key can also be set with a trailing `key=value`.
 Bad input ends with one line naming the file, line or key, and exit status 2.
@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from mhgpo.cli import reproduce as reproduce_cli
 from mhgpo.cli import retrieval as retrieval_cli
 from mhgpo.cli import serve as serve_cli
 from mhgpo.cli import train as train_cli
-from mhgpo.cli.common import DATA_HELP, TRUST_HELP, add_common_flags, flag_overrides
+from mhgpo.cli.common import DATA_HELP, ROW_CONFIG_HELP, SCALE_HELP, TRUST_HELP, add_common_flags, flag_overrides
 from mhgpo.config.choices import EXPORT_DTYPES, redact_text
 from mhgpo.model.allocator import keep_freed_memory
 
@@ -184,11 +185,27 @@ def _eval_config(args: argparse.Namespace):
     if args.oracle is not None:
         overrides.append(f"oracle=[{args.oracle}]")
     if not args.resume:
-        return load_config(EvalConfig, args.config, overrides)
+        return _row_eval_config(args, overrides) or load_config(EvalConfig, args.config, overrides)
     folder = Path(args.resume)
     if args.output_dir and Path(args.output_dir).resolve() != folder.resolve():
         raise InputError(f"--output-dir: {args.output_dir} is not the folder being continued ({folder})")
     return resumed_config(folder, args.config, overrides, trust_code=args.trust_code)
+
+
+def _row_eval_config(args: argparse.Namespace, overrides: list[str]):
+    """`--config ROWS.yaml:ROW [--scale NAME]`: the row's validation (its `val_data`, `val_limit` questions, team,
+    generation and precision) as an evaluation config, with the flags and overrides last; None for another
+    config."""
+    from mhgpo.config import EvalConfig, load_config, to_dict
+    from mhgpo.config.rows import row_spec
+    from mhgpo.run.setup import validation_config
+
+    spec = row_spec(args.config, args.scale)
+    if spec is None:
+        return None
+    table, name = spec
+    cfg = table.config(name, args.scale)
+    return load_config(EvalConfig, None, overrides, base=to_dict(validation_config(cfg, cfg.model)))
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -306,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "a role's headroom",
     )
     ev.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
-    add_common_flags(ev)
+    ev.add_argument("--scale", metavar="NAME", help=SCALE_HELP)
+    add_common_flags(ev, ROW_CONFIG_HELP)
     ev.set_defaults(func=cmd_eval)
 
     rep = sub.add_parser("report", help="plots and tables (report.md, report.html) from run directories")
@@ -327,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_commands(sub)
     retrieval_cli.add_commands(sub)
     serve_cli.add_commands(sub)
+    reproduce_cli.add_commands(sub)
     return parser
 
 

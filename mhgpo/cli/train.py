@@ -6,9 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from mhgpo.cli.common import TRUST_HELP, add_common_flags, flag_overrides
+from mhgpo.cli.common import ROW_CONFIG_HELP, SCALE_HELP, TRUST_HELP, add_common_flags, flag_overrides
 from mhgpo.config import demo_config_path
-from mhgpo.config.experiments import SCALES, scaled_tree
 from mhgpo.config.samplers import train_samplers
 from mhgpo.config.tables import ALGORITHMS, algo_label
 
@@ -33,8 +32,26 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return flag_overrides(args, TRAIN_FLAGS) + list(args.overrides)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def train_config(args: argparse.Namespace):
+    """The config `mhgpo train` runs: `--config FILE` (or a row of a table of rows, `--config ROWS.yaml:ROW`, at
+    `--scale NAME`; mhgpo/config/rows.py) with the flags and `key=value` overrides last."""
     from mhgpo.config import TrainConfig, load_config
+    from mhgpo.config.rows import row_spec
+    from mhgpo.errors import InputError
+
+    spec = row_spec(args.config, args.scale)
+    if spec is None:
+        return load_config(TrainConfig, args.config, _overrides(args))
+    table, name = spec
+    if not table.row(name).train:
+        raise InputError(
+            f"{args.config}: row {name} is validated without RL: mhgpo eval --config {args.config}"
+            + (f" --scale {args.scale}" if args.scale else "")
+        )
+    return table.config(name, args.scale, _overrides(args))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
     from mhgpo.errors import InputError
     from mhgpo.run.pipeline import resume, train
 
@@ -42,16 +59,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise InputError("--from-step: only with --resume RUN_DIR")
     if args.resume:
         trainer = resume(Path(args.resume), _overrides(args), from_step=args.from_step, trust_code=args.trust_code)
-    elif getattr(args, "scale", None):  # the row's switches at a smaller scale (mhgpo/config/experiments.py)
-        cfg = load_config(TrainConfig, None, _overrides(args), base=scaled_tree(args.config, args.scale))
-        trainer = train(cfg)
     else:
-        cfg = load_config(TrainConfig, args.config, _overrides(args))
-        trainer = train(cfg)
+        trainer = train(train_config(args))
     trainer.ranks.close()  # a data-parallel run: every rank got here (a failure raises before)
     if not trainer.ranks.is_main:  # rank 0 reports
         return 0
-    print(f"finished {trainer.step} steps; run directory: {trainer.run_dir}")
+    if getattr(trainer, "stopped_on_budget", False):  # (a trainer stopped by `budget_minutes`)
+        print(
+            f"stopped by the time budget after {trainer.step} of {trainer.cfg.steps} steps "
+            f"({trainer.budget.describe()} used); run directory: {trainer.run_dir}"
+        )
+    else:
+        print(f"finished {trainer.step} steps; run directory: {trainer.run_dir}")
     if trainer.val_history:
         last = trainer.val_history[-1]
         print(f"val F1 {last['val/f1']:.1f}  EM {last['val/em']:.1f}  Acc {last['val/acc']:.1f} (step {last['step']})")
@@ -163,13 +182,13 @@ class DemoStages:
         from mhgpo.rl.evaluation import write_eval
 
         cfg = job.cfg
-        if trainer.last_eval is not None and trainer.last_eval[0] == cfg.steps:  # validated on the last step
+        if trainer.last_eval is not None and trainer.last_eval[0] == trainer.step:  # validated on the last step
             after = trainer.last_eval[1]
         else:
             after = trainer.validate(desc="eval after")
         write_eval(after, job.run_dir / "eval_after", {"data": cfg.val_data, "model": cfg.model, "label": "trained"})
         stage = "+ " if cfg.warm_start.enabled else "after "
-        self.rows[f"{stage}{algo_label(cfg.algo, cfg.sampler)} ({cfg.steps} steps)"] = after.metrics
+        self.rows[f"{stage}{algo_label(cfg.algo, cfg.sampler)} ({trainer.step} steps)"] = after.metrics
         self.questions = len(trainer.setup.val)
 
     def summary(self) -> None:
@@ -249,10 +268,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                 choices=tuple(ALGORITHMS),
                 help="mhgpo (default) or mappo for the team; grpo or ppo with --system llm",
             )
-            p.add_argument(
-                "--scale",
-                choices=SCALES,
-                help="run the --config row with the demo's model, data, steps, batch, tokens and LoRA",
-            )
-        add_common_flags(p)
+            p.add_argument("--scale", metavar="NAME", help=SCALE_HELP)
+        add_common_flags(p, ROW_CONFIG_HELP if name == "train" else "a YAML config file")
         p.set_defaults(func=func)

@@ -149,6 +149,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def set_key(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set the dotted `key` (`optim.lr`) of a nested config tree to `value`, making the sections on the way."""
+    _set_path(tree, dotted.split("."), value)
+
+
 def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
     node = tree
     for part in path[:-1]:

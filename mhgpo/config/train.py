@@ -8,6 +8,7 @@ from typing import Any
 
 from mhgpo.config.choices import (
     AGGREGATORS,
+    BUDGET_CLOCKS,
     OLD_LOGPROBS,
     REFERENCES,
     RR_REGROUP,
@@ -216,6 +217,12 @@ class TrainConfig:
     algo: str = "mhgpo"  # mhgpo | mappo (the team); grpo | ppo (system=llm)
     sampler: str | None = None  # is | fof | rr | fof_os (MHGPO, GRPO); chains (MAPPO, PPO); None: default_sampler
     steps: int = 20
+    # A time budget for the RL steps (mhgpo/rl/budget.py): a step starts only if the minutes used so far plus the
+    # mean step so far still fit; the run then validates and saves at the step it stops at, as at its last. `steps`
+    # still caps the run. null: no budget. `budget_clock`: cpu (the process's CPU time, fair when runs share a
+    # machine) or wall.
+    budget_minutes: float | None = None
+    budget_clock: str = "cpu"
     questions_per_step: int = 8
     group_size: int = 4
     rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
@@ -299,6 +306,10 @@ class TrainConfig:
                 "max_prompt_tokens",
             ),
         )
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise InputError(f"budget_minutes: must be positive (or null: no budget), got {self.budget_minutes:g}")
+        if self.budget_clock not in BUDGET_CLOCKS:
+            raise InputError(f"budget_clock: expected {one_of(BUDGET_CLOCKS)}, got {self.budget_clock!r}")
         for key in ("eval_every", "save_every", "keep_checkpoints"):
             if getattr(self, key) < 0:
                 raise InputError(f"{key}: must be >= 0 (0: never / keep all), got {getattr(self, key)}")

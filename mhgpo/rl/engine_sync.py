@@ -13,6 +13,7 @@ with ``engine`` the ratio divides by the engine's, which needs every sampling ag
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,26 @@ def check_sync(gap: float | None, limit: float, step: int, last_checkpoint: str)
             f"differ from the trainer's by {gap:.3g} per token (generation.sync_tolerance={limit:g}): the engine "
             f"does not sample from the trained weights; the run stops; {last_checkpoint}"
         )
+
+
+def sync_after_update(setup: Any, cfg: Any, samples: list[Sample], step: int, run_dir: Path) -> dict[str, float]:
+    """After `step`'s update: the new weights handed to the engine (`setup.generator`), then checked on a few of the
+    step's outputs (`generation.sync_check`); a gap beyond the tolerance stops the run (the last checkpoint kept).
+    Returns the step's sync metrics."""
+    from mhgpo.model.checkpoint import list_checkpoints
+
+    t = time.perf_counter()
+    sync(setup.generator, setup.policy, setup.engine_scratch)
+    out = {"seconds/engine_sync": time.perf_counter() - t}
+    check = cfg.generation.sync_check
+    gap = sync_gap(setup.generator, setup.policy, samples, check) if check else None
+    if gap is not None:
+        out["engine/sync_logprob_gap"] = gap
+    kept = list_checkpoints(run_dir)
+    check_sync(
+        gap, tolerance(cfg), step, f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
+    )
+    return out
 
 
 def old_logprobs(policy: Policy, samples: list[Sample], mode: str) -> dict[str, float]:

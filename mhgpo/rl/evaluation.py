@@ -106,6 +106,24 @@ def evaluate_examples(
     return _result(predictions, failures, workflow, time.perf_counter() - start)
 
 
+def evaluate_on_ranks(
+    examples: list[Example],
+    workflow: Workflow,
+    generator: Generator,
+    encode: Callable[[list[dict[str, str]]], list[int]],
+    batch_size: int,
+    ranks: Any,
+    **options: Any,
+) -> EvalResult:
+    """:func:`evaluate_examples` on the ranks of a data-parallel run: each rank its share of `examples`, the results
+    gathered in order (one process: all of them); `options` as `evaluate_examples` takes them."""
+    if ranks.world == 1:
+        return evaluate_examples(examples, workflow, generator, encode, batch_size, **options)
+    start = time.perf_counter()
+    mine = evaluate_examples(ranks.share(examples), workflow, generator, encode, batch_size, **options)
+    return merge_results(ranks.gather(mine), workflow, time.perf_counter() - start)
+
+
 def merge_results(results: list[EvalResult], workflow: Workflow, seconds: float) -> EvalResult:
     """One result of the questions of `results` (shares of one set, in order; each rank's of a data-parallel
     run): predictions and failures together, the metrics computed again over all of them."""

@@ -41,7 +41,8 @@ from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save
 from mhgpo.model.distributed import Single, current
 from mhgpo.model.statecodec import rng_states
 from mhgpo.rl.advantages import drop_zero_variance
-from mhgpo.rl.evaluation import evaluate_examples, merge_results
+from mhgpo.rl.budget import Budget
+from mhgpo.rl.evaluation import evaluate_on_ranks
 from mhgpo.rl.grouping import assign_groups
 from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
 from mhgpo.rl.rewards import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
@@ -97,6 +98,9 @@ class Trainer:
         self.val_history: list[dict[str, float]] = []
         self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
         self._engine_synced = False  # whether a separate engine (vLLM) holds the policy's current weights
+        # `budget_minutes` (the warm start's config has none): the steps' time, and whether it ended the run
+        self.budget = Budget(getattr(cfg, "budget_minutes", None), getattr(cfg, "budget_clock", "cpu"))
+        self.stopped_on_budget = False
 
     # ------------------------------------------------------------------------------------------------- data
 
@@ -129,6 +133,7 @@ class Trainer:
         if not self.ranks.is_main:
             return self.run_dir / "checkpoints" / f"step_{self.step}"
         state = {"position": self.position, "val_history": self.val_history, "failures": self.failures}
+        state["budget"] = self.budget.state()
         return save_checkpoint(
             self.run_dir,
             self.step,
@@ -157,6 +162,7 @@ class Trainer:
         self.step, self.position = int(state["step"]), int(state["position"])
         self.val_history = list(state.get("val_history", []))
         self.failures = int(state.get("failures", 0))
+        self.budget.restore(state.get("budget"))
 
     def _save_or_stop(self) -> Path:
         """Save a checkpoint; if the disk refuses (full, read-only), stop the run saying what is kept."""
@@ -183,28 +189,6 @@ class Trainer:
             sync(self.setup.generator, self.setup.policy, self.setup.engine_scratch)
             self._engine_synced = True
 
-    def _sync_engine(self, samples: list[Sample], step: int) -> dict[str, float]:
-        """After `step`'s update: the new weights handed to the engine, then checked on a few of the step's
-        outputs (`generation.sync_check`); a gap beyond the tolerance stops the run (the last checkpoint kept)."""
-        from mhgpo.rl.engine_sync import check_sync, sync, sync_gap, tolerance
-
-        t = time.perf_counter()
-        setup, gen = self.setup, self.cfg.generation
-        sync(setup.generator, setup.policy, setup.engine_scratch)
-        self._engine_synced = True
-        out = {"seconds/engine_sync": time.perf_counter() - t}
-        gap = sync_gap(setup.generator, setup.policy, samples, gen.sync_check) if gen.sync_check else None
-        if gap is not None:
-            out["engine/sync_logprob_gap"] = gap
-        kept = list_checkpoints(self.run_dir)
-        check_sync(
-            gap,
-            tolerance(self.cfg),
-            step,
-            f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet",
-        )
-        return out
-
     # -------------------------------------------------------------------------------------------------- loop
 
     def validate(self, desc: str = "") -> Any:
@@ -216,31 +200,18 @@ class Trainer:
 
     def _validate(self, desc: str) -> Any:
         t = self.setup
-        if self.ranks.world == 1:
-            return evaluate_examples(
-                t.val,
-                t.val_workflow,
-                t.generator,
-                t.encode,
-                self.cfg.eval_batch_size,
-                progress=bool(desc) and self.progress,
-                desc=desc or "eval",
-                on_error="skip",
-                max_prompt_tokens=self.cfg.max_prompt_tokens,
-            )
-        start = time.perf_counter()  # each rank its share of the questions, gathered in order
-        mine = evaluate_examples(
-            self.ranks.share(t.val),
+        return evaluate_on_ranks(
+            t.val,
             t.val_workflow,
             t.generator,
             t.encode,
             self.cfg.eval_batch_size,
+            self.ranks,
             progress=bool(desc) and self.progress,
             desc=desc or "eval",
             on_error="skip",
             max_prompt_tokens=self.cfg.max_prompt_tokens,
         )
-        return merge_results(self.ranks.gather(mine), t.val_workflow, time.perf_counter() - start)
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:
         """The step's first phase (no weight changes, safe to interrupt): rollouts, rewards, advantages (group
@@ -398,8 +369,11 @@ class Trainer:
         if critic is None or metrics["actor_updated"]:
             metrics.update(self.setup.policy.update(samples))
         metrics["seconds/train"] = time.perf_counter() - t
-        if self.setup.engine_scratch is not None:
-            metrics.update(self._sync_engine(samples, self.step + 1))
+        if self.setup.engine_scratch is not None:  # the new weights to the engine, checked (a gap stops the run)
+            from mhgpo.rl.engine_sync import sync_after_update
+
+            metrics.update(sync_after_update(self.setup, self.cfg, samples, self.step + 1, self.run_dir))
+            self._engine_synced = True
         if self.ranks.world > 1:  # the update's all-reduces (gradients, statistics), on rank 0
             metrics["seconds/train_communication"] = self.ranks.comm_seconds - comm
         return metrics
@@ -413,8 +387,9 @@ class Trainer:
         return metrics
 
     def run(self) -> dict[str, Any]:
-        """Train until `cfg.steps`: each step collected, then learned, validated, logged and saved as one critical
-        section; an interrupt or too many failures save what is complete and re-raise."""
+        """Train until `cfg.steps`, or until the next step would not fit `budget_minutes` (`mhgpo.rl.budget`): each
+        step collected, then learned, validated, logged and saved as one critical section; an interrupt or too many
+        failures save what is complete and re-raise."""
         from tqdm.auto import tqdm
 
         cfg = self.cfg
@@ -433,7 +408,7 @@ class Trainer:
         try:
             with StopGuard(deferred=self.ranks.world > 1) as guard:
                 self._guard = guard
-                while self.step < cfg.steps:
+                while self.step < cfg.steps and self.budget.fits():
                     metrics = self._run_step(log, guard, done)
                     bar.update(1)
                     bar.set_postfix(self._postfix(metrics))
@@ -449,15 +424,18 @@ class Trainer:
             raise failed_step(self, e, log, guard, done) from e
         finally:
             bar.close()
-            log.close(finished=self.step >= cfg.steps)
-        return {"steps": self.step, "val": self.val_history}
+            self.stopped_on_budget = self.step < cfg.steps and not self.budget.fits()
+            log.close(finished=self.step >= cfg.steps or self.stopped_on_budget)
+        return {"steps": self.step, "val": self.val_history, "stopped_on_budget": self.stopped_on_budget}
 
     def _run_step(self, log: RunLog, guard: StopGuard, done: Completed) -> dict[str, float]:
         """One step: collect (safe to interrupt), then learn, validate, log and save. From the first weight change
         on, the step is completed (logged, saved) before a signal stops the run: an interrupted update would leave
         weights that belong to no step. Once the update is done the step is complete: what fails in its records
-        (validation, rollout records, metrics) stops the run with the step saved."""
+        (validation, rollout records, metrics) stops the run with the step saved. The budget counts the step's
+        rollouts and update."""
         self.phase = "rollouts"
+        started = self.budget.now()
         batch, samples, metrics = self.collect()
         if batch is not None:  # (the supervised warm start has no rollouts)
             self._failed(log, self.step + 1, "train", batch.failures)
@@ -470,6 +448,8 @@ class Trainer:
                     raise NotFinite("the trained weights are not finite after the update")
             except NotFinite as e:
                 raise not_finite(self, log, step, e) from None
+            self.budget.spend(started, self.ranks)
+            metrics.update(self.budget.metrics(stopping=step < self.cfg.steps and self._ends_at(step)))
             self.step = step  # the update is done: the step is complete, whatever happens to its records
             done.rng, done.position, done.failures = rng_states(self.rng), self.position, self.failures
             failed = None
@@ -516,13 +496,17 @@ class Trainer:
             post["val_f1"] = f"{self.val_history[-1]['val/f1']:.1f}"
         return post
 
+    def _ends_at(self, step: int) -> bool:
+        """Whether `step` is the run's last: `cfg.steps`, or the next step would not fit the budget."""
+        return step == self.cfg.steps or not self.budget.fits()
+
     def _validates_at(self, step: int) -> bool:
         every = self.cfg.eval_every
-        return bool(every) and (step % every == 0 or step == self.cfg.steps)
+        return bool(every) and (step % every == 0 or self._ends_at(step))
 
     def _saves_at(self, step: int) -> bool:
         every = self.cfg.save_every
-        return bool(every) and (step % every == 0 or step == self.cfg.steps)
+        return bool(every) and (step % every == 0 or self._ends_at(step))
 
     def _failed(self, log: RunLog, step: int, phase: str, failures: list, stop: bool = True) -> None:
         """Log the questions that failed (errors.jsonl, a warning) and count them; more than `max_failures` in the

@@ -337,6 +337,21 @@ def training_summary(metrics: list[dict[str, Any]], key: str = "reward/mean") ->
     return part(pts) if len(pts) == 1 else f"{part(pts[:k])} → {part(pts[-k:])}"
 
 
+def budget_note(run: Run) -> str:
+    """What a run's time budget (`budget_minutes`) did: stopped the run at a step, or left it to its `steps`."""
+    minutes, clock = run.config.get("budget_minutes"), run.config.get("budget_clock", "cpu")
+    used = [m for m in run.metrics if isinstance(m.get("budget/minutes_used"), (int, float))]
+    if not isinstance(minutes, (int, float)) or not used:
+        return ""
+    last = used[-1]
+    what = (
+        f"stopped by its time budget at step {last['step']}"
+        if last.get("budget/stopped")
+        else f"ended within its time budget at step {last['step']}"
+    )
+    return f" The run {what}: {last['budget/minutes_used']:.1f} of {minutes:g} {md_text(clock)} minutes used."
+
+
 def _plot_penalties(trained: list[Run], agents: list[str]):
     """Each agent's mean format penalty over steps (None without agents)."""
     if not agents:
@@ -490,7 +505,7 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
             md += [
                 "",
                 f"Training of {md_text(r.label)}: {len(r.metrics)} RL steps; mean reward "
-                f"{training_summary(r.metrics)}.",
+                f"{training_summary(r.metrics)}." + budget_note(r),
             ]
     titles = {
         "reward_and_val_f1": "Training reward and validation F1",

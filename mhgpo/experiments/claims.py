@@ -1,0 +1,194 @@
+"""The paper's comparisons as tables: each table is one claim of the paper, its rows (rows of
+`experiments/rows.yaml`), the row every other is set against, and the paper's direction for each comparison (`>`,
+`≥`, `≈`, `<`, `≤` on validation F1, or on LLM calls per question for a cost claim).
+
+A table's row is a row's name, or `ROW~OTHER`: ROW trained for as many steps as OTHER reached under its budget on
+the same seed (and no budget), so that what a row learns per step is set apart from how many steps it fits.
+The `oracles` table is not a claim of the paper but where a team's headroom is: each seed's warm-started team
+validated with per-role oracles (`mhgpo eval --oracle`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+ROLES = ("rewriter", "reranker", "answerer")
+# The observed directions each of the paper's directions agrees with (≈: within noise).
+AGREES = {">": {">"}, "<": {"<"}, "≥": {">", "≈"}, "≤": {"<", "≈"}, "≈": {"≈"}}
+METRICS = {"val_f1": "val F1", "llm_calls": "LLM calls / question"}
+STEPS_OF = "~"  # ROW~OTHER: ROW for OTHER's steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """The paper's direction of `row` against `than` on `metric` (`val_f1`, or `llm_calls` per question)."""
+
+    row: str
+    direction: str  # > ≥ ≈ < ≤
+    than: str
+    paper: str  # the claim in words
+    metric: str = "val_f1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    name: str
+    title: str
+    reference: str  # the row every other row's paired differences are taken against
+    rows: tuple[str, ...]
+    claims: tuple[Claim, ...]
+    columns: tuple[tuple[str, str], ...] = ()  # (header, training metric): more columns, per question drawn
+
+
+def steps_of(row: str, other: str) -> str:
+    """The table row that trains `row` for the steps `other` reached under its budget."""
+    return f"{row}{STEPS_OF}{other}"
+
+
+def split_key(key: str) -> tuple[str, str | None]:
+    """(row, the row whose steps it takes or None) of a table row."""
+    row, sep, other = key.partition(STEPS_OF)
+    return row, (other if sep else None)
+
+
+MHGPO_ROWS = ("warm_rr", "warm_fof", "warm_is", "warm_fof_os")  # MHGPO with each sampler, from the warm start
+RERANKER_RECIPE = "warm_rr_reranker_30min"
+RECIPE_CONTROL = "warm_rr_30min"  # every role for the recipe's minutes: the budget's share of its gain
+MAPPO_AT_RR_STEPS = steps_of("warm_mappo", "warm_rr")
+
+
+def _rl_beats(rows: tuple[str, ...], than: str, paper: str) -> tuple[Claim, ...]:
+    return tuple(Claim(r, ">", than, paper) for r in rows)
+
+
+TABLES = {
+    t.name: t
+    for t in (
+        Table(
+            "algorithms",
+            "MHGPO (each sampler) against MAPPO and single-agent GRPO",
+            "warm_mappo",
+            ("untrained", "warm", *MHGPO_ROWS, "warm_mappo", "warm_llm", "warm_grpo"),
+            (
+                *_rl_beats(MHGPO_ROWS, "warm", "RL improves on its starting point"),
+                Claim("warm_grpo", ">", "warm_llm", "RL improves on its starting point (single agent)"),
+                *_rl_beats(MHGPO_ROWS, "warm_mappo", "MHGPO > MAPPO"),
+                *_rl_beats(MHGPO_ROWS, "warm_grpo", "the trained team > single-agent GRPO"),
+                Claim("warm_fof", "≈", "warm_is", "FoF ≈ IS in quality ..."),
+                Claim("warm_fof", "<", "warm_is", "... at lower cost", "llm_calls"),
+            ),
+        ),
+        # the paper's two branched samplers; under RR only prefix singletons carry an aggregated reward, and at 4
+        # questions a step they seldom fill a regrouped group, so FoF(os) (every prefix node aggregated) is the test
+        Table(
+            "aggregators",
+            "Aggr of backward reward propagation (MHGPO-RR and MHGPO-FoF(os)): mean against max, min, rand",
+            "warm_rr",
+            tuple(f"{s}{a}" for s in ("warm_rr", "warm_fof_os") for a in ("", "_aggr_max", "_aggr_min", "_aggr_rand")),
+            tuple(
+                Claim(s, "≥", f"{s}_aggr_{a}", f"mean aggr ≥ {a} ({name})")
+                for s, name in (("warm_rr", "RR"), ("warm_fof_os", "FoF(os)"))
+                for a in ("max", "min", "rand")
+            ),
+            (("aggregated samples / question", "aggregated_samples"),),
+        ),
+        Table(
+            "reward",
+            "Composite reward (final + agent-specific penalties) against the final reward alone",
+            "warm_rr",
+            ("warm_rr", "warm_rr_final_only", "warm_mappo", "warm_mappo_final_only"),
+            (
+                Claim("warm_rr", ">", "warm_rr_final_only", "composite > final-only (MHGPO-RR)"),
+                Claim("warm_mappo", ">", "warm_mappo_final_only", "composite > final-only (MAPPO)"),
+            ),
+        ),
+        Table(
+            "roles",
+            "Role-wise training (MHGPO-FoF): every role against one role alone or one role frozen",
+            "warm_fof",
+            ("warm_fof", *(f"warm_fof_only_{r}" for r in ROLES), *(f"warm_fof_freeze_{r}" for r in ROLES)),
+            (
+                *(Claim("warm_fof", "≥", f"warm_fof_only_{r}", f"all roles ≥ {r} alone") for r in ROLES),
+                *(Claim("warm_fof", "≥", f"warm_fof_freeze_{r}", f"all roles ≥ {r} frozen") for r in ROLES),
+            ),
+        ),
+        Table(
+            "groups",
+            "Advantage groups on MHGPO-RR's rollouts: MHGPO's heterogeneous groups against two peer schemes "
+            "(agent-wise normalisation as Dr.MAS; (prompt, agent, turn) groups as AT-GRPO)",
+            "warm_rr",
+            ("warm_rr", "warm_rr_groups_agent", "warm_rr_groups_prompt_agent_turn"),
+            (
+                Claim("warm_rr", "≥", "warm_rr_groups_agent", "(not the paper's) MHGPO groups ≥ agent-wise"),
+                Claim(
+                    "warm_rr",
+                    "≥",
+                    "warm_rr_groups_prompt_agent_turn",
+                    "(not the paper's) MHGPO groups ≥ (prompt, agent, turn)",
+                ),
+            ),
+        ),
+        Table(
+            "recipes",
+            "RL aimed at the role with the headroom (the oracles' Reranker): MHGPO-RR training the Reranker "
+            "alone for 30 CPU minutes, against the warm start and 10 or 30 minutes of every role (not the paper's)",
+            "warm",
+            ("warm", "warm_rr", RERANKER_RECIPE, RECIPE_CONTROL),
+            (
+                Claim(
+                    RERANKER_RECIPE,
+                    ">",
+                    "warm",
+                    "(not the paper's) RL aimed at the Reranker improves on the warm start",
+                ),
+                Claim(RERANKER_RECIPE, ">", "warm_rr", "(not the paper's) ... and on 10 minutes of every role"),
+                Claim(
+                    RERANKER_RECIPE, ">", RECIPE_CONTROL, "(not the paper's) ... and on as many minutes of every role"
+                ),
+            ),
+        ),
+        Table(
+            "steps",
+            "MHGPO-RR against MAPPO at equal steps: MAPPO trained for as many steps as MHGPO-RR fitted in its "
+            "budget, so that what a step learns is set apart from how many steps the budget holds (not the paper's)",
+            "warm_rr",
+            ("warm", "warm_rr", "warm_mappo", MAPPO_AT_RR_STEPS),
+            (
+                Claim("warm_rr", ">", "warm_mappo", "MHGPO > MAPPO (equal time)"),
+                Claim("warm_rr", ">", MAPPO_AT_RR_STEPS, "(not the paper's) MHGPO > MAPPO at equal steps"),
+            ),
+        ),
+    )
+}
+
+ORACLE_TABLE = "oracles"
+# name: (the oracle roles, what they mean)
+ORACLES = {
+    "none": ((), "the warm-started team as it is"),
+    "rewriter": (("rewriter",), "the Rewriter writes the gold queries"),
+    "reranker": (("reranker",), "the Reranker keeps exactly the retrieved gold paragraphs"),
+    "rewriter+reranker": (("rewriter", "reranker"), "both"),
+    "context": (("context",), "the Answerer is shown the gold paragraphs (retrieval bypassed)"),
+}
+ORACLE_ROW = "warm"  # the team the oracles replace roles of
+
+
+def oracle_key(name: str) -> str:
+    return f"oracle:{name}"
+
+
+def table_rows(names: list[str]) -> list[str]:
+    """The rows of the named tables (the oracles' table: its warm start), each once, in table order."""
+    rows: list[str] = []
+    for name in names:
+        for r in TABLES[name].rows if name in TABLES else (ORACLE_ROW,):
+            if r not in rows:
+                rows.append(r)
+    return rows
+
+
+def own_rows(table: Table) -> list[str]:
+    """The rows `table` adds to the tables before it (a data set's part is shown where one of them ran)."""
+    names = list(TABLES)
+    earlier = {r for name in names[: names.index(table.name)] for r in TABLES[name].rows}
+    return [r for r in table.rows if r not in earlier]

@@ -1,0 +1,249 @@
+"""The page of the paper's comparisons (docs/reproduction.md) from the results in an output folder.
+
+Each table (`mhgpo.experiments.claims`) has a part per data set where a row of its own ran: its rows (mean ± std
+over seeds, paired differences against the reference), the paper's directions beside ours, and the command,
+machine, seeds and budget; a table that never ran is "not run" with the command that runs it. The prose is in
+`page.md` beside this module, one block per part with `$placeholders`; the tables' cells are made here.
+"""
+
+from __future__ import annotations
+
+import string
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from mhgpo.config.rows import RowTable
+from mhgpo.experiments.claims import (
+    METRICS,
+    ORACLE_TABLE,
+    ORACLES,
+    TABLES,
+    Table,
+    oracle_key,
+    own_rows,
+    split_key,
+)
+from mhgpo.experiments.results import collect, data_folders, data_specs
+from mhgpo.experiments.stats import (
+    Results,
+    average_f1,
+    fmt,
+    paired,
+    per_question,
+    resolution,
+    seconds_per_step,
+    verdict,
+)
+from mhgpo.io import atomic_write_text
+
+DEFAULTS = {"seeds": "0,1,2", "minutes": 10.0, "clock": "cpu", "val_limit": 100, "parallel": 2}
+BLOCK = "<!-- block "
+
+
+@cache
+def blocks() -> dict[str, string.Template]:
+    """The template's blocks by name (`page.md`, shipped with the package)."""
+    text = resources.files("mhgpo.experiments").joinpath("page.md").read_text(encoding="utf-8")
+    found: dict[str, string.Template] = {}
+    for part in text.split("\n" + BLOCK)[1:]:
+        head, _, body = part.partition("\n")
+        found[head.removesuffix(" -->").strip()] = string.Template(body.rstrip("\n"))
+    return found
+
+
+def fill(block: str, **values: object) -> str:
+    """The template's `block` with its placeholders filled in."""
+    return blocks()[block].substitute({k: str(v) for k, v in values.items()})
+
+
+def command(table: str, settings: dict | None, seeds: list[int] | None, out: str, evals: dict | None = None) -> str:
+    """The command that (re)runs `table` under `settings` (the defaults for a table not run)."""
+    s = settings or {k: DEFAULTS[k] for k in ("minutes", "clock", "val_limit")} | {"overrides": []}
+    seeds_text = ",".join(map(str, seeds)) if seeds else DEFAULTS["seeds"]
+    data = data_specs(s["overrides"])
+    rest = [kv for kv in s["overrides"] if kv.partition("=")[0] not in ("data", "val_data")]
+    flags = f" --data {data['data']} --val-data {data['val_data']}" if len(data) == 2 else ""
+    flags += f" --scale {s['scale']}" if "scale" in s else ""
+    more = "".join(f" --eval {name}={spec}" for name, spec in (evals or {}).items())
+    more += "".join(f" {kv}" for kv in rest)
+    return (
+        f"mhgpo reproduce --table {table} --seeds {seeds_text} --minutes {s['minutes']:g} --clock {s['clock']} "
+        f"--val-limit {s['val_limit']} --parallel {DEFAULTS['parallel']}{flags} --out {out}{more}"
+    )
+
+
+def data_title(settings: dict) -> str:
+    """The data a folder's results were trained and validated on, in words."""
+    data = data_specs(settings["overrides"])
+    if not data:
+        return fill("synthetic")
+    return fill("data", data=data.get("data"), val_data=data.get("val_data"))
+
+
+def _part(found: list[dict], settings: dict, seeds: list[int], command_text: str, budget: str) -> list[str]:
+    mach = found[0].get("machine") or {}
+    machine = f"{mach.get('cpu', 'unknown')}, {mach.get('cores', '?')} cores" + (
+        f", {mach['gpu']}" if mach.get("gpu") else ""
+    )
+    text = fill(
+        "part",
+        data=data_title(settings),
+        command=command_text,
+        machine=machine,
+        seeds=", ".join(map(str, seeds)),
+        budget=budget,
+    )
+    return text.split("\n")
+
+
+def _settings(by_row: Results) -> dict | None:
+    """The settings a data folder's results ran under (None for a folder without results)."""
+    return next((res["settings"] for results in by_row.values() for res in results.values()), None)
+
+
+def table_markdown(table: Table, by_data: list[Results], out: str, rows: RowTable | None = None) -> str:
+    """One table's section: a part per data set that ran a row of its own; or "not run" and the command."""
+    lines = [fill("heading", name=table.name, title=table.title), ""]
+    own = own_rows(table)
+    ran = [by_row for by_row in by_data if any(by_row.get(r) for r in own)]
+    if not ran:
+        directions = "; ".join(f"{c.paper} (`{c.row}` {c.direction} `{c.than}`)" for c in table.claims)
+        lines += [fill("not_run", command=command(table.name, None, None, out), directions=directions), ""]
+        return "\n".join(lines)
+    for by_row in ran:
+        lines += _table_body(table, by_row, out, rows)
+    not_ran = [
+        data_title(_settings(by_row)) for by_row in by_data if not any(by_row.get(r) for r in own) and _settings(by_row)
+    ]
+    if not_ran:
+        lines += [fill("not_run_on", data="; ".join(not_ran)), ""]
+    return "\n".join(lines)
+
+
+def _own_budget(rows: RowTable | None, key: str) -> float | None:
+    row, other = split_key(key)
+    if rows is None or other or row not in rows.rows:
+        return None
+    return rows.row(row).overrides.get("budget_minutes")
+
+
+def _evals(found: list[dict]) -> dict[str, str]:
+    """The other data sets the results were evaluated on: {name: spec}, in the order first found."""
+    names: dict[str, str] = {}
+    for res in found:
+        for name, entry in (res.get("ood") or {}).items():
+            names.setdefault(name, entry["data"])
+    return names
+
+
+def _table_body(table: Table, by_row: Results, out: str, rows: RowTable | None) -> list[str]:
+    found = [res for r in table.rows for res in by_row.get(r, {}).values()]
+    settings = found[0]["settings"]
+    seeds = sorted({res["seed"] for res in found})
+    missing = [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
+    budgets = [(r, b) for r in table.rows if (b := _own_budget(rows, r))]
+    evals = _evals(found)
+    budget = fill(
+        "budget",
+        minutes=f"{settings['minutes']:g}",
+        clock=settings["clock"],
+        own=f" ({'; '.join(f'`{r}`: {b:g}' for r, b in budgets)})" if budgets else "",
+        val_limit=settings["val_limit"],
+        partial=fill("partial", missing=", ".join(missing)) if missing else "",
+    )
+    lines = _part(found, settings, seeds, command(table.name, settings, seeds, out, evals), budget)
+    extra = [header for header, _ in table.columns] + [f"{name} F1" for name in evals]
+    extra += ["avg F1 (val + " + ", ".join(evals) + ")"] if evals else []
+    lines += [
+        "",
+        f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
+        "peak MB | LLM calls / question | trained samples / question |" + "".join(f" {h} |" for h in extra),
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(extra),
+    ]
+    for row in table.rows:
+        lines.append(_row_line(table, by_row, row, list(evals)))
+    lines += ["", "| paper | comparison | ours (paired, mean ± std) | verdict |", "|---|---|---|---|"]
+    for c in table.claims:
+        diffs = paired(by_row, c.row, c.than, c.metric)
+        lines.append(
+            f"| {c.paper} | `{c.row}` {c.direction} `{c.than}` ({METRICS[c.metric]}) | "
+            f"{fmt(diffs, 2)} | {verdict(c.direction, diffs, resolution(by_row, c))} |"
+        )
+    return lines + [""]
+
+
+def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:
+    rs = list(by_row.get(row, {}).values())
+    delta = "—" if row == table.reference else fmt(paired(by_row, row, table.reference))
+
+    def values(f) -> list[float]:
+        return [v for v in map(f, rs) if v is not None]
+
+    cells = [
+        f"`{row}`",
+        str(len(rs)),
+        fmt([r["steps"] for r in rs]),
+        fmt([r["val_f1"] for r in rs]),
+        fmt([r["val_acc"] for r in rs]),
+        delta,
+        fmt(values(seconds_per_step)),
+        fmt(values(lambda r: r.get("peak_mb")), 0),
+        fmt(values(lambda r: per_question(r, "llm_calls")), 2),
+        fmt(values(lambda r: per_question(r, "samples")), 2),
+        *(fmt(values(lambda r, key=key: per_question(r, key)), 2) for _, key in table.columns),
+        *(fmt(values(lambda r, n=n: ((r.get("ood") or {}).get(n) or {}).get("f1"))) for n in evals),
+        *([fmt(values(lambda r: average_f1(r, evals)))] if evals else []),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def oracle_markdown(by_data: list[Results], out: str) -> str:
+    """The oracles' section: per data set, each oracle's validation (mean ± std over seeds), its paired gain over
+    the team as it is, the gold paragraphs' recall in what was retrieved and in what the Answerer was shown."""
+    described = "; ".join(f"`{n}`: {text}" for n, (_, text) in ORACLES.items())
+    lines = [fill("oracles", oracles=described), ""]
+    ran = [by_row for by_row in by_data if any(by_row.get(oracle_key(n)) for n in ORACLES)]
+    if not ran:
+        return "\n".join(lines + ["**Not run.** Command:", "", f"    {command(ORACLE_TABLE, None, None, out)}", ""])
+    for by_row in ran:
+        found = [res for n in ORACLES for res in by_row.get(oracle_key(n), {}).values()]
+        settings = found[0]["settings"]
+        seeds = sorted({res["seed"] for res in found})
+        budget = fill("oracle_budget", val_limit=settings["val_limit"])
+        lines += _part(found, settings, seeds, command(ORACLE_TABLE, settings, seeds, out), budget)
+        lines += [
+            "",
+            "| oracle | seeds | val F1 | val Acc | val EM | Δ F1 vs none (paired) | gold recall, retrieved | "
+            "gold recall, shown | LLM calls / question |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name in ORACLES:
+            rs = list(by_row.get(oracle_key(name), {}).values())
+            delta = "—" if name == "none" else fmt(paired(by_row, oracle_key(name), oracle_key("none")))
+
+            def values(key: str, rs=rs) -> list[float]:
+                return [r[key] for r in rs if r.get(key) is not None]
+
+            lines.append(
+                f"| `{name}` | {len(rs)} | {fmt(values('val_f1'))} | {fmt(values('val_acc'))} | "
+                f"{fmt(values('val_em'))} | {delta} | {fmt(values('recall_retrieved'))} | "
+                f"{fmt(values('recall_shown'))} | {fmt(values('llm_calls'), 2)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def page(out: Path, out_text: str | None = None, rows: RowTable | None = None) -> str:
+    """The page's text from every finished result in OUT's data folders; `out_text`: how its commands name OUT."""
+    by_data = [collect(folder) for folder in data_folders(out)]
+    shown = out_text or str(out)
+    sections = "\n".join(table_markdown(t, by_data, shown, rows) for t in TABLES.values())
+    return fill("page", sections=sections + "\n" + oracle_markdown(by_data, shown))
+
+
+def write_page(out: Path, doc: Path, out_text: str | None = None, rows: RowTable | None = None) -> str:
+    """Write the page (:func:`page`) to `doc` atomically (a link there is replaced, not written through)."""
+    text = page(out, out_text, rows)
+    atomic_write_text(doc, text)
+    return text

@@ -1,0 +1,204 @@
+"""The result cache: one JSON per (row, seed) in a data folder of the output folder, written atomically, with the
+settings it ran under.
+
+OUT/DATA/ (DATA: `synthetic`, or the kind of `--data` and a hash of both data specs) holds `settings.json` (the
+settings its first run pinned: every result in it is comparable with the others), `ROW-seedS.json` per finished
+(row, seed), `runs/ROW-seedS/` the trained run (or the evaluation) it came from, kept for later evaluations,
+`warm_start-...-seedS-HASH/` the warm starts, `logs/` and `.locks/`. A result file that is missing or unreadable (cut
+short) is run again; one that ran under other settings stops the run. Results of the earlier comparison scripts,
+whose rows were named `warm+rr@reward.aggr=max` and the like, are read under their rows' names here (`LEGACY_ROWS`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mhgpo.errors import InputError
+from mhgpo.experiments.claims import ROLES, oracle_key
+from mhgpo.io import atomic_write_json
+
+# What a finished result must hold; a file without them (or not JSON) was cut short and is run again.
+RESULT_KEYS = ("row", "seed", "steps", "val_f1", "val_acc", "settings")
+SETTINGS = "settings.json"
+RUNS = "runs"  # OUT/DATA/runs/ROW-seedS: a row's run folder
+MARKER = "experiment.json"  # in a run or warm start folder the harness made: its result
+
+# The rows of the earlier comparison scripts (`[warm+]ALGO[+OPTION][@key=value,...]`) by their names here.
+LEGACY_ROWS = {
+    "untrained": "untrained",
+    "warm": "warm",
+    "warm@system=llm": "warm_llm",
+    **{f"warm+{s}": f"warm_{s}" for s in ("rr", "fof", "is", "fof_os", "mappo", "grpo")},
+    **{f"warm+{s}@reward.aggr={a}": f"warm_{s}_aggr_{a}" for s in ("rr", "fof_os") for a in ("max", "min", "rand")},
+    **{f"warm+{s}@reward.penalties=false": f"warm_{s}_final_only" for s in ("rr", "mappo")},
+    **{f"warm+fof@train_roles=[{r}]": f"warm_fof_only_{r}" for r in ROLES},
+    **{f"warm+fof@frozen_roles=[{r}]": f"warm_fof_freeze_{r}" for r in ROLES},
+    "warm+rr@advantage=agent": "warm_rr_groups_agent",
+    "warm+rr@advantage=prompt_agent_turn": "warm_rr_groups_prompt_agent_turn",
+    "warm+rr@budget=30,train_roles=[reranker]": "warm_rr_reranker_30min",
+    "warm+rr@budget=30": "warm_rr_30min",
+    "warm+rr+per_role": "warm_rr_per_role",
+    "warm+rr+filter": "warm_rr_filter",
+}
+
+
+def settings_of(minutes: float, clock: str, val_limit: int, overrides: list[str], scale: str = "demo") -> dict:
+    """What a result depends on beyond its row and seed (a rerun may reuse it only under the same). The demo scale
+    is left out, as the earlier scripts' results (all at it) have it."""
+    settings = {"minutes": minutes, "clock": clock, "val_limit": val_limit, "overrides": list(overrides)}
+    return settings if scale == "demo" else {**settings, "scale": scale}
+
+
+def result_path(folder: Path, key: str, seed: int) -> Path:
+    name = key.replace("/", "_").replace("@", "__").replace(",", "_")
+    return Path(folder) / f"{name}-seed{seed}.json"
+
+
+def run_folder(folder: Path, key: str, seed: int) -> Path:
+    return Path(folder) / RUNS / result_path(Path(), key, seed).stem
+
+
+def read_result(path: Path) -> dict | None:
+    """The finished result in `path`, or None when it is missing, unreadable or cut short."""
+    try:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(result, dict) or any(k not in result for k in RESULT_KEYS):
+        return None
+    return result
+
+
+def load_result(path: Path, settings: dict) -> dict | None:
+    """:func:`read_result`; one that ran under other settings stops the run (its numbers would be mixed with
+    these)."""
+    result = read_result(path)
+    if result is not None and result["settings"] != settings:
+        raise InputError(
+            f"{path}: ran with {json.dumps(result['settings'])}, not {json.dumps(settings)}; use another --out "
+            f"(or move it away)"
+        )
+    return result
+
+
+def legacy_names(key: str) -> list[str]:
+    return [old for old, new in LEGACY_ROWS.items() if new == key and old != key]
+
+
+def find_result(folder: Path, key: str, seed: int, settings: dict) -> dict | None:
+    """The finished result of (`key`, `seed`) in the data folder: its own file, or the earlier scripts' under the
+    row's old name (read under `key`)."""
+    for name in [key, *legacy_names(key)]:
+        result = load_result(result_path(folder, name, seed), settings)
+        if result is not None:
+            return {**result, "row": key}
+    return None
+
+
+def pin_settings(folder: Path, settings: dict) -> None:
+    """The data folder's settings: those of its first run; other settings are refused."""
+    pinned = Path(folder) / SETTINGS
+    if pinned.is_file():
+        found = json.loads(pinned.read_text(encoding="utf-8"))
+        if found != settings:
+            raise InputError(
+                f"{folder} holds results run with {json.dumps(found)}, not {json.dumps(settings)}; use another --out"
+            )
+    atomic_write_json(pinned, settings)
+
+
+def collect(folder: Path) -> dict[str, dict[int, dict]]:
+    """{row: {seed: result}} of the finished results in a data folder (unreadable or cut-short files left out;
+    the earlier scripts' rows under their names here)."""
+    by_row: dict[str, dict[int, dict]] = {}
+    for path in sorted(Path(folder).glob("*-seed*.json")):
+        res = read_result(path)
+        if res is None or res["row"] == "warm_start":
+            continue
+        key = LEGACY_ROWS.get(res["row"], res["row"])
+        seeds = by_row.setdefault(key, {})
+        if res["row"] == key or res["seed"] not in seeds:  # a result under the row's own name comes first
+            seeds[res["seed"]] = {**res, "row": key}
+    return by_row
+
+
+def data_tag(data: str, val_data: str | None) -> str:
+    """OUT's folder for the results on one data set: `synthetic`, or the kind of `data` and a hash of both specs."""
+    if data == "synthetic" and val_data is None:
+        return "synthetic"
+    digest = hashlib.sha1(f"{data}|{val_data}".encode()).hexdigest()[:8]
+    return f"{data.partition(':')[0]}-{digest}"
+
+
+def data_folders(out: Path) -> list[Path]:
+    """OUT's data folders (those a run has pinned its settings in), the synthetic world's first."""
+    out = Path(out)
+    found = [p for p in out.iterdir() if (p / SETTINGS).is_file()] if out.is_dir() else []
+    return sorted(found, key=lambda p: (p.name != "synthetic", p.name))
+
+
+def data_overrides(data: str, val_data: str | None) -> list[str]:
+    """`--data synthetic` (the scale's data) or `--data TRAIN --val-data VAL`."""
+    if data == "synthetic" and val_data is None:
+        return []
+    if val_data is None:
+        raise InputError(
+            f"--data {data}: give the validation questions too (--val-data SPEC; `mhgpo data split` "
+            "cuts disjoint parts of one file)"
+        )
+    return [f"data={data}", f"val_data={val_data}"]
+
+
+def data_specs(overrides: list[str]) -> dict[str, str]:
+    """The `data` and `val_data` of a result's settings (empty for the synthetic world)."""
+    return {k: v for k, _, v in (kv.partition("=") for kv in overrides) if k in ("data", "val_data")}
+
+
+def machine() -> dict:
+    """The CPU model and core count (and the GPU, if any) a result was measured on."""
+    import torch
+
+    model = "unknown"
+    if Path("/proc/cpuinfo").is_file():
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), model)
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": model, "cores": os.cpu_count(), "gpu": gpu}
+
+
+@contextmanager
+def waiting_lock(folder: Path, name: str) -> Iterator[None]:
+    """Hold `folder/.locks/NAME.lock` (waiting for another process that holds it): one process at a time trains a
+    warm start or a (row, seed). A link in the lock's place is refused, not followed."""
+    locks = Path(folder) / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    path = locks / f"{name}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise InputError(f"{path}: cannot open the lock ({e.strerror}; a link is refused)") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file closes, or when this process ends
+        yield
+    finally:
+        os.close(fd)
+
+
+def open_log(path: Path):
+    """A job's log, appended to; a link in its place is refused, not written through."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise InputError(f"{path}: cannot open the log ({e.strerror}; a link is refused)") from None
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def is_oracle(key: str) -> bool:
+    return key.startswith(oracle_key(""))

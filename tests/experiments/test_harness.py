@@ -1,0 +1,346 @@
+"""mhgpo.experiments without a model: the tables name rows that load, the page's numbers from results (those of the
+earlier comparison scripts included), the verdict rule, what is still to run, and the output folder's guards."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from mhgpo.config.rows import load_rows
+from mhgpo.errors import InputError
+from mhgpo.experiments import claims, runner
+from mhgpo.experiments.jobs import MARKER, Job, row_config, run_config, run_row, warm_start_folder
+from mhgpo.experiments.page import page, write_page
+from mhgpo.experiments.results import LEGACY_ROWS, collect, result_path, run_folder, settings_of
+from mhgpo.experiments.stats import resolution, verdict
+from mhgpo.io import atomic_write_json
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = load_rows(ROOT / "experiments" / "rows.yaml")
+SETTINGS = {"minutes": 0.5, "clock": "cpu", "val_limit": 4, "overrides": []}
+
+
+def job(key: str, seed: int = 1, folder: Path = Path("out"), **settings) -> Job:
+    return Job("row", str(TABLE.path), str(folder), key, seed, {**SETTINGS, **settings})
+
+
+@pytest.mark.parametrize("name", list(claims.TABLES))
+def test_table_rows_are_rows_of_the_table_and_load(tmp_path, name):
+    table = claims.TABLES[name]
+    assert table.reference in table.rows and len(set(table.rows)) == len(table.rows)
+    for claim in table.claims:
+        assert claim.row in table.rows and claim.than in table.rows and claim.direction in claims.AGREES
+    for key in table.rows:
+        row, other = claims.split_key(key)
+        assert row in TABLE.rows and (other is None or other in table.rows)
+        cfg = row_config(TABLE, job(key, overrides=["questions_per_step=2"]), row, tmp_path / "run")
+        assert (cfg.seed, cfg.val_limit, cfg.questions_per_step, cfg.model) == (1, 4, 2, "smollm2-135m")
+        assert cfg.budget_minutes == TABLE.row(row).overrides.get("budget_minutes", 0.5)
+        assert cfg.warm_start.enabled == key.startswith("warm")
+
+
+def test_a_row_runs_from_its_warm_start_until_its_budget_or_for_anothers_steps(tmp_path):
+    warm = warm_start_folder(row_config(TABLE, job("warm_rr", folder=tmp_path), "warm_rr", "x"), tmp_path)
+    (warm / MARKER).parent.mkdir()
+    (warm / MARKER).write_text("{}")
+    cfg = run_config(TABLE, job("warm_rr", folder=tmp_path), "warm_rr", tmp_path / "run")
+    assert (Path(cfg.model).resolve(), cfg.warm_start.enabled, cfg.steps, cfg.budget_minutes) == (
+        warm,
+        False,
+        100_000,
+        0.5,
+    )
+    assert (cfg.eval_every, cfg.save_every) == (100_000, 100_000)  # validated and saved at the last step only
+    matched = Job("row", str(TABLE.path), str(tmp_path), "warm_mappo~warm_rr", 1, SETTINGS, {}, 7)
+    cfg = run_config(TABLE, matched, "warm_mappo", tmp_path / "run")
+    assert (cfg.algo, cfg.steps, cfg.budget_minutes, Path(cfg.model).resolve()) == ("mappo", 7, None, warm)
+    own = run_config(TABLE, job("warm_rr_30min", folder=tmp_path), "warm_rr_30min", tmp_path / "run")
+    assert own.budget_minutes == 30.0  # a row's own budget beats the harness's
+    other = warm_start_folder(row_config(TABLE, job("warm_grpo", folder=tmp_path), "warm_grpo", "x"), tmp_path)
+    assert other != warm and other.name.startswith("warm_start-llm-seed1-")  # the single agent's own warm start
+    same = [warm_start_folder(row_config(TABLE, job(r, folder=tmp_path), r, "x"), tmp_path) for r in claims.MHGPO_ROWS]
+    assert set(same) == {warm}  # every team row of a seed shares one warm start
+
+
+def _result(row: str, seed: int, f1: float, acc: float = 50.0, steps: list[dict] | None = None, **more) -> dict:
+    return {
+        "row": row,
+        "seed": seed,
+        "steps": len(steps or []),
+        "val_f1": f1,
+        "val_acc": acc,
+        "val_n": 100,
+        "questions_per_step": 4,
+        "peak_mb": 1000.0,
+        "settings": SETTINGS,
+        "steps_metrics": steps or [],
+        "machine": {"cpu": "Test CPU 9000", "cores": 2, "gpu": None},
+        **more,
+    }
+
+
+STEPS = [
+    {"llm_calls": 40.0, "samples": 30.0, "seconds/rollout": 2.0, "seconds/train": 1.0},
+    {"llm_calls": 24.0, "samples": 18.0, "seconds/rollout": 4.0, "seconds/train": 1.0},
+]
+AGGREGATED = [{**m, "aggregated_samples": 4.0} for m in STEPS]  # a row run since the metric is logged
+FILTERED = [
+    {"llm_calls": 60.0, "samples": 20.0, "filter/questions": 12.0, "seconds/rollout": 5.0, "seconds/train": 1.0}
+]
+
+
+def _synthetic(out: Path) -> Path:
+    folder = out / "synthetic"
+    folder.mkdir(parents=True)
+    (folder / "settings.json").write_text(json.dumps(SETTINGS))
+    return folder
+
+
+def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
+    """Results as the earlier comparison scripts wrote them (rows named by their overrides, in files named after
+    them) give the page's numbers under the rows' names here."""
+    folder = _synthetic(tmp_path / "out")
+    f1 = {
+        "warm+rr": [40, 50, 45],
+        "warm+rr@reward.aggr=max": [30, 52, 41],
+        "warm+rr@reward.aggr=min": [20, 30, 25],
+        "warm+rr@reward.aggr=rand": [50, 60, 56],
+    }
+    for row, values in f1.items():
+        for seed, v in enumerate(values):
+            steps = FILTERED if row.endswith("min") else AGGREGATED if row.endswith("rand") else STEPS
+            result = _result(row, seed, v, 40.0 + seed, steps, peak_mb=1000.0 + 100 * seed)
+            result_path(folder, row, seed).write_text(json.dumps(result))
+    result_path(folder, "warm+fof", 0).write_text('{"row": "warm+fof", "seed": 0, "val_f')  # cut short
+    assert (folder / "warm+rr__reward.aggr=max-seed0.json").is_file()  # the earlier scripts' file names
+    text = write_page(tmp_path / "out", tmp_path / "doc.md", "runs/reproduce", TABLE)
+    assert (tmp_path / "doc.md").read_text() == text
+    section = text.split("## aggregators")[1].split("\n## ")[0]
+    assert "### synthetic world (synthetic:train, validated on synthetic:dev)" in section
+    assert (
+        "Command: `mhgpo reproduce --table aggregators --seeds 0,1,2 --minutes 0.5 --clock cpu "
+        "--val-limit 4 --parallel 2 --out runs/reproduce`"
+    ) in section
+    assert "Machine: Test CPU 9000, 2 cores. Seeds: 0, 1, 2. Budget: 0.5 cpu minutes" in section
+    # F1 40/50/45: 45 ± 5; Acc 40/41/42: 41 ± 1; steps 2; s/step (3 + 5)/2 = 4; peak 1000/1100/1200;
+    # LLM calls (40 + 24) / (2 steps × 4 questions) = 8, samples 48 / 8 = 6
+    # aggregated samples: (4 + 4) / 8 = 1 on the rand row; — on the rows whose steps never logged them
+    assert "| trained samples / question | aggregated samples / question |" in section
+    assert (
+        "| `warm_rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | "
+        "6.00 ± 0.00 | — |"
+    ) in section
+    assert "| 8.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 |" in section.split("`warm_rr_aggr_rand`")[1]
+    # max − mean per seed: −10, 2, −4 → −4 ± 6; min: one filtered step of 12 questions: 60/12 = 5 calls, 20/12 samples
+    assert "| `warm_rr_aggr_max` | 3 | 2.0 ± 0.0 | 41.0 ± 11.0 | 41.0 ± 1.0 | -4.0 ± 6.0 |" in section
+    assert (
+        "| `warm_rr_aggr_min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 | 6.0 ± 0.0 | "
+        "1100 ± 100 | 5.00 ± 0.00 | 1.67 ± 0.00 |"
+    ) in section
+    # mean − max: 10, −2, 4 → 4 ± 6, |4| ≤ 6: within noise, which ≥ accepts; mean − min 20 ± 0: >, agrees;
+    # mean − rand: −10, −10, −11 → −10.33 ± 0.58: <, disagrees
+    assert "| mean aggr ≥ max (RR) | `warm_rr` ≥ `warm_rr_aggr_max` (val F1) | 4.00 ± 6.00 | agrees |" in section
+    assert "| mean aggr ≥ min (RR) | `warm_rr` ≥ `warm_rr_aggr_min` (val F1) | 20.00 ± 0.00 | agrees |" in section
+    assert "| mean aggr ≥ rand (RR) | `warm_rr` ≥ `warm_rr_aggr_rand` (val F1) | -10.33 ± 0.58 | disagrees |" in section
+    roles = text.split("## roles:")[1].split("\n## ")[0]  # no results (the cut-short warm+fof file is not one): not run
+    assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
+    assert "±" not in roles
+    algorithms = text.split("## algorithms:")[1].split("\n## ")[0]  # warm_rr is its own row: partial, the rest named
+    assert "**Partial**: missing " in algorithms
+    assert "warm_mappo seed 0, warm_mappo seed 1, warm_mappo seed 2" in algorithms
+    assert "| `warm_rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 |" in algorithms and "warm_rr seed" not in algorithms
+    assert "| MHGPO > MAPPO | `warm_rr` > `warm_mappo` (val F1) | — | not run |" in algorithms
+    for name in ("reward", "groups", "recipes", "steps"):  # they share warm_rr with an earlier table
+        other = text.split(f"## {name}:")[1].split("\n## ")[0]
+        assert "**Not run.**" in other and "±" not in other and f"--table {name} --seeds 0,1,2" in other
+    assert [claims.own_rows(claims.TABLES[n]) for n in ("reward", "recipes")] == [
+        ["warm_rr_final_only", "warm_mappo_final_only"],
+        [claims.RERANKER_RECIPE, claims.RECIPE_CONTROL],
+    ]
+    assert set(collect(folder)) == {"warm_rr", "warm_rr_aggr_max", "warm_rr_aggr_min", "warm_rr_aggr_rand"}
+
+
+def test_a_row_with_a_budget_of_its_own_and_other_data_sets(tmp_path):
+    folder = _synthetic(tmp_path / "out")
+    ood = {"2wiki": {"data": "2wiki:val.jsonl", "limit": 4, "f1": 10.0, "em": 0.0, "acc": 0.0, "n": 4}}
+    for row, f1 in (
+        ("warm", [20.0, 24.0]),
+        ("warm_rr", [22.0, 25.0]),
+        (claims.RERANKER_RECIPE, [26.0, 30.0]),
+        (claims.RECIPE_CONTROL, [23.0, 28.0]),
+    ):
+        for seed, v in enumerate(f1):
+            atomic_write_json(result_path(folder, row, seed), _result(row, seed, v, ood=ood))
+    text = page(tmp_path / "out", "runs/reproduce", TABLE)
+    recipes = text.split("## recipes:")[1].split("\n## ")[0]
+    assert (
+        f"Budget: 0.5 cpu minutes of training per row (`{claims.RERANKER_RECIPE}`: 30; `{claims.RECIPE_CONTROL}`: "
+        "30), 4 validation"
+    ) in recipes
+    assert "--out runs/reproduce --eval 2wiki=2wiki:val.jsonl`" in recipes
+    # recipe − warm: 6, 6 → 6 ± 0 (>: agrees); F1 on 2wiki 10; the average of 26 and 10, 30 and 10: 19 ± 2.8
+    assert "| 2wiki F1 | avg F1 (val + 2wiki) |" in recipes
+    assert (
+        f"| `{claims.RERANKER_RECIPE}` | 2 | 0.0 ± 0.0 | 28.0 ± 2.8 | 50.0 ± 0.0 | 6.0 ± 0.0 | — | 1000 ± 0 | — | — | "
+        "10.0 ± 0.0 | 19.0 ± 1.4 |"
+    ) in recipes
+    assert f"`{claims.RERANKER_RECIPE}` > `warm_rr` (val F1) | 4.50 ± 0.71 | agrees |" in recipes
+    assert f"`{claims.RERANKER_RECIPE}` > `{claims.RECIPE_CONTROL}` (val F1) | 2.50 ± 0.71 | agrees |" in recipes
+    assert "Not run on" not in recipes
+
+
+def test_verdict_rule():
+    assert verdict(">", [3.0, 5.0]) == "agrees"  # 4 ± 1.41
+    assert verdict(">", [1.0, -1.5]) == "within noise"  # -0.25 ± 1.77
+    assert verdict(">", [-3.0, -5.0]) == "disagrees"
+    assert verdict("≈", [1.0, -1.5]) == "agrees" and verdict("≈", [3.0, 5.0]) == "disagrees"
+    assert verdict("<", [-3.0, -5.0]) == "agrees" and verdict("≤", [1.0, -1.5]) == "agrees"
+    assert verdict("≥", [-3.0, -5.0]) == "disagrees"
+    assert verdict(">", [1.0, 1.0]) == "agrees"  # std 0, mean 1
+    assert verdict(">", [4.0]) == "n/a (1 seed)" and verdict(">", []) == "not run"
+    # one question of 100 moves F1 by at most 1 point: a smaller mean difference decides nothing, whatever its std
+    assert verdict(">", [-0.9, -1.0], resolution=1.0) == "within noise"
+    assert verdict(">", [-2.0, -2.2], resolution=1.0) == "disagrees"
+    # a mean exactly at the bound, as F1s summed in floating point give it, is at the bound
+    diffs = [
+        57.33333333333333 - 57.33333333333333,
+        49.33333333333333 - 50.33333333333334,
+        17.333333333333336 - 19.333333333333332,
+    ]
+    assert verdict(">", diffs, resolution=1.0) == "within noise"
+    claim = claims.Claim("a", ">", "b", "p")
+    by_row = {"a": {0: {"val_n": 100}, 1: {"val_n": 100}}, "b": {0: {"val_n": 50}}}
+    assert resolution(by_row, claim) == 2.0 and resolution({}, claim) == 0.0
+    assert resolution(by_row, claims.Claim("a", "<", "b", "p", "llm_calls")) == 0.0
+
+
+def test_legacy_rows_are_rows_of_the_table(tmp_path):
+    assert set(LEGACY_ROWS.values()) <= set(TABLE.rows)
+    assert claims.table_rows(["algorithms", "aggregators"]).count("warm_rr") == 1
+    atomic_write_json(result_path(tmp_path, "warm+rr", 0), _result("warm+rr", 0, 1.0))
+    atomic_write_json(result_path(tmp_path, "warm+rr", 1), _result("warm+rr", 1, 2.0))
+    atomic_write_json(result_path(tmp_path, "warm_rr", 0), _result("warm_rr", 0, 3.0))  # its own name first
+    assert {s: r["val_f1"] for s, r in collect(tmp_path)["warm_rr"].items()} == {0: 3.0, 1: 2.0}
+
+
+def _fake(out: Path, calls: list[list[Job]]):
+    """A runner that writes what each job would: a warm start's record, a row's result."""
+
+    def run(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:
+        calls.append(jobs)
+        for j in jobs:
+            if j.kind == "warm":
+                folder = warm_start_folder(row_config(TABLE, j, j.key, "x"), out)
+                folder.mkdir()
+                atomic_write_json(folder / MARKER, {"row": "warm_start"})
+            else:
+                steps = [{"llm_calls": 1.0}] * (j.steps or 3)
+                own = {"overrides": TABLE.row(claims.split_key(j.key)[0]).overrides}
+                atomic_write_json(result_path(out, j.key, j.seed), _result(j.key, j.seed, 11.0, steps=steps, **own))
+        return []
+
+    return run
+
+
+def test_resumption_skips_finished_results_and_runs_the_rest(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    atomic_write_json(result_path(out, "warm", 0), _result("warm", 0, 33.0))  # finished
+    result_path(out, "warm_rr", 0).write_text('{"row": "warm_rr", "seed": 0, "steps": 3, "val')  # cut short
+    calls: list = []
+    keys = ["untrained", "warm", "warm_rr", "warm_mappo~warm_rr"]
+    results = runner.run_rows(TABLE, keys, [0], out, SETTINGS, 1, runner=_fake(out, calls))
+    warm, rows, matched = calls
+    assert [(j.kind, j.key) for j in warm] == [("warm", "warm_rr")]  # one warm start for every team row
+    assert [(j.kind, j.key) for j in rows] == [("row", "untrained"), ("row", "warm_rr")]
+    assert [(j.key, j.steps) for j in matched] == [("warm_mappo~warm_rr", 3)]  # warm_rr's steps on seed 0
+    assert {k: r[0]["val_f1"] for k, r in results.items()} == {k: 33.0 if k == "warm" else 11.0 for k in keys}
+    calls.clear()  # everything finished now: nothing runs again
+    assert runner.run_rows(TABLE, keys, [0], out, SETTINGS, 1, runner=_fake(out, calls)) == results
+    assert calls == [[], [], []]
+    calls.clear()  # a row of the single agent: its own warm start
+    runner.run_rows(TABLE, ["warm_grpo"], [0], out, SETTINGS, 1, runner=_fake(out, calls))
+    assert [[(j.kind, j.key) for j in jobs] for jobs in calls] == [[("warm", "warm_grpo")], [("row", "warm_grpo")], []]
+    calls.clear()  # an evaluation on another data set asked for: the finished rows run again (for it alone)
+    runner.run_rows(TABLE, ["warm_rr"], [0], out, SETTINGS, 1, {"2wiki": "2wiki:x"}, runner=_fake(out, calls))
+    assert [[(j.key, j.evals) for j in jobs] for jobs in calls] == [[], [("warm_rr", {"2wiki": "2wiki:x"})], []]
+
+
+def test_results_under_other_settings_or_of_a_changed_row_are_refused(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    atomic_write_json(result_path(out, "warm", 0), _result("warm", 0, 33.0))
+    with pytest.raises(InputError, match="use another --out"):
+        runner.run_rows(TABLE, ["warm"], [0], out, {**SETTINGS, "minutes": 10.0}, 1, runner=_fake(out, []))
+    calls: list = []
+    runner.run_rows(TABLE, ["untrained"], [0], out, SETTINGS, 1, runner=_fake(out, calls))  # OUT pinned to SETTINGS
+    assert json.loads((out / "settings.json").read_text()) == SETTINGS and len(calls[1]) == 1
+    with pytest.raises(InputError, match="use another --out"):  # a row not run yet, under another budget
+        runner.run_rows(TABLE, ["warm_mappo"], [0], out, {**SETTINGS, "val_limit": 8}, 1, runner=_fake(out, calls))
+    changed = _result("warm_rr", 0, 20.0, overrides={"reward.aggr": "max"})
+    atomic_write_json(result_path(out, "warm_rr", 0), changed)
+    with pytest.raises(InputError, match=r"row warm_rr ran with \{\"reward.aggr\": \"max\"\}, and .*rows.yaml now"):
+        run_row(Job("row", str(TABLE.path), str(out), "warm_rr", 0, SETTINGS))
+    with pytest.raises(InputError, match="no row 'warm_nope'"):
+        runner.run_rows(TABLE, ["warm_nope"], [0], out, SETTINGS, 1, runner=_fake(out, calls))
+    with pytest.raises(InputError, match=r"--eval: expected NAME=SPEC"):
+        runner.check_evals(["2wiki"])
+    assert settings_of(10, "cpu", 100, []) == {"minutes": 10, "clock": "cpu", "val_limit": 100, "overrides": []}
+
+
+def test_the_harness_never_removes_or_writes_through_what_it_did_not_make(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    # a folder of the user's where a warm start would go: refused, left as it is
+    cfg = row_config(TABLE, job("warm_rr", seed=0, folder=out), "warm_rr", "x")
+    mine = warm_start_folder(cfg, out)
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    from mhgpo.experiments.jobs import run_warm
+
+    with pytest.raises(InputError, match=r"is not a finished run of mhgpo reproduce .*left as it is"):
+        run_warm(Job("warm", str(TABLE.path), str(out), "warm_rr", 0, SETTINGS))
+    assert (mine / "notes.txt").read_text() == "mine"
+    # a folder of the user's where a row's run would go: refused, left as it is
+    run = run_folder(out, "untrained", 0)
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text("{}")
+    with pytest.raises(InputError, match=r"is not a finished run of mhgpo reproduce"):
+        run_row(Job("row", str(TABLE.path), str(out), "untrained", 0, SETTINGS))
+    assert (run / "metrics.json").read_text() == "{}"
+    # links planted in the output folder (a log, a lock, a result) are refused before anything is written
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("not the harness's")
+    for planted in (out / "logs" / "row-untrained-seed0.log", out / ".locks" / "x.lock", result_path(out, "warm", 0)):
+        planted.parent.mkdir(parents=True, exist_ok=True)
+        planted.symlink_to(elsewhere)
+        with pytest.raises(InputError, match="is a link"):
+            runner.run_rows(TABLE, ["untrained"], [0], out, SETTINGS, 1, runner=_fake(out, []))
+        planted.unlink()
+    assert elsewhere.read_text() == "not the harness's" and not (out / "settings.json").exists()
+    # the page replaces a link in its place, and writes nothing through it
+    doc = tmp_path / "doc.md"
+    doc.symlink_to(elsewhere)
+    write_page(out, doc, "runs/reproduce", TABLE)
+    assert not doc.is_symlink() and elsewhere.read_text() == "not the harness's"
+    # a temporary run folder of a dead process of this host is the harness's own: removed before the row runs again
+    from mhgpo.io import temp_path
+
+    dead = temp_path(run_folder(out, "warm", 0))
+    dead = dead.with_name(dead.name.replace(f"-{os.getpid()}-", "-999999999-"))
+    dead.mkdir(parents=True)
+    live = temp_path(run_folder(out, "warm", 0))
+    live.mkdir()
+    from mhgpo.experiments import jobs as jobs_module
+
+    def fail(*args):
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(jobs_module, "_run", fail)
+    monkeypatch.setattr(jobs_module, "run_config", lambda *a: None)
+    with pytest.raises(RuntimeError, match="stop here"):
+        run_row(Job("row", str(TABLE.path), str(out), "warm", 0, SETTINGS))
+    assert not dead.exists() and live.exists()  # (this process's own is alive)
