@@ -314,7 +314,7 @@ def test_resume_refuses_a_changed_key_and_records_the_changeable_ones(
         rc,
         err,
         rf"optim\.lr: 0\.5 here, but the run in {run} used 0\.01; --resume continues the "
-        r"same run \(it may change only steps, eval_every, save_every, keep_checkpoints, "
+        r"same run \(it may change only steps, budget_minutes, eval_every, save_every, keep_checkpoints, "
         r"max_failures\): leave optim\.lr out, or start a new run$",
     )
     rc, _, err = cli(capsys, "train", "--resume", run, "--output-dir", tmp_path / "other")

@@ -88,7 +88,7 @@ def _set_aside_later(run_dir: Path, step: int) -> None:
 # The keys `--resume` may change: how long the run goes on and how it saves, validates and tolerates failures, none
 # of which changes what a step computes. Every other key must repeat the saved value (a different learning rate, say,
 # would be a different run, and the optimiser's restored state would undo part of it).
-RESUMABLE = ("steps", "eval_every", "save_every", "keep_checkpoints", "max_failures")
+RESUMABLE = ("steps", "budget_minutes", "eval_every", "save_every", "keep_checkpoints", "max_failures")
 CHANGES_FILE = "resumes.jsonl"
 
 

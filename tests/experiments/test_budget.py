@@ -111,6 +111,9 @@ def test_train_stops_before_the_step_that_would_not_fit(world, tiny_model_dir, t
     assert mhgpo("train", "--resume", run) == 0  # resumed, it is still out of time: no step runs
     assert "stopped by the time budget after 3 of 10 steps" in capsys.readouterr().out
     assert [r["step"] for r in metrics(run)] == [1, 2, 3]
+    assert mhgpo("train", "--resume", run, "budget_minutes=3.4") == 0  # more time: step 4 fits (200 of 204 s)
+    assert "stopped by the time budget after 4 of 10 steps" in capsys.readouterr().out
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
 
 def test_resume_keeps_the_time_used(world, tiny_model_dir, tmp_path, fake_clock, capsys) -> None:
