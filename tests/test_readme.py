@@ -24,6 +24,9 @@ MAX_README_LINES = 200
 
 FENCE = re.compile(r"^[ ]*```([\w-]*)[ \t]*\n(.*?)^[ ]*```", re.M | re.S)
 LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(([^)\s]+)\)")
+LINK_DEF = re.compile(r"^ {0,3}\[([^\]\n]+)\]:[ \t]*(\S+)", re.M)  # a reference link's target: [name]: TARGET
+LINK_REF = re.compile(r"(?<!!)\[([^\]\n]+)\]\[([^\]\n]*)\]")  # [text][name], or [name][]
+CODE_SPAN = re.compile(r"`[^`\n]*`")
 SHELL_LANGS = {"bash", "sh", "shell", "console"}  # a block without a language is not read as commands
 
 
@@ -225,11 +228,16 @@ def anchors(path: Path) -> set[str]:
 LINKED_PAGES = [README, *DOCS, REPO / "experiments" / "README.md", REPO / "CHANGELOG.md"]
 
 
+def link_targets(text: str) -> list[str]:
+    """The targets of the inline links `[text](TARGET)` and of the reference definitions `[name]: TARGET`."""
+    return LINK.findall(text) + [target for _, target in LINK_DEF.findall(text)]
+
+
 @pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_relative_links_point_at_files(page):
     text = FENCE.sub("", page.read_text(encoding="utf-8"))
     broken = []
-    for target in LINK.findall(text):
+    for target in link_targets(text):
         if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
             continue
         file_part, _, anchor = target.partition("#")
@@ -239,3 +247,18 @@ def test_relative_links_point_at_files(page):
         elif anchor and path.suffix == ".md" and anchor not in anchors(path):
             broken.append(f"{target} (no such heading)")
     assert not broken, f"{page.name}: {broken}"
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_reference_links_are_defined(page):
+    """Every `[text][name]` has its `[name]: TARGET` on the page (GitHub shows an undefined one as plain text)."""
+    text = CODE_SPAN.sub("", FENCE.sub("", page.read_text(encoding="utf-8")))
+    defined = {name.lower() for name, _ in LINK_DEF.findall(text)}
+    used = {(name or label).lower() for label, name in LINK_REF.findall(text)}
+    assert used <= defined, f"{page.name}: undefined references {sorted(used - defined)}"
+
+
+def test_reference_links_are_read():
+    text = "See [the table][algo] and [oracles][].\n\n[algo]: reproduction.md#algorithms\n[oracles]: #x\n"
+    assert link_targets(text) == ["reproduction.md#algorithms", "#x"]
+    assert LINK_REF.findall(text) == [("the table", "algo"), ("oracles", "")]
