@@ -39,6 +39,32 @@ from mhgpo.io import atomic_write_text
 
 DEFAULTS = {"seeds": "0,1,2", "minutes": 10.0, "clock": "cpu", "val_limit": 100, "parallel": 2}
 BLOCK = "<!-- block "
+CARRIED = "*Carried over from the page as it was: the results behind this part are not in the output folder.*"
+
+
+def previous_parts(text: str | None) -> dict[str, dict[str, str]]:
+    """The parts of an earlier page: {table name: {data title: its text}} (a part is a `### ` heading and what
+    follows, up to the next heading), so that a part whose results are not in the output folder is kept, not
+    replaced by "not run" (results run elsewhere, or before they were kept with the project)."""
+    parts: dict[str, dict[str, str]] = {}
+    table, title, lines = None, None, []
+
+    def close() -> None:
+        if table is not None and title is not None:
+            body = "\n".join(line for line in lines if line != CARRIED).strip("\n")
+            parts.setdefault(table, {})[title] = body
+
+    for line in (text or "").splitlines():
+        if line.startswith("## "):
+            close()
+            table, title, lines = line[3:].partition(":")[0].strip(), None, []
+        elif line.startswith("### "):
+            close()
+            title, lines = line[4:].strip(), []
+        elif title is not None:
+            lines.append(line)
+    close()
+    return parts
 
 
 @cache
@@ -102,19 +128,28 @@ def _settings(by_row: Results) -> dict | None:
     return next((res["settings"] for results in by_row.values() for res in results.values()), None)
 
 
-def table_markdown(table: Table, by_data: list[Results], out: str, rows: RowTable | None = None) -> str:
-    """One table's section: a part per data set that ran a row of its own; or "not run" and the command."""
+def table_markdown(
+    table: Table, by_data: list[Results], out: str, rows: RowTable | None = None, kept: dict[str, str] | None = None
+) -> str:
+    """One table's section: a part per data set that ran a row of its own; or "not run" and the command. `kept`:
+    the parts of an earlier page by data title, kept where no result here replaces them."""
     lines = [fill("heading", name=table.name, title=table.title), ""]
     own = own_rows(table)
     ran = [by_row for by_row in by_data if any(by_row.get(r) for r in own)]
-    if not ran:
+    titles = {data_title(_settings(by_row)) for by_row in ran}
+    carried = {t: body for t, body in (kept or {}).items() if t not in titles and "Machine:" in body}
+    if not ran and not carried:
         directions = "; ".join(f"{c.paper} (`{c.row}` {c.direction} `{c.than}`)" for c in table.claims)
         lines += [fill("not_run", command=command(table.name, None, None, out), directions=directions), ""]
         return "\n".join(lines)
+    for title, body in carried.items():
+        lines += [f"### {title}", "", CARRIED, "", body, ""]
     for by_row in ran:
         lines += _table_body(table, by_row, out, rows)
     not_ran = [
-        data_title(_settings(by_row)) for by_row in by_data if not any(by_row.get(r) for r in own) and _settings(by_row)
+        data_title(_settings(by_row))
+        for by_row in by_data
+        if not any(by_row.get(r) for r in own) and _settings(by_row) and data_title(_settings(by_row)) not in carried
     ]
     if not_ran:
         lines += [fill("not_run_on", data="; ".join(not_ran)), ""]
@@ -198,13 +233,18 @@ def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def oracle_markdown(by_data: list[Results], out: str) -> str:
+def oracle_markdown(by_data: list[Results], out: str, kept: dict[str, str] | None = None) -> str:
     """The oracles' section: per data set, each oracle's validation (mean ± std over seeds), its paired gain over
-    the team as it is, the gold paragraphs' recall in what was retrieved and in what the Answerer was shown."""
+    the team as it is, the gold paragraphs' recall in what was retrieved and in what the Answerer was shown. `kept`:
+    an earlier page's parts, as for :func:`table_markdown`."""
     described = "; ".join(f"`{n}`: {text}" for n, (_, text) in ORACLES.items())
     lines = [fill("oracles", oracles=described), ""]
     ran = [by_row for by_row in by_data if any(by_row.get(oracle_key(n)) for n in ORACLES)]
-    if not ran:
+    titles = {data_title(_settings(by_row)) for by_row in ran}
+    for title, body in (kept or {}).items():
+        if title not in titles and "Machine:" in body:
+            lines += [f"### {title}", "", CARRIED, "", body, ""]
+    if not ran and len(lines) == 2:
         return "\n".join(lines + ["**Not run.** Command:", "", f"    {command(ORACLE_TABLE, None, None, out)}", ""])
     for by_row in ran:
         found = [res for n in ORACLES for res in by_row.get(oracle_key(n), {}).values()]
@@ -234,16 +274,20 @@ def oracle_markdown(by_data: list[Results], out: str) -> str:
     return "\n".join(lines)
 
 
-def page(out: Path, out_text: str | None = None, rows: RowTable | None = None) -> str:
-    """The page's text from every finished result in OUT's data folders; `out_text`: how its commands name OUT."""
+def page(out: Path, out_text: str | None = None, rows: RowTable | None = None, previous: str | None = None) -> str:
+    """The page's text from every finished result in OUT's data folders; `out_text`: how its commands name OUT;
+    `previous`: the page as it was, whose parts without results here are kept (:func:`previous_parts`)."""
     by_data = [collect(folder) for folder in data_folders(out)]
     shown = out_text or str(out)
-    sections = "\n".join(table_markdown(t, by_data, shown, rows) for t in TABLES.values())
-    return fill("page", sections=sections + "\n" + oracle_markdown(by_data, shown))
+    kept = previous_parts(previous)
+    sections = "\n".join(table_markdown(t, by_data, shown, rows, kept.get(t.name)) for t in TABLES.values())
+    return fill("page", sections=sections + "\n" + oracle_markdown(by_data, shown, kept.get(ORACLE_TABLE)))
 
 
 def write_page(out: Path, doc: Path, out_text: str | None = None, rows: RowTable | None = None) -> str:
-    """Write the page (:func:`page`) to `doc` atomically (a link there is replaced, not written through)."""
-    text = page(out, out_text, rows)
+    """Write the page (:func:`page`) to `doc` atomically (a link there is replaced, not written through), keeping
+    the parts of the page already there that no result in OUT replaces."""
+    previous = doc.read_text(encoding="utf-8") if doc.is_file() and not doc.is_symlink() else None
+    text = page(out, out_text, rows, previous)
     atomic_write_text(doc, text)
     return text

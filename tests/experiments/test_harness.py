@@ -344,3 +344,42 @@ def test_the_harness_never_removes_or_writes_through_what_it_did_not_make(tmp_pa
     with pytest.raises(RuntimeError, match="stop here"):
         run_row(Job("row", str(TABLE.path), str(out), "warm", 0, SETTINGS))
     assert not dead.exists() and live.exists()  # (this process's own is alive)
+
+
+def test_a_page_keeps_the_parts_whose_results_are_not_in_the_output_folder(tmp_path):
+    """Writing the page over an earlier one keeps each part that no result here replaces (results run elsewhere,
+    or before they were kept with the project), marked so; a part with results here is written from them."""
+    from mhgpo.experiments.page import CARRIED
+
+    folder = _synthetic(tmp_path / "out")
+    for seed, v in enumerate([40, 50, 45]):
+        result_path(folder, "warm_rr_final_only", seed).write_text(json.dumps(_result("warm_rr_final_only", seed, v)))
+    earlier = "\n".join(
+        [
+            "# Reproduction",
+            "## roles: Role-wise training",
+            "### synthetic world (synthetic:train, validated on synthetic:dev)",
+            "",
+            "Machine: Old CPU, 2 cores. Seeds: 0, 1, 2.",
+            "",
+            "| `warm_fof` | 3 | 57.3 |",
+            "## reward: Composite reward",
+            "### synthetic world (synthetic:train, validated on synthetic:dev)",
+            "",
+            "Machine: Old CPU, 2 cores.",
+            "",
+            "| `warm_rr_final_only` | 3 | 99.9 |",
+            "## steps: at equal steps",
+            "",
+            "**Not run.** Command:",
+        ]
+    )
+    doc = tmp_path / "doc.md"
+    doc.write_text(earlier)
+    text = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE)
+    roles = text.split("## roles:")[1].split("\n## ")[0]
+    assert f"{CARRIED}\n\nMachine: Old CPU, 2 cores. Seeds: 0, 1, 2.\n\n| `warm_fof` | 3 | 57.3 |" in roles
+    assert "**Not run.**" not in roles
+    reward = text.split("## reward:")[1].split("\n## ")[0]  # results here: written from them, not carried
+    assert "99.9" not in reward and CARRIED not in reward and "Test CPU 9000" in reward
+    assert write_page(tmp_path / "out", doc, "runs/reproduce", TABLE) == text  # written again: the same page
