@@ -69,10 +69,16 @@ class OptimConfig:
     # The ratio's old log-probs: trainer (the policy's log-probs of the step's outputs, recomputed before the
     # update when another engine sampled them) or engine (the sampler's own, as it reported them: no extra pass)
     old_logprobs: str = "trainer"
+    # generation.engine=vllm with old_logprobs=trainer: each token's policy-gradient term is weighted by the
+    # truncated importance weight min(exp(log p_trainer - log p_engine), engine_is_cap) on the engine / trainer
+    # mismatch (TIS; docs/vllm.md); null: no weight
+    engine_is_cap: float | None = None
 
     def validate(self) -> None:
         if self.old_logprobs not in OLD_LOGPROBS:
             raise InputError(f"optim.old_logprobs: expected {one_of(OLD_LOGPROBS)}, got {self.old_logprobs!r}")
+        if self.engine_is_cap is not None and not self.engine_is_cap >= 1:
+            raise InputError(f"optim.engine_is_cap: must be at least 1 (null: no weight), got {self.engine_is_cap}")
         if self.schedule not in SCHEDULES:
             raise InputError(f"optim.schedule: expected {one_of(SCHEDULES)}, got {self.schedule!r}")
         if self.lr <= 0:
@@ -310,6 +316,7 @@ class TrainConfig:
         if self.rr_regroup not in RR_REGROUP:
             raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
         check_precision(self.precision)
+        check_engine_is_cap(self)
         if self.filter_zero_variance and self.algo in CRITIC_ALGOS:
             raise InputError(f"filter_zero_variance: {self.algo} forms no groups (its critic is the baseline)")
         if self.filter_max_questions is not None and self.filter_max_questions < self.questions_per_step:
@@ -317,6 +324,23 @@ class TrainConfig:
                 f"filter_max_questions: must be at least questions_per_step ({self.questions_per_step}),"
                 f" got {self.filter_max_questions}"
             )
+
+
+def check_engine_is_cap(cfg: TrainConfig) -> None:
+    """`optim.engine_is_cap` weighs the engine / trainer mismatch: it needs a separate engine and the trainer's old
+    log-probs (with optim.old_logprobs=engine the ratio already divides by the engine's: the weight would be 1)."""
+    if cfg.optim.engine_is_cap is None:
+        return
+    if cfg.generation.engine != "vllm":
+        raise InputError(
+            f"optim.engine_is_cap: weighs the mismatch between a separate engine and the trainer; "
+            f"generation.engine={cfg.generation.engine} samples with the trainer (set it to null)"
+        )
+    if cfg.optim.old_logprobs != "trainer":
+        raise InputError(
+            "optim.engine_is_cap: the weight exp(log p_trainer - log p_engine) needs the trainer's old log-probs; "
+            "with optim.old_logprobs=engine the ratio already divides by the engine's (use optim.old_logprobs=trainer)"
+        )
 
 
 def check_report_to(names: list[str]) -> None:

@@ -319,29 +319,25 @@ class Trainer:
         if self.setup.engine_scratch is not None and not self._engine_synced:
             from mhgpo.rl.engine_sync import sync
 
-            sync(self.setup.generator, self.setup.policy, self.setup.engine_scratch)
+            sync(self.setup.generator, self.setup.policy, self.setup.engine_scratch, self.step)
             self._engine_synced = True
 
     def _sync_engine(self, samples: list[Sample], step: int) -> dict[str, float]:
-        """After `step`'s update: the new weights handed to the engine, then checked on a few of the step's
-        outputs (`generation.sync_check`); a gap beyond the tolerance stops the run (the last checkpoint kept)."""
-        from mhgpo.rl.engine_sync import check_sync, sync, sync_gap, tolerance
+        """After `step`'s update: the new weights handed to the engine, then checked (what the engine holds, and a
+        few of the step's outputs scored, `generation.sync_check`); a failed check on any rank stops the run (the
+        last checkpoint kept)."""
+        from mhgpo.rl.engine_sync import check_sync, stop_if_any, sync, tolerance, verdict
 
         t = time.perf_counter()
-        setup, gen = self.setup, self.cfg.generation
-        sync(setup.generator, setup.policy, setup.engine_scratch)
+        setup = self.setup
+        sync(setup.generator, setup.policy, setup.engine_scratch, step)
         self._engine_synced = True
         out = {"seconds/engine_sync": time.perf_counter() - t}
-        gap = sync_gap(setup.generator, setup.policy, samples, gen.sync_check) if gen.sync_check else None
-        if gap is not None:
-            out["engine/sync_logprob_gap"] = gap
+        check = check_sync(setup.generator, setup.policy, samples, self.cfg.generation.sync_check, step)
+        out.update(check.figures)
         kept = list_checkpoints(self.run_dir)
-        check_sync(
-            gap,
-            tolerance(self.cfg),
-            step,
-            f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet",
-        )
+        last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
+        stop_if_any(verdict(check, tolerance(self.cfg), step, last), self.ranks, step, last)
         return out
 
     # -------------------------------------------------------------------------------------------------- loop
