@@ -333,8 +333,9 @@ class Trainer:
         sync(setup.generator, setup.policy, setup.engine_scratch, step)
         self._engine_synced = True
         out = {"seconds/engine_sync": time.perf_counter() - t}
+        t = time.perf_counter()
         check = check_sync(setup.generator, setup.policy, samples, self.cfg.generation.sync_check, step)
-        out.update(check.figures)
+        out.update(check.figures, **{"seconds/engine_check": time.perf_counter() - t})
         kept = list_checkpoints(self.run_dir)
         last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
         stop_if_any(verdict(check, tolerance(self.cfg), step, last), self.ranks, step, last)
