@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mhgpo.rl.losses import k3_kl, mhgpo_policy_loss, token_weights, value_loss
+from mhgpo.rl.losses import engine_is_weight, k3_kl, mhgpo_policy_loss, token_weights, value_loss
 from mhgpo.rl.reference import mhgpo_policy_loss_reference, value_loss_reference
 
 AGENTS = ["rewriter", "reranker", "answerer"]
@@ -56,6 +56,61 @@ def test_loss_matches_reference(seed, beta):
     )
     assert abs(float(loss) - float(expected)) < 1e-6
     assert abs(float(loss) - float(expected)) < 1e-12  # float64 all the way: far tighter in fact
+
+
+def _engine(old: torch.Tensor, seed: int) -> torch.Tensor:
+    """The log-probs of an engine that sampled the outputs: the trainer's old ones moved by up to ±1.5, so that
+    some importance weights pass the cap of 2 (log 2 = 0.69) and some are far below 1."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    return old + 3 * (torch.rand(old.shape, generator=g, dtype=torch.float64) - 0.5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+@pytest.mark.parametrize("cap", [1.0, 2.0, 1e9])
+def test_loss_with_the_engine_importance_weight_matches_reference(seed, beta, cap):
+    logp, old, ref, adv, agents, lengths, mask = _batch(seed)
+    engine = _engine(old, seed)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    x = logp.clone().requires_grad_(True)
+    loss, stats = mhgpo_policy_loss(x, old, ref, adv, w, mask, 0.2, beta, engine, cap)
+    y = logp.clone().requires_grad_(True)
+    expected = mhgpo_policy_loss_reference(
+        _rows(y, lengths), _rows(old, lengths), _rows(ref, lengths), adv.tolist(), agents, 0.2, beta,
+        _rows(engine, lengths), cap,
+    )  # fmt: skip
+    assert abs(float(loss) - float(expected)) < 1e-12
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=1e-12)
+    rho = torch.minimum(torch.exp(old - engine), torch.tensor(cap, dtype=torch.float64))  # (B, T)
+    if beta == 0:  # each token's policy-gradient term is the plain one times its weight
+        z = logp.clone().requires_grad_(True)
+        mhgpo_policy_loss(z, old, ref, adv, w, mask, 0.2, beta)[0].backward()
+        torch.testing.assert_close(x.grad, rho * z.grad, rtol=0, atol=1e-12)
+        assert not torch.allclose(x.grad, z.grad)
+    assert abs(stats["is_weight"] - float(rho[mask].mean())) < 1e-12
+    assert stats["is_clipped"] == float((torch.exp(old - engine)[mask] > cap).double().mean())
+    assert stats["is_clipped"] == 0.0 if cap == 1e9 else 0 < stats["is_clipped"] < 1
+
+
+def test_the_engine_weight_is_truncated_and_carries_no_gradient():
+    old = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
+    engine = torch.tensor([[-1.0, -3.0, -0.1]], dtype=torch.float64, requires_grad=True)
+    rho, clipped = engine_is_weight(old, engine, 2.0)
+    # exp(0) = 1; exp(1) = 2.72 capped at 2; exp(-0.4) = 0.67
+    torch.testing.assert_close(rho, torch.tensor([[1.0, 2.0, float(np.exp(-0.4))]], dtype=torch.float64))
+    assert clipped.tolist() == [[False, True, False]] and not rho.requires_grad
+    # on-policy (the engine's log-probs are the trainer's): the weight is 1 and the loss the plain one
+    logp, old_b, ref, adv, agents, lengths, mask = _batch(5)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    with_weight, stats = mhgpo_policy_loss(logp, old_b, ref, adv, w, mask, 0.2, 0.001, old_b.clone(), 2.0)
+    plain, _ = mhgpo_policy_loss(logp, old_b, ref, adv, w, mask, 0.2, 0.001)
+    assert float(with_weight) == float(plain) and stats["is_weight"] == 1.0 and stats["is_clipped"] == 0.0
+    with pytest.raises(ValueError, match="engine_logp and is_cap go together"):
+        mhgpo_policy_loss(logp, old_b, ref, adv, w, mask, 0.2, 0.001, old_b)
+    with pytest.raises(ValueError, match="is_cap be >= 1"):
+        mhgpo_policy_loss(logp, old_b, ref, adv, w, mask, 0.2, 0.001, old_b, 0.5)
 
 
 def test_untrained_samples_do_not_count():

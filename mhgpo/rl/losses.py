@@ -10,10 +10,15 @@ a micro-batch is its partial sum and the step loss is the sum over micro-batches
 The same objective with per-token advantages is the actor loss of MAPPO / PPO; their critic is trained with
 the clipped value loss :func:`value_loss` (its loops: `mhgpo.rl.reference.value_loss_reference`), under the same
 weights.
+
+When a separate engine sampled the outputs (``generation.engine=vllm``), :func:`engine_is_weight` is the truncated
+importance weight of each token on the engine / trainer mismatch (`optim.engine_is_cap`), which multiplies the
+clipped surrogate term.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -81,6 +86,17 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.expm1(d) - d  # (B, T)
 
 
+def engine_is_weight(old_logp: Tensor, engine_logp: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """The truncated importance weight of each token on the engine / trainer mismatch (TIS, token level, as verl's
+    ``rollout_is=token`` with ``rollout_is_threshold`` and TRL's ``vllm_importance_sampling_correction`` with its
+    cap): ``rho = min(exp(old_logp - engine_logp), cap)``, where ``old_logp`` is the trainer's log-prob of a token
+    before the update and ``engine_logp`` the engine's, which sampled it. Same shape as the inputs; no gradient
+    (both are constants). Returns ``(rho, clipped)``, ``clipped`` True where the cap bit."""
+    log_rho = (old_logp - engine_logp).detach()  # (B, T)
+    clipped = log_rho > math.log(cap)  # (B, T)
+    return torch.exp(torch.clamp(log_rho, max=math.log(cap))), clipped  # (B, T) (B, T)
+
+
 def mhgpo_policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -90,13 +106,16 @@ def mhgpo_policy_loss(
     mask: Tensor,
     clip_eps: float = 0.2,
     beta: float = 0.001,
+    engine_logp: Tensor | None = None,
+    is_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """MHGPO clipped surrogate with k3 KL penalty, paper Eq. (target), negated for minimisation.
 
-    ``loss = -sum_{i,t} mask * w_i * [min(r A_i, clip(r, 1-eps, 1+eps) A_i) - beta * KL_k3]`` with
-    ``r = exp(logp - old_logp)``. With the step-wide ``weights`` of :func:`token_weights` this is the
-    micro-batch's share of the step loss: summing it over any cut of the step into micro-batches gives the
-    same number (and gradient).
+    ``loss = -sum_{i,t} mask * w_i * [rho * min(r A_i, clip(r, 1-eps, 1+eps) A_i) - beta * KL_k3]`` with
+    ``r = exp(logp - old_logp)`` and ``rho = 1``, or, given ``engine_logp`` and ``is_cap``, the truncated importance
+    weight :func:`engine_is_weight` (the KL term is not weighted, as in verl and TRL). With the step-wide
+    ``weights`` of :func:`token_weights` this is the micro-batch's share of the step loss: summing it over any cut
+    of the step into micro-batches gives the same number (and gradient).
 
     Args:
         logp: (B, T) log-probs of the output tokens under the current policy (requires grad).
@@ -106,11 +125,14 @@ def mhgpo_policy_loss(
             token (MAPPO / PPO: GAE, :func:`mhgpo.rl.advantages.gae`).
         weights: (B,) per-token weight of each sample (:func:`token_weights`).
         mask: (B, T) 1/True on output tokens, 0/False on prompt and padding.
+        engine_logp: (B, T) log-probs under the engine that sampled the outputs, or None (no importance weight).
+        is_cap: the importance weight's cap (given with ``engine_logp``, at least 1).
 
     Returns ``(loss, stats)``: ``loss`` a scalar tensor; ``stats`` detached floats, unweighted means over the
     masked tokens of this micro-batch: ``clip_fraction`` (tokens where the clipped term is strictly smaller,
     so clipping zeroes the gradient), ``ratio`` (mean r), ``kl`` (mean k3, only when ``ref_logp`` is given),
-    and ``n_tokens`` (to combine micro-batch stats).
+    ``is_weight`` and ``is_clipped`` (mean rho and the share of tokens whose weight the cap bit, only with
+    ``engine_logp``), and ``n_tokens`` (to combine micro-batch stats).
 
     Departures from the paper: none in the objective; the per-token weights express its three means.
     Masked positions never reach ``exp`` (their log-ratio is set to 0), so padding may hold any value.
@@ -128,6 +150,13 @@ def mhgpo_policy_loss(
         )
     if beta != 0 and ref_logp is None:
         raise ValueError("beta != 0 needs ref_logp (the reference policy's log-probs)")
+    if (engine_logp is None) != (is_cap is None):
+        raise ValueError("engine_logp and is_cap go together (the importance weight needs both)")
+    if engine_logp is not None and (engine_logp.shape != logp.shape or is_cap < 1):
+        raise ValueError(
+            f"engine_logp must have shape {tuple(logp.shape)} and is_cap be >= 1, got "
+            f"{tuple(engine_logp.shape)} and {is_cap}"
+        )
     mask = mask.bool()  # (B, T)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
 
@@ -138,6 +167,12 @@ def mhgpo_policy_loss(
     surr = ratio * adv  # (B, T)
     surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv  # (B, T)
     objective = torch.minimum(surr, surr_clipped)  # (B, T)
+    rho = clipped = None
+    if engine_logp is not None:
+        rho, clipped = engine_is_weight(
+            torch.where(mask, old_logp, zero), torch.where(mask, engine_logp.to(logp.dtype), zero), is_cap
+        )  # (B, T) (B, T)
+        objective = rho * objective  # (B, T)
     kl = None
     if ref_logp is not None:
         kl = k3_kl(torch.where(mask, logp, zero), torch.where(mask, ref_logp, zero))  # (B, T)
@@ -156,6 +191,9 @@ def mhgpo_policy_loss(
         }
         if kl is not None:
             stats["kl"] = float(torch.where(mask, kl, zero).sum()) / denom
+        if rho is not None:
+            stats["is_weight"] = float(torch.where(mask, rho, zero).sum()) / denom
+            stats["is_clipped"] = float((clipped & mask).sum()) / denom
     return loss, stats
 
 

@@ -61,6 +61,9 @@ class Sample:
     reward: float = 0.0  # the agent's composite reward R (the critic's terminal reward)
     old_values: list[float] | None = None
     returns: list[float] | None = None
+    # the log-probs of the engine that sampled the output (generation.engine=vllm), kept when the trainer recomputes
+    # the old ones: the truncated importance weight's denominator (optim.engine_is_cap)
+    engine_logprobs: list[float] | None = None
 
 
 class Policy:
@@ -256,12 +259,18 @@ class Policy:
             for i, r in zip(mine, self.reference_logprobs([samples[i] for i in mine])):
                 ref[i] = r
 
+        cap = self.cfg.engine_is_cap
+
         def batch_loss(idx: list[int], weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             batch = [samples[i] for i in idx]
             logp, mask = self._logprobs(self.model, batch)  # (b, T) (b, T)
             old = pad_rows([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
             ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
             adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
+            sampler = None
+            if cap is not None:  # the engine's log-probs (the old ones where it reported none: a weight of 1)
+                rows = [s.engine_logprobs if s.engine_logprobs is not None else s.old_logprobs for s in batch]
+                sampler = pad_rows([torch.tensor(r, dtype=logp.dtype) for r in rows], logp.shape[1]).to(logp.device)
             return self.loss(
                 logp,
                 old.to(logp.device),
@@ -271,6 +280,7 @@ class Policy:
                 mask,
                 self.cfg.clip_eps,
                 self.cfg.kl_beta,
+                **({"engine_logp": sampler, "is_cap": cap} if cap is not None else {}),
             )
 
         totals = accumulated_steps(
@@ -280,12 +290,15 @@ class Policy:
             self.cfg,
             samples,
             batch_loss,
-            ("kl", "clip_fraction", "ratio"),
+            ("kl", "clip_fraction", "ratio") + (("is_weight", "is_clipped") if cap is not None else ()),
             by_agent=bool(self.roles),
             ranks=ranks,
         )
         self.scheduler.step()
         totals["lr"] = self.scheduler.get_last_lr()[0]
+        for key in ("is_weight", "is_clipped"):  # the engine's truncated importance weight: its mean, share capped
+            if key in totals:
+                totals[f"engine/{key}"] = totals.pop(key)
         return totals
 
 

@@ -15,6 +15,7 @@ tests compare them with (the same inputs, the same outputs to floating-point pre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -151,14 +152,17 @@ def mhgpo_policy_loss_reference(
     agent_of_sample: Sequence[Hashable],
     clip_eps: float = 0.2,
     beta: float = 0.001,
+    engine_logp: Sequence[Tensor] | None = None,
+    is_cap: float | None = None,
 ) -> Tensor:
     """Paper Eq. (target) negated, written as loops over per-sample lists, for the tests.
 
     ``advantages[i]`` is a float (one per sample) or a 1-D tensor (one per output token of sample i).
 
-    ``-(1/n) sum_k (1/G_k) sum_{i in k} (1/|o_i|) sum_t [min(r A, clip(r) A) - beta KL_k3]`` over the given
-    samples (pass only the trained ones). ``logp[i]`` etc. are 1-D tensors of sample i's output tokens.
-    The KL is written out here (not :func:`k3_kl`) so that the test checks it too.
+    ``-(1/n) sum_k (1/G_k) sum_{i in k} (1/|o_i|) sum_t [rho min(r A, clip(r) A) - beta KL_k3]`` over the given
+    samples (pass only the trained ones), ``rho = min(exp(old - engine), cap)`` given ``engine_logp`` and
+    ``is_cap``, else 1. ``logp[i]`` etc. are 1-D tensors of sample i's output tokens. The KL and the importance
+    weight are written out here (not `mhgpo.rl.losses.k3_kl`, `engine_is_weight`) so that the test checks them too.
     """
     samples_of: dict[Hashable, list[int]] = {}
     for i, agent in enumerate(agent_of_sample):
@@ -178,6 +182,8 @@ def mhgpo_policy_loss_reference(
                 per_token = isinstance(a_i, (list, tuple)) or (isinstance(a_i, Tensor) and a_i.ndim == 1)
                 a = float(a_i[t]) if per_token else float(a_i)
                 term = torch.minimum(r * a, torch.clamp(r, 1 - clip_eps, 1 + clip_eps) * a)
+                if engine_logp is not None:
+                    term = term * min(math.exp(float(old_logp[i][t]) - float(engine_logp[i][t])), is_cap)
                 if ref_logp is not None:
                     d = ref_logp[i][t] - logp[i][t]
                     term = term - beta * (torch.exp(d) - d - 1)

@@ -186,7 +186,7 @@ class Trainer:
         if self.setup.engine_scratch is not None and not self._engine_synced:
             from mhgpo.rl.engine_sync import sync
 
-            sync(self.setup.generator, self.setup.policy, self.setup.engine_scratch)
+            sync(self.setup.generator, self.setup.policy, self.setup.engine_scratch, self.step)
             self._engine_synced = True
 
     # -------------------------------------------------------------------------------------------------- loop
@@ -372,7 +372,7 @@ class Trainer:
         if self.setup.engine_scratch is not None:  # the new weights to the engine, checked (a gap stops the run)
             from mhgpo.rl.engine_sync import sync_after_update
 
-            metrics.update(sync_after_update(self.setup, self.cfg, samples, self.step + 1, self.run_dir))
+            metrics.update(sync_after_update(self.setup, self.cfg, samples, self.step + 1, self.run_dir, self.ranks))
             self._engine_synced = True
         if self.ranks.world > 1:  # the update's all-reduces (gradients, statistics), on rank 0
             metrics["seconds/train_communication"] = self.ranks.comm_seconds - comm
