@@ -7,8 +7,9 @@ logging and checkpoints are not counted. A step starts only if the time used so 
 fits the budget, so the run stops before the first step that would overrun it; the first step always runs.
 
 The time used and the steps timed are part of a checkpoint's state, so a resumed run goes on with the time it had
-used (a run stopped by its budget stays stopped when resumed). The ranks of a data-parallel run each time their
-own steps and stop together, when any of them is over its budget.
+used: a run stopped by its budget stays stopped when resumed, unless `--resume` gives it more minutes
+(`budget_minutes` is one of the keys a resume may change). The ranks of a data-parallel run each time their own
+steps and stop together, when any of them is over its budget.
 """
 
 from __future__ import annotations
