@@ -4,20 +4,20 @@ samples, its update, the warm-up (critic learns, actor does not), and checkpoint
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import trainer_for, write_echo_world
+from helpers import count_forward_calls, mappo_config, ragged, samples_of, trainer_for
+from helpers import mappo_world as world  # noqa: F401  (a fixture: this module's world)
 
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig, TrainConfig, load_config
 from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.model.trained import load_model
 from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.rl.critic import Critic, build_value_model
-from mhgpo.rl.policy import Sample, micro_batches
+from mhgpo.rl.policy import micro_batches
 from mhgpo.rl.runlog import read_metrics
 from mhgpo.run.pipeline import resume, train
 
@@ -27,18 +27,6 @@ VOLATILE = ("seconds/", "memory/")
 @pytest.fixture()
 def model(tiny_model_dir: Path):
     return load_model(str(tiny_model_dir), device="cpu").model
-
-
-def ragged(seed: int = 0):
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(4, 400) for _ in range(n)] for n in (7, 1, 12, 4)]
-    outputs = [[rng.randrange(0, 400) for _ in range(n)] for n in (5, 9, 1, 3)]
-    return prompts, outputs
-
-
-def samples_of(prompts, outputs, rewards=(1.0, -0.5, 0.25, 0.0), agents=("a", "a", "b", "c")) -> list[Sample]:
-    rows = zip(prompts, outputs, rewards, agents)
-    return [Sample(p, o, [0.0] * len(o), 0.0, agent, reward=r) for p, o, r, agent in rows]
 
 
 def test_values_are_read_at_the_state_before_each_output_token(model) -> None:
@@ -132,8 +120,6 @@ def test_estimate_fills_gae_from_the_rollout_time_values_and_update_moves_only_t
 def test_gradient_checkpointing_recomputes_the_critic_and_keeps_its_loss_and_gradients(
     tiny_model_dir: Path, lora: bool
 ) -> None:
-    from test_trainer import count_forward_calls
-
     from mhgpo.model.logprobs import backbone_and_head
 
     results = []
@@ -172,39 +158,6 @@ def test_update_needs_estimated_samples(model) -> None:
 
 
 # ------------------------------------------------------------------------------------------- in the trainer
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small synthetic world whose train answers are "assistant" (what the tiny model says), so rewards vary."""
-    return write_echo_world(tmp_path_factory.mktemp("world"), seed=0, n_train=20, n_dev=4)
-
-
-def mappo_config(model_dir: Path, world: Path, out: Path, **extra: object) -> TrainConfig:
-    settings: dict[str, object] = {
-        "model": model_dir,
-        "algo": "mappo",
-        "data": f"hotpotqa:{world / 'train_echo.jsonl'}",
-        "val_data": f"hotpotqa:{world / 'dev.jsonl'}",
-        "retrieval.corpus": world / "corpus.jsonl",
-        "output_dir": out,
-        "steps": 3,
-        "questions_per_step": 2,
-        "group_size": 2,
-        "eval_every": 0,
-        "save_every": 1,
-        "keep_checkpoints": 3,
-        "search.rewriter.max_new_tokens": 8,
-        "search.reranker.max_new_tokens": 4,
-        "search.answerer.max_new_tokens": 4,
-        "search.max_answer_words": 1,
-        "optim.lr": 0.01,
-        "lora.r": 4,
-        "critic.lr": 0.01,
-        "critic.warmup_steps": 1,
-    }
-    settings.update(extra)
-    return load_config(TrainConfig, None, [f"{k}={v}" for k, v in settings.items()])
 
 
 def test_during_warm_up_the_critic_learns_and_the_actor_does_not(tiny_model_dir, world, tmp_path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_retrieval import CORPUS  # the same small corpus for both retrievers
+from helpers import CORPUS  # the same small corpus for both retrievers
 
 from mhgpo.data.records import Passage
 from mhgpo.errors import InputError

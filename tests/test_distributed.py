@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from distributed_worker import replay_step
-from helpers import REPO, comparable, make_config, train_overrides, trainer_for, training_setup
+from helpers import REPO, comparable, free_port, launch, make_config, train_overrides, trainer_for, training_setup
 
 from mhgpo.model.distributed import share_bounds, shares
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 VOLATILE = ("seconds/", "memory/")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
@@ -214,54 +207,6 @@ def test_questions_per_step_not_divisible_by_the_ranks_is_refused(tiny_model_dir
 
 
 # ------------------------------------------------------------------------ a two-rank run through accelerate
-
-
-def launch(
-    out: Path,
-    tiny_model_dir,
-    world,
-    *extra: str,
-    resume: bool = False,
-    config: str = "cpu_ddp.yaml",
-    env: dict[str, str] | None = None,
-) -> subprocess.Popen:
-    """`accelerate launch --config_file configs/accelerate/cpu_ddp.yaml -m mhgpo train ...` (2 ranks, gloo);
-    `config`: another of configs/accelerate (cpu_fsdp.yaml); `env`: more environment variables."""
-    args = (
-        ["--resume", str(out), *extra]
-        if resume
-        else [
-            *train_overrides(
-                tiny_model_dir,
-                world,
-                out,
-                questions_per_step=4,
-                steps=4,
-                eval_every=2,
-                val_limit=4,
-                save_every=1,
-                keep_checkpoints=4,
-            ),
-            *extra,
-        ]
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(REPO / "configs" / "accelerate" / config),
-        "--main_process_port",
-        str(free_port()),
-        "-m",
-        "mhgpo",
-        "train",
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    return subprocess.Popen(
-        cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )  # its own process group, as a terminal's foreground job
 
 
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_rollout import FakeGenerator, FakeRetriever, encode
+from fakes import FakeGenerator, FakeRetriever, encode
 
 from mhgpo.data.records import Example
 from mhgpo.rl.rollout import run_rollouts
@@ -99,30 +98,6 @@ def test_solver_verifier_sends_the_answer_back_once() -> None:
 
 
 # ------------------------------------------------------------------------------------ training, command line
-
-
-@pytest.fixture(scope="module")
-def cli(cache_dir: Path):  # noqa: F811
-    """`cli(*args)` runs `python -m mhgpo *args` from the repository root (as the README's commands do)."""
-    env = {
-        **os.environ,
-        "MHGPO_CACHE": str(cache_dir),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-
-    def run(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "mhgpo", *map(str, args)],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-
-    return run
 
 
 @pytest.fixture(scope="module")

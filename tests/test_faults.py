@@ -20,8 +20,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, make_config, train_overrides, trainer_for
-from test_trainer import assert_same_run
+from helpers import (
+    REPO,
+    assert_one_line_error,
+    assert_same_run,
+    cli,
+    copy_run,
+    snapshot,
+    train_overrides,
+    trainer_for,
+)
 
 import mhgpo.model.checkpoint as ck
 from mhgpo.cli.main import main
@@ -30,50 +38,8 @@ from mhgpo.model.checkpoint import check_checkpoint, list_checkpoints, read_chec
 from mhgpo.model.statecodec import decode_rng_states, restore_rng_states, rng_states
 from mhgpo.rl.runlog import read_metrics
 from mhgpo.rl.trainer import Trainer
-from mhgpo.run.pipeline import resume, train
+from mhgpo.run.pipeline import resume
 from mhgpo.run.rundir import LOCK_FILE, RunLock
-
-
-def cli(capsys, *args: object) -> tuple[int, str, str]:
-    """`mhgpo ARGS` in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc: int, err: str, pattern: str) -> None:
-    import re
-
-    assert rc == 2, err
-    assert "Traceback" not in err
-    # less the progress bars and the announced precision (printed once the model has loaded)
-    lines = [
-        line
-        for line in err.strip().splitlines()
-        if line.strip() and "%|" not in line and not line.startswith("mhgpo: precision ")
-    ]
-    assert len(lines) == 1 and lines[0].startswith("mhgpo: error: "), err
-    assert re.search(pattern, lines[0]), lines[0]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def two_steps(tmp_path_factory, tiny_model_dir, world):  # noqa: F811
-    """A run of the reference config stopped after 2 of its 4 steps (checkpoints step_1 and step_2)."""
-    out = tmp_path_factory.mktemp("runs") / "two"
-    train(make_config(tiny_model_dir, world, out, steps=2), progress=False)
-    assert [p.name for p in list_checkpoints(out)] == ["step_1", "step_2"]
-    return out
-
-
-def copy_run(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst
-
 
 # -------------------------------------------------------------------------------- kill -9 during a checkpoint
 

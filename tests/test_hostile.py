@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_faults import assert_one_line_error, cli, copy_run, snapshot, two_steps  # noqa: F401
+from helpers import assert_one_line_error, cli, copy_run, snapshot
 
 from mhgpo.config import EvalConfig, SFTConfig, TrainConfig, dump_config, load_config
 from mhgpo.io import atomic_write_bytes, atomic_write_json, atomic_write_text

@@ -16,10 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, train_overrides
+from helpers import (
+    REPO,
+    assert_one_line_error,
+    cli,
+    copy_run,
+    fresh_model,
+    hand_samples,
+    param_snapshot,
+    train_overrides,
+)
 from safetensors.torch import load_file
-from test_faults import assert_one_line_error, cli, copy_run, two_steps  # noqa: F401
-from test_trainer import fresh_model, hand_samples, snapshot
 
 import mhgpo.rl.losses as losses_module
 from mhgpo.cli.main import error_line
@@ -40,7 +47,7 @@ def test_a_non_finite_loss_is_refused_before_the_optimiser_step(tiny_model_dir, 
     samples = hand_samples(loaded)
     policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=1e-3), LoraConfig(r=4), 10)
     policy.update(samples)  # a good step first: the optimiser has state
-    before = snapshot(policy.model)
+    before = param_snapshot(policy.model)
     state_before = {
         k: {n: v.clone() for n, v in s.items() if torch.is_tensor(v)}
         for k, s in policy.optimizer.state_dict()["state"].items()
@@ -49,7 +56,7 @@ def test_a_non_finite_loss_is_refused_before_the_optimiser_step(tiny_model_dir, 
     monkeypatch.setattr(policy, "loss", lambda *a, **k: (lambda out: (out[0] * bad, out[1]))(real(*a, **k)))
     with pytest.raises(NotFinite, match=r"the loss/gradient is not finite \(loss (nan|-?inf), gradient norm nan\)"):
         policy.update(samples)
-    after = snapshot(policy.model)
+    after = param_snapshot(policy.model)
     assert all(torch.equal(before[n], after[n]) for n in before)
     state_after = policy.optimizer.state_dict()["state"]
     assert all(torch.equal(v, state_after[k][n]) for k, s in state_before.items() for n, v in s.items())
@@ -123,12 +130,12 @@ def test_the_warm_start_refuses_a_non_finite_loss_before_its_optimiser_step(tiny
     policy = Policy(
         loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=1e-3), LoraConfig(r=4), 10, keep_reference=False
     )
-    before = snapshot(policy.model)
+    before = param_snapshot(policy.model)
     real = sft.sft_loss
     monkeypatch.setattr(sft, "sft_loss", lambda *a: real(*a) * math.nan)
     with pytest.raises(NotFinite, match=r"the loss/gradient is not finite \(loss nan, gradient norm nan\)"):
         sft.sft_update(policy, samples)
-    after = snapshot(policy.model)
+    after = param_snapshot(policy.model)
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
@@ -229,7 +236,7 @@ def test_a_killed_export_s_temporary_folder_is_removed_by_the_next_export(tiny_m
 
 
 def test_a_killed_index_build_s_temporary_folder_is_removed_by_the_next_build(tmp_path, capsys) -> None:
-    from test_retrieval import CORPUS
+    from helpers import CORPUS
 
     from mhgpo.retrieval.bm25 import BM25Retriever, save_index
 

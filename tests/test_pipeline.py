@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_config
+from helpers import hand_samples, make_config
 from safetensors.torch import load_file
-from test_trainer import hand_samples
 
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.errors import InputError

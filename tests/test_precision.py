@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import trainer_for
-from test_critic import mappo_config, world  # noqa: F401  (shared fixture)
-from test_trainer import count_forward_calls, hand_samples
+from helpers import count_forward_calls, hand_samples, mappo_config, ragged, samples_of, trainer_for
+from helpers import mappo_world as world  # noqa: F401  (a fixture: this module's world)
 
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
 from mhgpo.errors import InputError
@@ -309,8 +308,6 @@ def test_no_dropout_keeps_checkpointing_layers_training_and_restores_every_mode(
 
 
 def test_the_critic_update_reads_values_with_dropout_off(dropout_model_dir: Path) -> None:
-    from test_critic import ragged, samples_of
-
     from mhgpo.config import CriticConfig
     from mhgpo.rl.critic import Critic
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import CORPUS
 
 from mhgpo.data.records import Passage
 from mhgpo.errors import InputError
@@ -13,16 +14,6 @@ from mhgpo.paths import index_dir_for
 from mhgpo.retrieval import bm25 as retrieval
 from mhgpo.retrieval.bm25 import BM25Retriever, corpus_fingerprint, load_or_build_bm25
 from mhgpo.team.build import open_index
-
-CORPUS = [
-    Passage("p0", "Ada Stone", "Ada Stone was a painter who founded the Stone Museum."),
-    Passage("p1", "Stone Museum", "The Stone Museum is an art museum in Lisbon, opened in 1901."),
-    Passage("p2", "Lisbon", "Lisbon is the capital of Portugal."),
-    Passage("p3", "Marlow Finch", "Marlow Finch composed the Glass Harbor symphony."),
-    Passage("p4", "Glass Harbor", "Glass Harbor is a symphony premiered in Oslo."),
-    Passage("p5", "Oslo", "Oslo is the capital of Norway."),
-    Passage("p6", "Zeppelin Quartz", "A rare mineral found only near Tromso."),
-]
 
 
 @pytest.fixture(scope="module")

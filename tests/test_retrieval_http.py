@@ -285,8 +285,7 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
     saved. A step whose update is done is complete: its validation failing, it is logged without it and saved.
     Resumed once the service is back, either run is the reference run (which searched the same corpus in-process),
     less step 2's validation in the second."""
-    from helpers import train_overrides
-    from test_trainer import assert_same_run
+    from helpers import assert_same_run, train_overrides
 
     import mhgpo.rl.trainer as trainer_module
     from mhgpo.cli.main import main

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from helpers import free_port
 
 from mhgpo.cli.main import main
 from mhgpo.data.formats import load_corpus_jsonl
@@ -38,12 +39,6 @@ QUERIES = [
     "the of and",
     "headquartered stock exchange employer region",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,7 @@ import json
 import re
 
 import pytest
-from helpers import train_overrides
-from test_faults import assert_one_line_error, cli
-from test_trainer import assert_same_run
+from helpers import assert_one_line_error, assert_same_run, cli, train_overrides
 
 from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.model.generation import HFGenerator
@@ -127,7 +125,7 @@ if os.environ.get("RANK") == "1":  # this rank's rollouts of step FAIL_AT_STEP r
 def test_an_error_on_one_rank_stops_every_rank_with_the_completed_steps_saved(tiny_model_dir, world, tmp_path) -> None:
     """Two ranks; rank 1's rollouts of step 2 fail: every rank stops there (none waits for it), step 1 is saved,
     rank 0 says so in one line, and `--resume` on two ranks finishes the run."""
-    from test_distributed import REPO, launch
+    from helpers import REPO, launch
 
     hook = tmp_path / "hook"
     hook.mkdir()

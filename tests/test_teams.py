@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_rollout import G, LookupSolverJudge, SolverJudge, decode, loop_agent_of
+from fakes import G, LookupSolverJudge, SolverJudge, decode, loop_agent_of
 
 from mhgpo.config import EvalConfig, TrainConfig, dump_config, load_config
 from mhgpo.data.records import Example
@@ -568,7 +568,7 @@ def test_the_documented_example_is_a_working_team(tmp_path: Path, monkeypatch: p
     def agent_of(text: str) -> str:
         return "editor" if "Draft:" in text else "drafter"
 
-    from test_rollout import FakeGenerator
+    from fakes import FakeGenerator
 
     gen = FakeGenerator(agent_of, lambda agent, k, text: outputs[k])
     batch = run_rollouts(

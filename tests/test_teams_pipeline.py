@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 from safetensors.torch import load_file
-from test_examples import cli  # noqa: F401  (shared fixture)
 
 import mhgpo
 from mhgpo.errors import InputError

@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 import torch
 from conftest import TINY_SPECIAL_TOKENS
+from helpers import hand_samples, training_setup
 from helpers import make_config as _make_config
-from helpers import training_setup
 from safetensors.torch import load_file
-from test_trainer import hand_samples
 
 from mhgpo.cli.main import main
 from mhgpo.config import TrainConfig, load_config

@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, comparable, make_config, train_overrides, trainer_for
+from helpers import (
+    REPO,
+    assert_same_run,
+    count_forward_calls,
+    fresh_model,
+    hand_samples,
+    make_config,
+    param_snapshot,
+    train_overrides,
+    trainer_for,
+)
 
 from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
 from mhgpo.errors import InputError
@@ -28,37 +38,6 @@ from mhgpo.rl.runlog import read_metrics
 from mhgpo.run.pipeline import resume, train
 
 # ------------------------------------------------------------------------------------ one update, by hand
-
-_DIALOGUES = [  # (agent, question, output, advantage, offset of the sampling log-probs)
-    ("rewriter", "Who wrote the novel Dune?", "### Dune novel author ###", 1.0, 0.0),
-    ("rewriter", "Who wrote the novel Dune?", "### Frank Herbert ###", -1.0, 0.3),
-    ("reranker", "Which river flows through Cairo?", "Document0 Document2", 0.5, -0.3),
-    ("answerer", "What is the capital of France?", "The answer is Paris.", 1.5, 0.0),
-    ("answerer", "What is the capital of France?", "Jupiter", -0.7, 0.3),
-    ("answerer", "What is the largest planet?", "The answer is Jupiter, the largest planet.", -1.2, 0.0),
-]
-
-
-def fresh_model(model_dir: Path):
-    from mhgpo.model.trained import load_model
-
-    return load_model(str(model_dir), device="cpu")
-
-
-def hand_samples(loaded, offsets: bool = False) -> list[Sample]:
-    """Samples of several agents and lengths, with their sampling log-probs taken from the model itself
-    (plus a per-sample offset when `offsets`, so that some ratios leave the clip range)."""
-    from mhgpo.model.pretrained import encode_chat
-
-    tok = loaded.tokenizer
-    prompts = [encode_chat(tok, [{"role": "user", "content": q}]) for _, q, _, _, _ in _DIALOGUES]
-    outputs = [tok(o, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for _, _, o, _, _ in _DIALOGUES]
-    with torch.no_grad():
-        logp, _ = output_logprobs(loaded.model, prompts, outputs, pad_id=tok.pad_token_id)  # (N, T)
-    return [
-        Sample(p, o, [float(x) + (off if offsets else 0.0) for x in logp[i, : len(o)]], adv, agent, 1.0)
-        for i, (p, o, (agent, _, _, adv, off)) in enumerate(zip(prompts, outputs, _DIALOGUES))
-    ]
 
 
 def base_logprobs(model_dir: Path, samples: list[Sample]) -> list[torch.Tensor]:
@@ -74,16 +53,12 @@ def base_logprobs(model_dir: Path, samples: list[Sample]) -> list[torch.Tensor]:
     return [logp[i, : int(mask[i].sum())] for i in range(len(samples))]
 
 
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
 def test_lora_update_changes_b_first_then_a_and_nothing_else(tiny_model_dir: Path) -> None:
     loaded = fresh_model(tiny_model_dir)
     samples = hand_samples(loaded)
     torch.manual_seed(0)
     policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=1e-3), LoraConfig(r=4), 10)
-    before = snapshot(policy.model)
+    before = param_snapshot(policy.model)
     trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
     a_names = sorted(n for n in trainable if ".lora_A." in n)
     b_names = sorted(n for n in trainable if ".lora_B." in n)
@@ -94,13 +69,13 @@ def test_lora_update_changes_b_first_then_a_and_nothing_else(tiny_model_dir: Pat
 
     stats = policy.update(samples)
     assert stats["grad_norm"] > 0
-    after1 = snapshot(policy.model)
+    after1 = param_snapshot(policy.model)
     # step 1: B moves everywhere; dL/dA = B^T (...) is exactly zero while B == 0, so Adam leaves A untouched
     assert [n for n in b_names if torch.equal(after1[n], before[n])] == []
     assert [n for n in a_names if not torch.equal(after1[n], before[n])] == []
 
     policy.update(samples)
-    after2 = snapshot(policy.model)
+    after2 = param_snapshot(policy.model)
     assert [n for n in a_names if torch.equal(after2[n], after1[n])] == []
     assert [n for n in b_names if torch.equal(after2[n], after1[n])] == []
     frozen_changed = [n for n in before if n not in trainable and not torch.equal(after2[n], before[n])]
@@ -124,18 +99,18 @@ def test_full_finetune_update_changes_every_parameter_and_keeps_a_frozen_referen
     loaded = fresh_model(tiny_model_dir)
     samples = hand_samples(loaded)
     policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, OptimConfig(lr=1e-3), LoraConfig(enabled=False), 10)
-    before = snapshot(policy.model)
+    before = param_snapshot(policy.model)
     trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     assert trainable == list(before)  # full fine-tuning: every parameter trains
-    ref_before = snapshot(policy.ref_model)
+    ref_before = param_snapshot(policy.ref_model)
 
     policy.update(samples)
-    after = snapshot(policy.model)
+    after = param_snapshot(policy.model)
     assert [n for n in trainable if torch.equal(after[n], before[n])] == []
 
     policy.update(samples)
     assert all(not p.requires_grad for p in policy.ref_model.parameters())
-    ref_after = snapshot(policy.ref_model)
+    ref_after = param_snapshot(policy.ref_model)
     assert [n for n in ref_before if not torch.equal(ref_before[n], ref_after[n])] == []
     assert [n for n in ref_before if not torch.equal(ref_before[n], before[n])] == []
     ref, base = policy.reference_logprobs(samples), base_logprobs(tiny_model_dir, samples)
@@ -307,29 +282,6 @@ def test_check_rollouts_passes_the_reference_run_and_names_a_broken_invariant(re
 
 
 # ------------------------------------------------------------------------------------------------- resume
-
-
-def assert_same_run(
-    run: Path, reference: Path, upto: int | None = None, unlogged: dict[int, str] | None = None
-) -> None:
-    """`run` logged, recorded and saved what `reference` did (in its first `upto` steps); `unlogged`: {step: key
-    prefix} of what `run` did not log at that step (a validation that failed)."""
-    got, want = comparable(read_metrics(run)), comparable(read_metrics(reference))
-    want = [w for w in want if upto is None or w["step"] <= upto]
-    cut = unlogged or {}
-    want = [{k: v for k, v in w.items() if not (w["step"] in cut and k.startswith(cut[w["step"]]))} for w in want]
-    assert [r["step"] for r in got] == [r["step"] for r in want]
-    for g, w in zip(got, want):
-        diff = {k: (g.get(k), w.get(k)) for k in set(g) | set(w) if g.get(k) != w.get(k)}
-        assert diff == {}, f"step {w['step']} differs: {diff}"
-    for w in want:
-        name = f"step_{w['step']:06d}.jsonl"
-        assert (run / "rollouts" / name).read_bytes() == (reference / "rollouts" / name).read_bytes(), name
-    from safetensors.torch import load_file
-
-    final = f"checkpoints/step_{want[-1]['step']}/model.safetensors"
-    a, b = load_file(str(run / final)), load_file(str(reference / final))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_resume_gives_the_same_metrics_as_an_uninterrupted_run(reference_run, tiny_model_dir, world, tmp_path) -> None:
@@ -552,20 +504,6 @@ def test_single_agent_grpo_trains_groups_of_one_prompt(tiny_model_dir, world, tm
         assert len({m.question_index for m in members}) == 1
     assert len({n.output for n in batch.nodes}) == 4  # four different answers
     assert metrics["zero_variance_groups"] == 0.0 and metrics["grad_norm"] > 0
-
-
-def count_forward_calls(module: torch.nn.Module) -> list[int]:
-    """A counter of `module`'s forward calls, a checkpoint's recomputation in the backward pass included (the
-    counter wraps `forward` itself: module hooks do not run again when a checkpoint recomputes)."""
-    calls = [0]
-    forward = module.forward
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return forward(*args, **kwargs)
-
-    module.forward = counted
-    return calls
 
 
 @pytest.mark.parametrize("lora", [True, False])
