@@ -17,7 +17,7 @@ from mhgpo.cli.main import _eval_config, build_parser
 from mhgpo.config import SFTConfig, TrainConfig, demo_config_path, load_config
 from mhgpo.errors import InputError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 MAX_README_LINES = 200

@@ -16,7 +16,7 @@ import pytest
 from mhgpo.data.formats import context_corpus, load_corpus_jsonl, load_hotpotqa
 from mhgpo.data.metrics import score
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL_SEARCH = [
     "search.rewriter.max_new_tokens=8",
     "search.reranker.max_new_tokens=4",

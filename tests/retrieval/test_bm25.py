@@ -288,7 +288,7 @@ def test_jax_is_kept_off_the_gpu_unless_chosen(tmp_path: Path, chosen: str | Non
     (fake / "__init__.py").write_text("import os\nPLATFORMS = os.environ.get('JAX_PLATFORMS')\n")
     (fake / "lax.py").write_text("def top_k(x, k):\n    return x[:k], list(range(k))\n")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[2])])
     if chosen:
         env["JAX_PLATFORMS"] = chosen
     code = "import mhgpo.retrieval.bm25, bm25s.selection as s, jax; print(s.JAX_IS_AVAILABLE, jax.PLATFORMS)"

@@ -15,7 +15,7 @@ from mhgpo.config import EvalConfig, TrainConfig, critic_lr, demo_config_path, l
 from mhgpo.config.rows import load_rows
 from mhgpo.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS_FILE = ROOT / "experiments" / "rows.yaml"
 TABLE = load_rows(ROWS_FILE)
 RECIPE = {"warm_start.enabled": True, "search.reranker_penalty": 0.0}  # the demo's recipe (docs/learning.md)

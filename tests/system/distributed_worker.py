@@ -1,6 +1,6 @@
-"""One rank of the data-parallel tests (tests/test_distributed.py), also run as one process.
+"""One rank of the data-parallel tests (tests/system/test_distributed.py), also run as one process.
 
-`python tests/distributed_worker.py CONFIG.json RECORDS.pkl OUT.pt` (with WORLD_SIZE / RANK / MASTER_ADDR /
+`python tests/system/distributed_worker.py CONFIG.json RECORDS.pkl OUT.pt` (with WORLD_SIZE / RANK / MASTER_ADDR /
 MASTER_PORT set, as a launcher sets them) builds the trainer of the config, replays the recorded rollout trees
 instead of sampling (each rank is given the trees of its share of the step's questions) and runs one training step;
 it saves the step's metrics and the trained weights afterwards.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 RUN = ["llama-3.1-8b-lora", "llama-3.1-8b-mappo", "qwen2.5-1.5b-full"]  # LoRA, MAPPO's critic, full FT, Qwen2
 

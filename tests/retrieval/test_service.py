@@ -25,7 +25,7 @@ from mhgpo.data.synth_files import write_world
 from mhgpo.retrieval.bm25 import BM25Retriever
 from mhgpo.retrieval.http import HTTPRetriever
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL_SEARCH = [
     "search.rewriter.max_new_tokens=8",
     "search.reranker.max_new_tokens=4",

@@ -34,7 +34,7 @@ from mhgpo.team.loader import WorkflowError, construct, display_path, load_workf
 from mhgpo.team.search_system import SearchSystem
 from mhgpo.team.workflow import State, StepResult, Workflow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def here() -> str:

@@ -20,7 +20,7 @@ from mhgpo.rl.tree import RolloutSpec
 from mhgpo.run.report import md_text
 from mhgpo.team.loader import construct, load_workflow_class, team_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = {"iterative_search": "IterativeSearch", "solver_verifier": "SolverVerifier"}
 REVISITED = {"iterative_search": "planner", "solver_verifier": "solver"}  # the agent a rollout calls again
 

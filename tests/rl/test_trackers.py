@@ -384,6 +384,6 @@ def test_the_checks_import_no_tracker(no_credentials) -> None:
         "require_trackers(['tensorboard', 'wandb', 'mlflow', 'trackio']); "
         "print(sorted(m for m in ('wandb', 'mlflow', 'trackio', 'tensorboard') if m in sys.modules))"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "WANDB_MODE": "offline"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "WANDB_MODE": "offline"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
