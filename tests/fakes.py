@@ -213,6 +213,14 @@ class SolverJudge(Workflow):
         return state.get("attempts")[-1]
 
 
+# Questions of the looping workflows.
+LOOP_EXAMPLES = [Example("a", "Solve A", ("right answer",)), Example("b", "Solve B", ("right answer",))]
+
+# Two that a looping workflow answers, and one that a buggy workflow fails on.
+GOOD = [Example("a", "Solve A", ("right answer",)), Example("c", "Solve C", ("right",))]
+BAD = Example("bad", "Solve Bad", ("right answer",))
+
+
 def loop_agent_of(text: str) -> str:
     return text[len("<user>[") : text.index("]")]
 

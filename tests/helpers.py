@@ -164,6 +164,11 @@ def cli(capsys, *args: object) -> tuple[int, str, str]:
     return rc, out, err
 
 
+def mhgpo_main(*args: object) -> int:
+    """`mhgpo ARGS` in this process: its exit status."""
+    return main([str(a) for a in args])
+
+
 def assert_one_line_error(rc: int, err: str, pattern: str) -> None:
     import re
 
@@ -313,6 +318,100 @@ def samples_of(prompts, outputs, rewards=(1.0, -0.5, 0.25, 0.0), agents=("a", "a
     """Samples of the prompts and outputs (log-probs 0) with the rewards a critic learns from."""
     rows = zip(prompts, outputs, rewards, agents)
     return [Sample(p, o, [0.0] * len(o), 0.0, agent, reward=r) for p, o, r, agent in rows]
+
+
+# --------------------------------------------------------------------------- data files in the benchmarks' layouts
+
+
+def hotpot_record(qid: str = "q-1", **overrides: object) -> dict:
+    """A small HotpotQA-layout record: 3 paragraphs (fewer than the usual 10), one title repeated."""
+    record: dict = {
+        "_id": qid,
+        "question": "Which city hosts the museum founded by Ada Stone?",
+        "answer": "Lisbon",
+        "type": "bridge",
+        "supporting_facts": [["Ada Stone", 0], ["Ada Stone", 1], ["Stone Museum", 0]],
+        "context": [
+            ["Ada Stone", [" Ada Stone was a painter.", " She founded the Stone Museum."]],
+            ["Stone Museum", ["The Stone Museum is in Lisbon.", "It opened in 1901."]],
+            ["Ada Stone", [" Ada Stone was born in 1850."]],
+        ],
+    }
+    record.update(overrides)
+    return record
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    """`lines` as the lines of a text file (each ends with a newline)."""
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    """`rows` as JSON Lines (a row that is a string is written as it is)."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def twowiki_record(qid: str = "2w-1", **overrides: object) -> dict:
+    """A 2WikiMultihopQA record of the later release (entity_ids, evidences_id, answer_id): a title repeated in
+    `context` with the same text, and a supporting fact whose sentence index is past its paragraph's end."""
+    record: dict = {
+        "_id": qid,
+        "type": "compositional",
+        "question": "Where was the father of Carl Brant buried?",
+        "context": [
+            ["Carl Brant", ["Carl Brant (1870-1930) was a judge.", "His father was Otto Brant."]],
+            ["Otto Brant", ["Otto Brant was a sailor.", "He was buried in Kiel."]],
+            ["Kiel Harbour", ["Kiel Harbour is a port."]],
+            ["Carl Brant", ["Carl Brant (1870-1930) was a judge.", "His father was Otto Brant."]],
+        ],
+        "supporting_facts": [["Carl Brant", 1], ["Otto Brant", 1], ["Otto Brant", 7]],
+        "evidences": [["Carl Brant", "father", "Otto Brant"], ["Otto Brant", "place of burial", "Kiel"]],
+        "answer": "Kiel",
+        "entity_ids": "Q1_Q2",
+        "evidences_id": [["Q1", "father", "Q2"], ["Q2", "place of burial", "Q3"]],
+        "answer_id": "Q3",
+    }
+    record.update(overrides)
+    return record
+
+
+def musique_record(qid: str = "2hop__1_2", answerable: bool = True, **overrides: object) -> dict:
+    """A MuSiQue record: two paragraphs share the title "Lumen Valley" (only one supports), aliases given."""
+    record: dict = {
+        "id": qid,
+        "paragraphs": [
+            {
+                "idx": 0,
+                "title": "Lumen Valley",
+                "paragraph_text": "Lumen Valley is a wine region.",
+                "is_supporting": False,
+            },
+            {
+                "idx": 1,
+                "title": "Ostrava Mills",
+                "paragraph_text": "Ostrava Mills lies in Lumen Valley.",
+                "is_supporting": True,
+            },
+            {
+                "idx": 2,
+                "title": "Lumen Valley",
+                "paragraph_text": "The seat of Lumen Valley is Pella.",
+                "is_supporting": True,
+            },
+        ],
+        "question": "What is the seat of the region where Ostrava Mills lies?",
+        "question_decomposition": [
+            {"id": 1, "question": "Ostrava Mills >> located in", "answer": "Lumen Valley", "paragraph_support_idx": 1},
+            {"id": 2, "question": "#1 >> seat", "answer": "Pella", "paragraph_support_idx": 2},
+        ],
+        "answer": "Pella",
+        "answer_aliases": ["Pella town", "Pella"],
+        "answerable": answerable,
+    }
+    record.update(overrides)
+    return record
 
 
 # ------------------------------------------------------------------------------------------------------- retrieval

@@ -1,9 +1,14 @@
-"""Typed configs: YAML dumps, key=value overrides, and errors that name the key."""
+"""Typed configs (mhgpo/config/load.py): YAML dumps, key=value overrides and errors that name the key; and the
+shipped config files, which load into the typed config and say what they claim."""
+
+from pathlib import Path
 
 import pytest
 
-from mhgpo.config import EvalConfig, dump_config, load_config
+from mhgpo.config import EvalConfig, TrainConfig, demo_config_path, dump_config, load_config
 from mhgpo.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_and_overrides():
@@ -61,68 +66,53 @@ def test_yaml_errors_name_the_file(tmp_path):
         load_config(EvalConfig, tmp_path / "missing.yaml")
 
 
-def test_critic_lr_defaults_to_twice_the_actors():
-    from mhgpo.config import TrainConfig, critic_lr
-
-    cfg = load_config(TrainConfig, None, ["algo=mappo", "optim.lr=5e-7"])
-    assert cfg.critic.lr is None and critic_lr(cfg.critic, cfg.optim) == 1e-6  # the paper's pair
-    cfg = load_config(TrainConfig, None, ["algo=mappo", "optim.lr=1e-4", "critic.lr=3e-5"])
-    assert critic_lr(cfg.critic, cfg.optim) == 3e-5
-    with pytest.raises(InputError, match=r"critic\.lr: must be positive"):
-        load_config(TrainConfig, None, ["critic.lr=0"])
+# ---------------------------------------------------------------------------------------- the shipped config files
 
 
-def test_warm_up_starts_below_the_lr_and_reaches_it():
-    from mhgpo.config import OptimConfig, TrainConfig
-    from mhgpo.rl.policy import _lr_lambda
-
-    assert [_lr_lambda(OptimConfig(warmup_steps=0), 10)(t) for t in range(2)] == [1.0, 1.0]
-    assert [_lr_lambda(OptimConfig(warmup_steps=1), 10)(t) for t in range(3)] == [0.5, 1.0, 1.0]
-    assert [_lr_lambda(OptimConfig(warmup_steps=3), 10)(t) for t in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
-    cosine = _lr_lambda(OptimConfig(warmup_steps=2, schedule="cosine"), 6)
-    assert [round(cosine(t), 6) for t in range(7)] == [
-        round(1 / 3, 6),
-        round(2 / 3, 6),
-        1.0,
-        0.853553,
-        0.5,
-        0.146447,
-        0.0,
-    ]
-    with pytest.raises(InputError, match=r"optim\.warmup_steps: must be >= 0"):
-        load_config(TrainConfig, None, ["optim.warmup_steps=-1"])
+def test_demo_config_is_the_packaged_one():
+    assert (ROOT / "configs" / "demo.yaml").read_text() == demo_config_path().read_text()
+    cfg = load_config(TrainConfig, demo_config_path())
+    assert cfg.model == "smollm2-135m" and cfg.sampler == "rr" and cfg.lora.enabled
+    assert cfg.rr_probs == [0.7, 0.1, 0.2] and cfg.group_size == 4
 
 
-def test_bad_regrouping_keys_are_named():
-    from mhgpo.config import TrainConfig
-
-    with pytest.raises(InputError, match=r"^rr_regroup: expected fork, role, all, got 'agent'"):
-        load_config(TrainConfig, None, ["rr_regroup=agent"])
-    assert load_config(TrainConfig, None, []).rr_regroup == "fork"
-
-
-def test_the_default_sampler_is_filled_by_loading_not_by_the_check(tmp_path):
-    from mhgpo.config import TrainConfig
-
-    assert load_config(TrainConfig).sampler == "rr"
-    assert load_config(TrainConfig, overrides=["system=llm", "algo=grpo"]).sampler == "fof"
-    assert load_config(TrainConfig, overrides=["algo=mappo"]).sampler == "chains"
-    assert load_config(TrainConfig, overrides=["sampler=is"]).sampler == "is"
-    bare = TrainConfig()
-    assert bare.resolved().sampler == "rr" and bare.sampler is None  # a copy: the original stays as it was
-    with pytest.raises(InputError, match="sampler"):
-        bare.validate()  # checks only: an unfilled sampler is refused, not filled
-    assert bare.sampler is None
-    dump_config(load_config(TrainConfig), tmp_path / "c.yaml")
-    assert "sampler: rr" in (tmp_path / "c.yaml").read_text()  # the dumped config names the sampler
+def test_paper_config_is_the_papers_setting():
+    cfg = load_config(TrainConfig, ROOT / "configs" / "paper_hotpotqa.yaml")
+    assert cfg.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert cfg.optim.lr == 5e-7 and cfg.group_size == 4 and cfg.questions_per_step == 512
+    assert cfg.optim.clip_eps == 0.2 and cfg.optim.kl_beta == 0.001
+    assert cfg.search.rewriter.top_p == 0.9 and cfg.search.rewriter.temperature == 1.0
+    assert cfg.rr_probs == [0.7, 0.1, 0.2] and cfg.sampler == "rr" and not cfg.lora.enabled
+    assert cfg.steps == 90447 // cfg.questions_per_step == 176  # one epoch over HotpotQA train, as the paper counts
+    assert (cfg.eval_every, cfg.val_limit) == (5, 500)  # the paper's Figure 3: 500 dev questions every 5 steps
+    assert cfg.rr_regroup == "fork" and cfg.precision == "auto"
+    assert cfg.search.answerer.max_new_tokens > 3 * cfg.search.max_answer_words // 2  # the penalty can fire
 
 
-def test_advantage_scheme_is_checked():
-    from mhgpo.config import TrainConfig
+def test_hotpotqa_cpu_config_trains_the_default_model_on_split_files():
+    cfg = load_config(TrainConfig, ROOT / "configs" / "hotpotqa_cpu.yaml")
+    assert cfg.model == "smollm2-135m" and cfg.algo == "mhgpo" and cfg.sampler == "rr" and cfg.lora.enabled
+    assert (cfg.data, cfg.val_data) == ("hotpotqa:data/hotpotqa/train.jsonl", "hotpotqa:data/hotpotqa/val.jsonl")
+    assert cfg.retrieval.corpus == "context" and cfg.reference == "init"
+    assert "mhgpo data split --data hotpotqa:" in (ROOT / "configs" / "hotpotqa_cpu.yaml").read_text()
+    demo = load_config(TrainConfig, ROOT / "mhgpo" / "config" / "demo.yaml")  # the demo's recipe
+    assert cfg.search.reranker_penalty == demo.search.reranker_penalty == 0.0
+    assert (cfg.optim.lr, cfg.warm_start.enabled) == (demo.optim.lr, demo.warm_start.enabled)
 
-    assert load_config(TrainConfig, None, []).advantage == "mhgpo"
-    assert load_config(TrainConfig, None, ["advantage=prompt_agent_turn"]).advantage == "prompt_agent_turn"
-    with pytest.raises(InputError, match=r"^advantage: expected mhgpo, agent or prompt_agent_turn, got 'dr'"):
-        load_config(TrainConfig, None, ["advantage=dr"])
-    with pytest.raises(InputError, match=r"^advantage: mappo's advantages come from its critic"):
-        load_config(TrainConfig, None, ["algo=mappo", "advantage=agent"])
+
+def test_accelerate_configs_launch_what_their_names_say():
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    folder = ROOT / "configs" / "accelerate"
+    for name, kind, processes in (
+        ("cpu_ddp", DistributedType.MULTI_GPU, 2),
+        ("gpu_ddp", DistributedType.MULTI_GPU, 8),
+        ("cpu_fsdp", DistributedType.FSDP, 2),
+        ("gpu_fsdp", DistributedType.FSDP, 8),
+    ):
+        cfg = load_config_from_file(str(folder / f"{name}.yaml"))
+        assert (cfg.distributed_type, cfg.num_processes) == (kind, processes), name
+        assert cfg.mixed_precision == "no" and not cfg.use_cpu, name  # mhgpo picks its precision; torchrun starts ranks
+        if kind == DistributedType.FSDP:
+            assert cfg.fsdp_config["fsdp_version"] == 2, name

@@ -1,161 +1,222 @@
-"""Tests for the benchmark layouts of mhgpo.data.formats: 2WikiMultihopQA, MuSiQue, generic JSONL, DPR TSV corpora,
-the context corpus, and the data specs (local files and the Hugging Face hub)."""
+"""The file formats of mhgpo/data/formats.py: JSON Lines / JSON array readers, the HotpotQA layout, generic JSONL,
+and corpora (JSONL, DPR TSV, the context corpus). The 2WikiMultihopQA and MuSiQue layouts:
+test_formats_2wiki_musique.py."""
 
 from __future__ import annotations
 
 import json
-import sys
-import time
-import types
 from pathlib import Path
 
 import pytest
+from helpers import hotpot_record, write_jsonl, write_lines
 
-from mhgpo.data import hub
 from mhgpo.data.formats import (
     context_corpus,
     corpus_file,
-    load_2wiki,
     load_corpus_jsonl,
     load_corpus_tsv,
     load_generic,
     load_hotpotqa,
-    load_musique,
     read_corpus,
-    read_musique,
+    read_json_array,
+    read_jsonl,
+    read_records,
 )
 from mhgpo.data.records import Example, Passage
-from mhgpo.data.spec import DATA_SPECS, load_data, spec_path
+from mhgpo.data.spec import load_data
 from mhgpo.errors import InputError
 
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
-    return path
+# --- readers ------------------------------------------------------------------------------------
 
 
-# --- fixtures in the official layouts ------------------------------------------------------------
+def test_read_jsonl_yields_line_numbers_and_skips_blank_lines(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "a.jsonl", ['{"x": 1}', "", "   ", '{"x": 2}'])
+    assert list(read_jsonl(path)) == [(1, {"x": 1}), (4, {"x": 2})]
 
 
-def twowiki_record(qid: str = "2w-1", **overrides: object) -> dict:
-    """A 2WikiMultihopQA record of the later release (entity_ids, evidences_id, answer_id): a title repeated in
-    `context` with the same text, and a supporting fact whose sentence index is past its paragraph's end."""
-    record: dict = {
-        "_id": qid,
-        "type": "compositional",
-        "question": "Where was the father of Carl Brant buried?",
-        "context": [
-            ["Carl Brant", ["Carl Brant (1870-1930) was a judge.", "His father was Otto Brant."]],
-            ["Otto Brant", ["Otto Brant was a sailor.", "He was buried in Kiel."]],
-            ["Kiel Harbour", ["Kiel Harbour is a port."]],
-            ["Carl Brant", ["Carl Brant (1870-1930) was a judge.", "His father was Otto Brant."]],
-        ],
-        "supporting_facts": [["Carl Brant", 1], ["Otto Brant", 1], ["Otto Brant", 7]],
-        "evidences": [["Carl Brant", "father", "Otto Brant"], ["Otto Brant", "place of burial", "Kiel"]],
-        "answer": "Kiel",
-        "entity_ids": "Q1_Q2",
-        "evidences_id": [["Q1", "father", "Q2"], ["Q2", "place of burial", "Q3"]],
-        "answer_id": "Q3",
-    }
-    record.update(overrides)
-    return record
+def test_read_jsonl_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.jsonl"
+    with pytest.raises(InputError) as err:
+        list(read_jsonl(path))
+    assert str(err.value) == f"{path}: file not found"
 
 
-def musique_record(qid: str = "2hop__1_2", answerable: bool = True, **overrides: object) -> dict:
-    """A MuSiQue record: two paragraphs share the title "Lumen Valley" (only one supports), aliases given."""
-    record: dict = {
-        "id": qid,
-        "paragraphs": [
-            {
-                "idx": 0,
-                "title": "Lumen Valley",
-                "paragraph_text": "Lumen Valley is a wine region.",
-                "is_supporting": False,
-            },
-            {
-                "idx": 1,
-                "title": "Ostrava Mills",
-                "paragraph_text": "Ostrava Mills lies in Lumen Valley.",
-                "is_supporting": True,
-            },
-            {
-                "idx": 2,
-                "title": "Lumen Valley",
-                "paragraph_text": "The seat of Lumen Valley is Pella.",
-                "is_supporting": True,
-            },
-        ],
-        "question": "What is the seat of the region where Ostrava Mills lies?",
-        "question_decomposition": [
-            {"id": 1, "question": "Ostrava Mills >> located in", "answer": "Lumen Valley", "paragraph_support_idx": 1},
-            {"id": 2, "question": "#1 >> seat", "answer": "Pella", "paragraph_support_idx": 2},
-        ],
-        "answer": "Pella",
-        "answer_aliases": ["Pella town", "Pella"],
-        "answerable": answerable,
-    }
-    record.update(overrides)
-    return record
+def test_read_jsonl_bad_json_names_path_and_line(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", ['{"x": 1}', '{"x": 2}', '{"x": 3,,}'])
+    with pytest.raises(InputError) as err:
+        list(read_jsonl(path))
+    assert str(err.value).startswith(f"{path}:3: invalid JSON (")
 
 
-# --- 2WikiMultihopQA ------------------------------------------------------------------------------
+def test_read_jsonl_non_object_line(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "list.jsonl", ['{"x": 1}', "[1, 2]"])
+    with pytest.raises(InputError) as err:
+        list(read_jsonl(path))
+    assert str(err.value) == f"{path}:2: expected a JSON object, got list"
 
 
-def test_2wiki_json_array_repeated_title_and_out_of_range_sentence(tmp_path: Path) -> None:
-    path = tmp_path / "dev.json"
-    path.write_text(json.dumps([twowiki_record("a"), twowiki_record("b", type="comparison")], indent=1))
-    first, second = load_2wiki(path)
+def test_read_json_array_and_errors_name_index(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"a": 1}, {"a": 2}]), encoding="utf-8")
+    assert list(read_json_array(good)) == [(0, {"a": 1}), (1, {"a": 2})]
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"a": 1}, {"a": 2}, "oops"]), encoding="utf-8")
+    with pytest.raises(InputError) as err:
+        list(read_json_array(bad))
+    assert str(err.value) == f"{bad}[2]: expected a JSON object, got str"
+
+
+def test_read_json_array_invalid_json_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('[\n  {"a": 1},\n  {"a": }\n]\n', encoding="utf-8")
+    with pytest.raises(InputError) as err:
+        list(read_json_array(path))
+    assert str(err.value).startswith(f"{path}:3: invalid JSON (")
+
+
+def test_read_records_detects_format_by_first_char(tmp_path: Path) -> None:
+    array = tmp_path / "data.jsonl"  # the extension does not matter
+    array.write_text('\n  [{"a": 1}, {"a": 2}]', encoding="utf-8")
+    assert list(read_records(array)) == [(f"{array}[0]", {"a": 1}), (f"{array}[1]", {"a": 2})]
+
+    lines = write_lines(tmp_path / "data.json", ['{"a": 1}', '{"a": 2}'])
+    assert list(read_records(lines)) == [(f"{lines}:1", {"a": 1}), (f"{lines}:2", {"a": 2})]
+
+
+def test_read_records_tolerates_utf8_bom(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": "\xc3\xa9"}\n')
+    assert list(read_records(path)) == [(f"{path}:1", {"a": "é"})]
+
+
+def test_read_records_invalid_utf8_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": "\xe9"}\n')
+    with pytest.raises(InputError) as err:
+        list(read_records(path))
+    assert str(err.value).startswith(f"{path}:2: not valid UTF-8")
+
+
+# --- HotpotQA -----------------------------------------------------------------------------------
+
+
+def test_load_hotpotqa_jsonl(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "dev.jsonl", [json.dumps(hotpot_record("q-1")), json.dumps(hotpot_record("q-2"))])
+    examples = load_hotpotqa(path)
+    assert [e.id for e in examples] == ["q-1", "q-2"]
+    first = examples[0]
     assert first == Example(
-        id="a",
-        question="Where was the father of Carl Brant buried?",
-        answers=("Kiel",),
-        type="compositional",
-        supporting_titles=("Carl Brant", "Otto Brant"),
+        id="q-1",
+        question="Which city hosts the museum founded by Ada Stone?",
+        answers=("Lisbon",),
+        type="bridge",
+        supporting_titles=("Ada Stone", "Stone Museum"),
         context=(
-            ("Carl Brant", "Carl Brant (1870-1930) was a judge. His father was Otto Brant."),
-            ("Otto Brant", "Otto Brant was a sailor. He was buried in Kiel."),
-            ("Kiel Harbour", "Kiel Harbour is a port."),
-            ("Carl Brant", "Carl Brant (1870-1930) was a judge. His father was Otto Brant."),
+            ("Ada Stone", "Ada Stone was a painter. She founded the Stone Museum."),
+            ("Stone Museum", "The Stone Museum is in Lisbon. It opened in 1901."),
+            ("Ada Stone", "Ada Stone was born in 1850."),
         ),
-        supporting_context=((0, 3), (1,)),
+        supporting_context=((0, 2), (1,)),
     )
-    assert second.type == "comparison"
 
 
-def test_2wiki_jsonl_and_the_context_corpus_keeps_one_copy_of_a_repeated_paragraph(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "dev.jsonl", [twowiki_record("a"), twowiki_record("b")])
-    examples = load_data(f"2wiki:{path}")
-    assert [e.id for e in examples] == ["a", "b"]
-    assert [(p.id, p.title) for p in context_corpus(examples)] == [
-        ("ctx0", "Carl Brant"),
-        ("ctx1", "Otto Brant"),
-        ("ctx2", "Kiel Harbour"),
-    ]
+def test_load_hotpotqa_json_array_and_id_key(tmp_path: Path) -> None:
+    rec = hotpot_record()
+    del rec["_id"]
+    rec["id"] = "plain-id"
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps([rec]), encoding="utf-8")
+    (example,) = load_hotpotqa(path)
+    assert example.id == "plain-id"
+    assert example.answers == ("Lisbon",)
+
+
+def test_load_hotpotqa_defaults_for_optional_keys(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "min.jsonl", ['{"question": "Q?", "answer": ["A", "Alias"]}'] * 2)
+    examples = load_hotpotqa(path)
+    assert [e.id for e in examples] == ["q0", "q1"]
+    assert examples[0].answers == ("A", "Alias")
+    assert (examples[0].type, examples[0].supporting_titles, examples[0].context) == ("", (), ())
+
+
+def test_load_hotpotqa_column_layout(tmp_path: Path) -> None:
+    rec = hotpot_record(
+        context={"title": ["T1", "T2"], "sentences": [["One.", "Two."], ["Three."]]},
+        supporting_facts={"title": ["T2", "T1", "T2"], "sent_id": [0, 1, 0]},
+    )
+    path = write_lines(tmp_path / "cols.jsonl", [json.dumps(rec)])
+    (example,) = load_hotpotqa(path)
+    assert example.context == (("T1", "One. Two."), ("T2", "Three."))
+    assert example.supporting_titles == ("T2", "T1")
+
+
+def test_load_hotpotqa_bad_json_on_line_3(tmp_path: Path) -> None:
+    lines = [json.dumps(hotpot_record("a")), json.dumps(hotpot_record("b")), '{"_id": "c", "question": ']
+    path = write_lines(tmp_path / "bad.jsonl", lines)
+    with pytest.raises(InputError) as err:
+        load_hotpotqa(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert f"{path}:3:" in message
+
+
+@pytest.mark.parametrize("key", ["answer", "question"])
+def test_load_hotpotqa_missing_key_names_key_and_line(tmp_path: Path, key: str) -> None:
+    broken = hotpot_record("b")
+    del broken[key]
+    path = write_lines(tmp_path / "missing.jsonl", [json.dumps(hotpot_record("a")), json.dumps(broken)])
+    with pytest.raises(InputError) as err:
+        load_hotpotqa(path)
+    assert str(err.value) == f"{path}:2: missing key '{key}'"
+
+
+def test_load_hotpotqa_missing_key_in_array_names_index(tmp_path: Path) -> None:
+    broken = hotpot_record("b")
+    del broken["answer"]
+    path = tmp_path / "arr.json"
+    path.write_text(json.dumps([hotpot_record("a"), broken]), encoding="utf-8")
+    with pytest.raises(InputError) as err:
+        load_hotpotqa(path)
+    assert str(err.value) == f"{path}[1]: missing key 'answer'"
 
 
 @pytest.mark.parametrize(
-    ("change", "expected"),
+    ("overrides", "expected"),
     [
-        ({"answer": None}, "missing key 'answer'"),
-        ({"question": ""}, "'question' is empty"),
-        ({"context": [["Carl Brant"]]}, "'context' must be a list of [title, sentences] pairs"),
-        ({"supporting_facts": [[7, 1]]}, "'supporting_facts' must be a list of [title, sentence_id] pairs"),
+        ({"answer": 42}, "'answer' must be a string, got int"),
+        ({"answer": "  "}, "'answer' is empty"),
+        ({"context": [["only a title"]]}, "'context' must be a list of [title, sentences] pairs"),
+        ({"context": [["T", [1, 2]]]}, "'context' paragraph 'T' must hold a list of sentences"),
+        ({"supporting_facts": [[3, 0]]}, "'supporting_facts' must be a list of [title, sentence_id] pairs"),
     ],
 )
-def test_2wiki_bad_records_name_path_and_line(tmp_path: Path, change: dict, expected: str) -> None:
-    bad = twowiki_record("b", **change)
-    path = write_jsonl(tmp_path / "bad.jsonl", [twowiki_record("a"), bad])
+def test_load_hotpotqa_malformed_fields(tmp_path: Path, overrides: dict, expected: str) -> None:
+    path = write_lines(tmp_path / "m.jsonl", [json.dumps(hotpot_record(**overrides))])
     with pytest.raises(InputError) as err:
-        load_2wiki(path)
-    assert str(err.value) == f"{path}:2: {expected}"
+        load_hotpotqa(path)
+    assert str(err.value) == f"{path}:1: {expected}"
 
 
-def test_2wiki_bad_json_in_array_names_the_line(tmp_path: Path) -> None:
-    path = tmp_path / "dev.json"
-    path.write_text('[\n{"question": "Q?", "answer": "A"},\n{"question": "Q2?" "answer": "B"}\n]\n')
+def test_load_hotpotqa_duplicate_id(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "dup.jsonl", [json.dumps(hotpot_record("x")), json.dumps(hotpot_record("x"))])
     with pytest.raises(InputError) as err:
-        load_2wiki(path)
-    assert str(err.value).startswith(f"{path}:3: invalid JSON (Expecting ',' delimiter")
+        load_hotpotqa(path)
+    assert str(err.value) == f"{path}:2: duplicate id 'x' (first at {path}:1)"
+
+
+def test_load_hotpotqa_empty_file(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "empty.jsonl", [""])
+    with pytest.raises(InputError) as err:
+        load_hotpotqa(path)
+    assert str(err.value) == f"{path}: no questions in file"
+
+
+def test_sentences_without_leading_spaces_are_joined_with_one_space(tmp_path: Path) -> None:
+    rec = hotpot_record(context=[["T", ["First.", " Second.", "Third. ", "Fourth."]]])
+    path = write_lines(tmp_path / "s.jsonl", [json.dumps(rec)])
+    (example,) = load_hotpotqa(path)
+    assert example.context == (("T", "First. Second. Third. Fourth."),)
 
 
 # --- HotpotQA: fewer than 10 paragraphs, supporting_context -----------------------------------------
@@ -174,73 +235,6 @@ def test_hotpotqa_supporting_context_with_two_paragraphs_and_a_missing_title(tmp
     assert example.supporting_titles == ("B", "Gone", "A")
     assert example.supporting_context == ((1,), (), (0,))
     assert example.context == (("A", "a0. a1."), ("B", "b0."))
-
-
-# --- MuSiQue ------------------------------------------------------------------------------------
-
-
-def test_musique_answers_aliases_gold_paragraphs_and_skipped_unanswerable(tmp_path: Path) -> None:
-    rows = [
-        musique_record("2hop__1_2"),
-        musique_record("2hop__9_9", answerable=False, answer=""),
-        musique_record("3hop1__4_5_6", answer_aliases=[]),
-    ]
-    path = write_jsonl(tmp_path / "musique.jsonl", rows)
-    examples, skipped = read_musique(path)
-    assert skipped == 1
-    assert [e.id for e in examples] == ["2hop__1_2", "3hop1__4_5_6"]
-    first = examples[0]
-    assert first.answers == ("Pella", "Pella town")
-    assert first.type == "2hop" and examples[1].type == "3hop1"
-    assert first.supporting_titles == ("Ostrava Mills", "Lumen Valley")
-    assert first.supporting_context == ((1,), (2,))
-    assert first.context[0] == ("Lumen Valley", "Lumen Valley is a wine region.")
-    assert examples[1].answers == ("Pella",)
-
-
-def test_musique_spec_logs_the_skipped_count(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = write_jsonl(tmp_path / "m.jsonl", [musique_record("a"), musique_record("b", answerable=False)])
-    with caplog.at_level("WARNING", logger="mhgpo.data.formats"):
-        assert [e.id for e in load_data(f"musique:{path}")] == ["a"]
-    assert caplog.messages == [f"{path}: skipped 1 unanswerable record(s)"]
-
-
-def test_musique_only_unanswerable_records(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "m.jsonl", [musique_record("a", answerable=False)])
-    with pytest.raises(InputError) as err:
-        load_musique(path)
-    assert str(err.value) == f"{path}: no answerable questions in file"
-
-
-@pytest.mark.parametrize(
-    ("change", "expected"),
-    [
-        ({"paragraphs": None}, "missing key 'paragraphs'"),
-        ({"paragraphs": "text"}, "'paragraphs' must be a list of objects"),
-        ({"paragraphs": [{"idx": 0, "title": "T"}]}, "paragraphs[0]: missing key 'paragraph_text'"),
-        (
-            {"paragraphs": [{"idx": 0, "title": 3, "paragraph_text": "x"}]},
-            "paragraphs[0]: 'title' must be a string, got int",
-        ),
-        ({"paragraphs": [[0, "T", "x"]]}, "paragraphs[0]: expected an object, got list"),
-        ({"answer_aliases": "Pella"}, "'answer_aliases' must be a list of strings"),
-        ({"answer": None}, "missing key 'answer'"),
-    ],
-)
-def test_musique_bad_records_name_path_and_line(tmp_path: Path, change: dict, expected: str) -> None:
-    path = write_jsonl(tmp_path / "m.jsonl", [musique_record("a"), "", musique_record("b", **change)])
-    with pytest.raises(InputError) as err:
-        load_musique(path)
-    assert str(err.value) == f"{path}:3: {expected}"
-
-
-def test_musique_context_corpus_keeps_paragraphs_that_share_a_title(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "m.jsonl", [musique_record("a"), musique_record("b")])
-    assert context_corpus(load_musique(path)) == [
-        Passage("ctx0", "Lumen Valley", "Lumen Valley is a wine region."),
-        Passage("ctx1", "Ostrava Mills", "Ostrava Mills lies in Lumen Valley."),
-        Passage("ctx2", "Lumen Valley", "The seat of Lumen Valley is Pella."),
-    ]
 
 
 # --- generic JSONL ------------------------------------------------------------------------------
@@ -294,113 +288,49 @@ def test_generic_jsonl_bad_records(tmp_path: Path, line: str, expected: str) -> 
     assert str(err.value) == f"{path}:2: {expected}"
 
 
-# --- data specs ---------------------------------------------------------------------------------
-
-
-def test_every_local_spec_and_spec_path(tmp_path: Path) -> None:
-    wiki = write_jsonl(tmp_path / "w.jsonl", [twowiki_record("w")])
-    assert [e.id for e in load_data(f"hotpotqa:{wiki}")] == ["w"]  # the same layout
-    assert [e.id for e in load_data(f" 2wiki:{wiki} ")] == ["w"]
-    assert spec_path(f"musique:{wiki}") == wiki
-    assert spec_path("synthetic:train") is None and spec_path("hotpotqa") is None
-    with pytest.raises(InputError, match=r"^data spec 'musique:': missing PATH after 'musique:'$"):
-        load_data("musique:")
-
-
-@pytest.mark.parametrize("spec", ["squad:x.json", "wiki", "jsonl", "dev.jsonl"])
-def test_unknown_specs_list_every_form(spec: str) -> None:
-    with pytest.raises(InputError) as err:
-        load_data(spec)
-    assert str(err.value) == f"unknown data spec '{spec}'; accepted forms: " + ", ".join(DATA_SPECS)
-
-
-@pytest.mark.parametrize("name", ["hotpotqa", "2wiki", "musique"])
-def test_hub_specs_fail_fast_offline(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    started = time.perf_counter()
-    with pytest.raises(InputError) as err:
-        load_data(name)
-    assert time.perf_counter() - started < 1.0
-    assert str(err.value) == (
-        f"{name}: the Hugging Face hub cannot be reached from this machine; pass a local file "
-        f"instead, e.g. {hub.HUB_SOURCES[name].local_example}"
-    )
-
-
-def test_hub_unreachable_is_detected_within_the_probe_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in hub.OFFLINE_VARIABLES:
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
-    started = time.perf_counter()
-    assert hub.hub_reachable(timeout=1.0) is False
-    assert time.perf_counter() - started < 1.5
-
-
-@pytest.fixture
-def fake_datasets(monkeypatch: pytest.MonkeyPatch) -> list:
-    """A stand-in `datasets` module; the hub counts as reachable. Returns the list of load_dataset calls."""
-    calls: list = []
-    rows = {
-        "hotpotqa/hotpot_qa": [
-            {
-                "id": "h1",
-                "question": "Q?",
-                "answer": "A",
-                "type": "bridge",
-                "level": "hard",
-                "supporting_facts": {"title": ["T2"], "sent_id": [0]},
-                "context": {"title": ["T1", "T2"], "sentences": [["One."], ["Two.", " Three."]]},
-            }
-        ],
-        "framolfese/2WikiMultihopQA": [
-            {
-                "_id": "w1",
-                "question": "Q?",
-                "answer": "B",
-                "type": "comparison",
-                "supporting_facts": {"title": ["T1"], "sent_id": [3]},
-                "context": {"title": ["T1"], "content": [["Four."]]},
-            }
-        ],
-        "dgslibisey/MuSiQue": [musique_record("m1"), musique_record("m2", answerable=False)],
-        "bad/repo": [{"_id": "ok", "question": "Q?", "answer": "A"}, {"_id": "x", "question": "Q?"}],
-    }
-
-    def load_dataset(repo: str, *args: str, split: str) -> list:
-        calls.append((repo, *args, split))
-        return rows[repo]
-
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    monkeypatch.setattr(hub, "hub_offline", lambda: False)
-    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=hub.PROBE_SECONDS: True)
-    return calls
-
-
-def test_hub_specs_parse_the_hub_rows(fake_datasets: list) -> None:
-    (h,) = load_data("hotpotqa")
-    assert (h.id, h.answers, h.supporting_titles, h.supporting_context) == ("h1", ("A",), ("T2",), ((1,),))
-    assert h.context == (("T1", "One."), ("T2", "Two. Three."))
-    (w,) = load_data("2wiki")
-    assert (w.id, w.context, w.supporting_context) == ("w1", (("T1", "Four."),), ((0,),))
-    assert [m.id for m in load_data("musique")] == ["m1"]
-    assert fake_datasets == [
-        ("hotpotqa/hotpot_qa", "distractor", "validation"),
-        ("framolfese/2WikiMultihopQA", "validation"),
-        ("dgslibisey/MuSiQue", "validation"),
-    ]
-
-
-def test_hub_bad_row_names_the_repository_row(fake_datasets: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(
-        hub.HUB_SOURCES,
-        "hotpotqa",
-        hub.HubSource("bad/repo", None, "validation", hub.hotpot_example, "hotpotqa:x.json"),
-    )
-    with pytest.raises(InputError, match=r"^bad/repo\[1\]: missing key 'answer'$"):
-        load_data("hotpotqa")
-
-
 # --- corpora ------------------------------------------------------------------------------------
+
+
+def test_load_corpus_jsonl(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "corpus.jsonl",
+        ['{"id": "p1", "title": "A", "text": "alpha"}', '{"id": 7, "title": "B", "text": "beta"}'],
+    )
+    assert load_corpus_jsonl(path) == [Passage("p1", "A", "alpha"), Passage("7", "B", "beta")]
+
+
+@pytest.mark.parametrize("key", ["id", "title", "text"])
+def test_load_corpus_jsonl_missing_key(tmp_path: Path, key: str) -> None:
+    good = {"id": "p1", "title": "A", "text": "alpha"}
+    bad = {"id": "p2", "title": "B", "text": "beta"}
+    del bad[key]
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(good), "", json.dumps(bad)])
+    with pytest.raises(InputError) as err:
+        load_corpus_jsonl(path)
+    assert str(err.value) == f"{path}:3: missing key '{key}'"
+
+
+def test_load_corpus_jsonl_duplicate_and_bad_json(tmp_path: Path) -> None:
+    row = '{"id": "p1", "title": "A", "text": "alpha"}'
+    dup = write_lines(tmp_path / "dup.jsonl", [row, row])
+    with pytest.raises(InputError, match=r":2: duplicate id 'p1'"):
+        load_corpus_jsonl(dup)
+    bad = write_lines(tmp_path / "bad.jsonl", [row, "{not json"])
+    with pytest.raises(InputError) as err:
+        load_corpus_jsonl(bad)
+    assert str(err.value).startswith(f"{bad}:2: invalid JSON (")
+
+
+def test_context_corpus_dedupes_in_first_seen_order() -> None:
+    a = Example("1", "q", ("a",), context=(("T1", "x"), ("T2", "y"), ("T1", "z")))
+    b = Example("2", "q", ("a",), context=(("T2", "y"), ("T3", "w"), ("T1", "x")))
+    assert context_corpus([a, b]) == [
+        Passage("ctx0", "T1", "x"),
+        Passage("ctx1", "T2", "y"),
+        Passage("ctx2", "T1", "z"),
+        Passage("ctx3", "T3", "w"),
+    ]
+    assert context_corpus([]) == []
 
 
 DPR_TSV = (

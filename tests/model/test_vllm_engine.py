@@ -1,5 +1,7 @@
-"""The engine's files (generation.engine=vllm), without vLLM: the converted model in the cache is written by one
-process at a time and reused only when whole; the scratch folders of killed processes are removed by the next run."""
+"""The engine's files (generation.engine=vllm, mhgpo/model/vllm_engine.py), without vLLM: the model folder the
+engine is given (a plain folder as it is, the default GGUF model converted once into the cache, another GGUF file
+refused); the converted model in the cache is written by one process at a time and reused only when whole; the
+scratch folders of killed processes are removed by the next run (the engine itself: tests/system/test_vllm.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
+from mhgpo.errors import InputError
 from mhgpo.io import _HOST
 from mhgpo.model.vllm_engine import COMPLETE, SCRATCH, converted, scratch_dir, whole
 
@@ -159,3 +162,56 @@ def test_the_scratch_folder_of_a_killed_run_is_removed_by_the_next(
     finally:
         live.kill()
         live.wait()
+
+
+# ---------------------------------------------------------------------------- the model folder the engine is given
+
+
+def test_another_gguf_file_is_refused(tmp_path: Path) -> None:
+    from mhgpo.model.vllm_engine import engine_folder
+
+    gguf = tmp_path / "other-model.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(
+        InputError,
+        match=r"other-model\.gguf is a GGUF file, which vLLM does not train on; save it "
+        r"as a Hugging Face folder first",
+    ):
+        engine_folder(str(gguf), None, None, "float32", tmp_path)
+
+
+def test_the_default_model_is_converted_once_into_the_cache(
+    tiny_lm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default model ships as GGUF: the engine gets a Hugging Face folder of it, written once in the cache
+    (the tiny model stands in for it here)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from mhgpo.model import pretrained
+    from mhgpo.model.vllm_engine import engine_folder
+
+    monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        pretrained,
+        "resolve_model",
+        lambda spec: pretrained.ModelSource("gguf", str(tmp_path), pretrained.DEFAULT_MODEL, gguf_file="model.gguf"),
+    )
+    folder = engine_folder("smollm2-135m", tiny_lm.model, tiny_lm.tokenizer, "bfloat16", tmp_path / "scratch")
+    assert folder == tmp_path / "cache" / "vllm-models" / "smollm2-135m-bfloat16"
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    weights = load_file(folder / "model.safetensors")
+    state = tiny_lm.model.state_dict()
+    assert set(weights) <= set(state) and {str(w.dtype) for w in weights.values()} == {"torch.bfloat16"}
+    for name, tensor in weights.items():
+        assert tensor.equal(state[name].bfloat16()), name
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    assert engine_folder("smollm2-135m", None, None, "bfloat16", tmp_path / "scratch") == folder  # cached
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp and not (tmp_path / "scratch").exists()
+
+
+def test_a_plain_folder_is_given_as_it_is(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from mhgpo.model.vllm_engine import engine_folder
+
+    assert engine_folder(str(tiny_model_dir), None, None, "float32", tmp_path) == tiny_model_dir

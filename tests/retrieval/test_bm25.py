@@ -10,8 +10,6 @@ from helpers import CORPUS
 
 from mhgpo.data.records import Passage
 from mhgpo.errors import InputError
-from mhgpo.paths import index_dir_for
-from mhgpo.retrieval import bm25 as retrieval
 from mhgpo.retrieval.bm25 import BM25Retriever, corpus_fingerprint, load_or_build_bm25
 from mhgpo.team.build import open_index
 
@@ -226,30 +224,7 @@ def test_load_or_build_refuses_to_overwrite_other_folders(tmp_path: Path) -> Non
     assert (folder / "notes.txt").read_text(encoding="utf-8") == "keep me"
 
 
-# --- index_dir_for ------------------------------------------------------------------------------
-
-
-def test_index_dir_next_to_a_writable_corpus(tmp_path: Path) -> None:
-    assert index_dir_for(tmp_path / "wiki.jsonl") == tmp_path / "wiki.jsonl.bm25"
-
-
-def test_index_dir_in_cache_when_not_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(retrieval.os, "access", lambda *args, **kwargs: False)
-    monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
-    first = index_dir_for(tmp_path / "ro" / "wiki.jsonl")
-    assert first.parent == tmp_path / "cache" / "indexes"
-    assert len(first.name) == 16 and all(c in "0123456789abcdef" for c in first.name)
-    assert index_dir_for(tmp_path / "ro" / "wiki.jsonl") == first
-    assert index_dir_for(tmp_path / "ro" / "other.jsonl") != first
-
-    monkeypatch.delenv("MHGPO_CACHE")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert (
-        index_dir_for(tmp_path / "ro" / "wiki.jsonl") == tmp_path / "home" / ".cache" / "mhgpo" / "indexes" / first.name
-    )
-
-
-# --- open_index, index folders per retriever --------------------------------------------------------
+# --- open_index, JAX ------------------------------------------------------------------------------
 
 
 def test_open_index_loads_a_saved_bm25_index_as_it_is(tmp_path: Path, retriever: BM25Retriever) -> None:
@@ -266,13 +241,6 @@ def test_open_index_loads_a_saved_bm25_index_as_it_is(tmp_path: Path, retriever:
     (tmp_path / "odd" / "meta.json").write_text('{"kind": "colbert"}', encoding="utf-8")
     with pytest.raises(InputError, match=r"odd: unknown index kind 'colbert' in meta.json$"):
         open_index(tmp_path / "odd")
-
-
-def test_index_dir_suffix_per_retriever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert index_dir_for(tmp_path / "wiki.tsv", "dense-minilm") == tmp_path / "wiki.tsv.dense-minilm"
-    monkeypatch.setattr(retrieval.os, "access", lambda *args, **kwargs: False)
-    monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
-    assert index_dir_for(tmp_path / "wiki.tsv", "dense-x") != index_dir_for(tmp_path / "wiki.tsv")
 
 
 @pytest.mark.parametrize("chosen", [None, "cuda"])

@@ -1,5 +1,6 @@
-"""One LoRA adapter per agent (`lora.per_role`): each agent generates with, and learns through, its own adapter;
-the reference is the base; checkpoints, resume, loading a run, evaluation and export keep the agents apart."""
+"""The policy (mhgpo/rl/policy.py): its learning-rate warm-up and schedule; one LoRA adapter per agent
+(`lora.per_role`): each agent generates with, and learns through, its own adapter; the reference is the base;
+checkpoints, resume, loading a run, evaluation and export keep the agents apart."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from helpers import make_config
 from safetensors.torch import load_file
 
-from mhgpo.config import LoraConfig, OptimConfig
+from mhgpo.config import LoraConfig, OptimConfig, load_config
 from mhgpo.errors import InputError
 from mhgpo.model.generation import HFGenerator, SamplingParams
 from mhgpo.model.logprobs import output_logprobs
@@ -193,3 +194,27 @@ def test_a_per_role_run_cannot_seed_another_run_nor_a_warm_start_be_per_role(
         train(make_config(out, world, tmp_path / "next"), progress=False)
     with pytest.raises(InputError, match="lora.per_role"):
         load_config(SFTConfig, None, ["lora.per_role=true"])
+
+
+# ----------------------------------------------------------------------------------------------- the learning rate
+
+
+def test_warm_up_starts_below_the_lr_and_reaches_it():
+    from mhgpo.config import OptimConfig, TrainConfig
+    from mhgpo.rl.policy import _lr_lambda
+
+    assert [_lr_lambda(OptimConfig(warmup_steps=0), 10)(t) for t in range(2)] == [1.0, 1.0]
+    assert [_lr_lambda(OptimConfig(warmup_steps=1), 10)(t) for t in range(3)] == [0.5, 1.0, 1.0]
+    assert [_lr_lambda(OptimConfig(warmup_steps=3), 10)(t) for t in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    cosine = _lr_lambda(OptimConfig(warmup_steps=2, schedule="cosine"), 6)
+    assert [round(cosine(t), 6) for t in range(7)] == [
+        round(1 / 3, 6),
+        round(2 / 3, 6),
+        1.0,
+        0.853553,
+        0.5,
+        0.146447,
+        0.0,
+    ]
+    with pytest.raises(InputError, match=r"optim\.warmup_steps: must be >= 0"):
+        load_config(TrainConfig, None, ["optim.warmup_steps=-1"])
