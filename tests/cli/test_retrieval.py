@@ -1,6 +1,6 @@
 """The retrieval commands end to end through `mhgpo.cli.main.main` (in this process, with the session's private
 MHGPO_CACHE): `index build`, `eval-retrieval`, and `eval` / `ask` on the benchmark layouts with `--corpus context`
-and `--retriever`. `tests/test_cli.py` runs the command line in subprocesses."""
+and `--retriever`. `tests/cli/test_main.py` runs the command line in subprocesses."""
 
 from __future__ import annotations
 

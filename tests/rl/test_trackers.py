@@ -1,7 +1,7 @@
 """Experiment trackers (`report_to`): each tracker's local run (W&B offline, MLflow's local SQLite store, Trackio's
 local database, TensorBoard events) holds exactly the values of metrics.jsonl at their steps, and the run's config;
 a resumed run continues the same tracker run; a tracker that is not installed, W&B without a key and an MLflow URI
-that does not parse are named before the model loads (the hostile cases are in test_trackers_hostile.py)."""
+that does not parse are named before the model loads (the hostile cases are in tests/system/test_trackers_hostile.py)."""
 
 from __future__ import annotations
 

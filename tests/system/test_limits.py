@@ -1,6 +1,6 @@
-"""Hostile numbers, sizes and disks (issue 29, part B): a diverged update never reaches a checkpoint; one oversized
-question or passage cannot take the machine's memory; log appends and folder flushes that fail say so in one
-line, and what an interrupted command leaves behind is cleaned by the next one."""
+"""Hostile numbers, sizes and disks: a diverged update never reaches a checkpoint; one oversized question or passage
+cannot take the machine's memory; log appends and folder flushes that fail say so in one line, and what an
+interrupted command leaves behind is cleaned by the next one."""
 
 from __future__ import annotations
 
