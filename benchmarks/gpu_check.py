@@ -29,7 +29,7 @@ chip's bf16 dense peak (by its name) and of a measured 8192³ bf16 matmul. `--ou
 (rewritten after every case) and `gpu_check.md`; each case's output is in `DIR/logs/`.
 
 `--tiny` runs the same code at tiny shapes (two layers, hidden 64) and short generations, on a CPU in about a minute
-with a small tokenizer (tests/test_gpu_check.py; with the default model's 49,152 tokens the flat distributions make
+with a small tokenizer (tests/system/test_gpu_check.py; with the default model's 49,152 tokens the flat distributions make
 sampling the slow part there).
 """
 

@@ -183,6 +183,55 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
     return cfg, out, trainer
 
 
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, world: Path) -> Path:
+    """A run of the reference config stopped after 2 of its 4 steps (checkpoints step_1 and step_2)."""
+    from helpers import make_config
+
+    from mhgpo.model.checkpoint import list_checkpoints
+    from mhgpo.run.pipeline import train
+
+    out = tmp_path_factory.mktemp("runs") / "two"
+    train(make_config(tiny_model_dir, world, out, steps=2), progress=False)
+    assert [p.name for p in list_checkpoints(out)] == ["step_1", "step_2"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------- the command line
+
+
+@pytest.fixture(scope="module")
+def cli(cache_dir: Path):
+    """`cli(*args)` runs `python -m mhgpo *args` from the repository root (as the README's commands do); `cwd=`
+    another folder. Modules that run the command otherwise define a `cli` of their own."""
+    import sys
+
+    from helpers import REPO
+
+    env = {
+        **os.environ,
+        "MHGPO_CACHE": str(cache_dir),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+
+    def run(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "mhgpo", *map(str, args)],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ file systems
+
+
 @pytest.fixture
 def tmpfs(tmp_path: Path):
     """A real 2 MiB file system (tmpfs), to be filled up; skipped where it cannot be mounted (needs root; the

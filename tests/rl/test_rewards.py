@@ -1,0 +1,202 @@
+"""A step's rewards on real rollout batches (mhgpo/rl/rewards.py): reward propagation, penalties and advantages,
+the step's metrics, and the role switches of the role ablations. Everything runs on the fakes of fakes.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fakes import (
+    AGENTS,
+    EXAMPLES,
+    RR_SECOND,
+    G,
+    children,
+    encode,
+    groups,
+    rollout,
+    search_generator,
+    search_system,
+)
+
+from mhgpo.config import SystemConfig
+from mhgpo.rl.rewards import apply_role_switches, assign_rewards, step_metrics
+from mhgpo.rl.rollout import run_rollouts
+from mhgpo.rl.tree import RolloutSpec
+from mhgpo.team.search_system import ANSWERER, RERANKER, REWRITER
+
+# --------------------------------------------------------------------------------------------------------- rewards
+
+
+def _aggregate(values, aggr):
+    if aggr == "mean":
+        total = 0.0
+        for v in values:
+            total += v
+        return total / len(values)
+    return max(values) if aggr == "max" else min(values)
+
+
+def _expected_advantages(batch):
+    gs = groups(batch)
+    out = {}
+    zero_var = 0
+    for members in gs.values():
+        rewards = [m.reward for m in members]
+        if max(rewards) == min(rewards):
+            zero_var += 1
+            out.update({m.node_id: 0.0 for m in members})
+            continue
+        total = 0.0
+        for r in rewards:
+            total += r
+        mean = total / len(rewards)
+        sq = 0.0
+        for r in rewards:
+            sq += (r - mean) * (r - mean)
+        std = float(np.sqrt(sq / (len(rewards) - 1)))
+        out.update({m.node_id: (m.reward - mean) / (std + 1e-6) for m in members})
+    return out, zero_var
+
+
+@pytest.mark.parametrize("sampler", ["fof_os", "is", "rr"])
+@pytest.mark.parametrize("aggr", ["mean", "max", "min"])
+def test_assign_rewards_on_a_real_batch(sampler, aggr):
+    batch, _, _ = rollout(sampler, n_questions=4, rr_probs=RR_SECOND)
+    stats = assign_rewards(batch, aggr, True, np.random.default_rng(0))
+    kids = children(batch)
+    for n in batch.nodes:
+        if kids[n.node_id]:
+            assert n.reward_shared == _aggregate([k.reward_shared for k in kids[n.node_id]], aggr)
+        else:
+            assert n.reward_shared == n.terminal
+        assert n.reward == n.reward_shared + (n.penalty if n.kind == "llm" else 0.0)
+    assert any(n.penalty < 0 for n in batch.llm_nodes())
+    expected, zero_var = _expected_advantages(batch)
+    for n in batch.nodes:
+        assert n.advantage == expected.get(n.node_id, 0.0)
+    assert any(a != 0.0 for a in expected.values())
+    assert stats == {
+        "n_groups": float(len(groups(batch))),
+        "n_zero_variance_groups": float(zero_var),
+        "n_untrained": float(sum(1 for n in batch.nodes if not n.trained)),
+    }
+
+
+def test_fof_os_mean_propagation_averages_the_answerer_group():
+    batch, _, _ = rollout("fof_os", n_questions=2)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    kids = children(batch)
+    for n in batch.llm_nodes():
+        if n.agent == RERANKER:
+            values = [k.terminal for k in kids[n.node_id]]
+            assert len(values) == G
+            assert n.reward_shared == ((values[0] + values[1]) + values[2] + values[3]) / 4
+            tool = batch.nodes[n.parent_id]
+            assert tool.reward_shared == n.reward_shared  # a tool with one child passes it through
+
+
+def test_penalties_off_and_penalties_never_propagate():
+    batch, _, _ = rollout("fof_os", n_questions=3)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    shared_on = [n.reward_shared for n in batch.nodes]
+    assign_rewards(batch, "mean", False, np.random.default_rng(0))
+    assert [n.reward_shared for n in batch.nodes] == shared_on
+    for n in batch.nodes:
+        assert n.reward == n.reward_shared
+    expected, _ = _expected_advantages(batch)
+    for n in batch.nodes:
+        assert n.advantage == expected.get(n.node_id, 0.0)
+
+
+def test_rand_aggregation_picks_one_child():
+    batch, _, _ = rollout("fof_os", n_questions=2)
+    assign_rewards(batch, "rand", True, np.random.default_rng(5))
+    kids = children(batch)
+    for n in batch.nodes:
+        if kids[n.node_id]:
+            assert n.reward_shared in [k.reward_shared for k in kids[n.node_id]]
+
+
+def test_step_metrics_on_a_real_batch():
+    batch, system, _ = rollout("fof", n_questions=3)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    m = step_metrics(batch, system)
+    assert m["reward/mean"] == float(np.mean([n.terminal for n in batch.leaves()]))
+    for agent in AGENTS:
+        mine = [n for n in batch.llm_nodes() if n.agent == agent]
+        assert m[f"{agent}/samples"] == 12.0
+        assert m[f"{agent}/reward"] == float(np.mean([n.reward for n in mine]))
+        assert m[f"{agent}/penalty"] == float(np.mean([n.penalty for n in mine]))
+        assert m[f"{agent}/advantage_abs"] == float(np.mean([abs(n.advantage) for n in mine]))
+    # rewriter outputs cycle: block ok, no block, five queries -> 8 of 12 penalised
+    assert m["rewriter/penalty_rate"] == 8 / 12
+    assert m["aggregated_samples"] == 0.0  # FoF forks once per question: every sample has one leaf below it
+
+
+def test_aggregated_samples_count_the_trained_samples_above_differing_answers():
+    batch, system, _ = rollout("fof_os", n_questions=2)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    kids = children(batch)
+
+    def leaves_below(n):
+        return [n.terminal] if not kids[n.node_id] else [t for k in kids[n.node_id] for t in leaves_below(k)]
+
+    expected = sum(len(set(leaves_below(n))) > 1 for n in batch.llm_nodes() if n.trained)
+    assert expected > 0  # the over-sampled Answerers disagree somewhere
+    assert step_metrics(batch, system)["aggregated_samples"] == float(expected)
+    apply_role_switches(batch, None, [REWRITER, RERANKER])  # only the Answerers, all leaves, stay trained
+    assert step_metrics(batch, system)["aggregated_samples"] == 0.0
+
+
+def test_format_breaks_are_counted_when_their_penalty_is_zero():
+    """penalty_rate / invalid_rate count the outputs that break an agent's format rule, not the penalties paid:
+    with every penalty set to 0 (no reward changes), the rates are those of the penalised run."""
+    batch, system, _ = rollout("fof", n_questions=3)
+    free, gen = search_system(), search_generator()
+    free.config = SystemConfig(rewriter_penalty=0.0, reranker_penalty=0.0, answerer_penalty=0.0)
+    spec = RolloutSpec(sampler="fof", group_size=G, rr_probs=(0.7, 0.1, 0.2))
+    unpenalised = run_rollouts(EXAMPLES[:3], free, gen, encode, spec, np.random.default_rng(0))
+    assert all(n.penalty == 0.0 for n in unpenalised.llm_nodes())
+    m, m_free = step_metrics(batch, system), step_metrics(unpenalised, free)
+    assert m_free["rewriter/penalty_rate"] == m["rewriter/penalty_rate"] == 8 / 12
+    broken = [n for n in batch.llm_nodes() if n.agent == "reranker" and n.penalty < 0]
+    assert broken  # the fake Reranker's outputs include invalid ids
+    assert m_free["reranker/invalid_rate"] == m["reranker/invalid_rate"] == len(broken) / 12
+    assert m_free["reranker/penalty_rate"] == m["reranker/penalty_rate"]
+
+
+# --------------------------------------------------------------------------------------------------- role switches
+
+
+def test_frozen_roles_untrain_exactly_that_role():
+    batch, _, _ = rollout("fof", n_questions=3)
+    before = {n.node_id: n.group_id for n in batch.nodes}
+    count = apply_role_switches(batch, None, [RERANKER])
+    assert count == 12
+    for n in batch.nodes:
+        assert n.group_id == (-1 if n.agent == RERANKER else before[n.node_id])
+    assert apply_role_switches(batch, None, [RERANKER]) == 0
+
+
+def test_train_roles_keep_only_that_role():
+    batch, _, _ = rollout("fof", n_questions=3)
+    before = {n.node_id: n.group_id for n in batch.nodes}
+    count = apply_role_switches(batch, [REWRITER], [])
+    assert count == 24
+    for n in batch.nodes:
+        assert n.group_id == (before[n.node_id] if n.agent == REWRITER else -1)
+    assert sum(1 for n in batch.nodes if n.trained) == 12
+
+
+def test_no_role_switches_change_nothing():
+    batch, _, _ = rollout("is", n_questions=2)
+    before = [n.group_id for n in batch.nodes]
+    assert apply_role_switches(batch, None, []) == 0
+    assert [n.group_id for n in batch.nodes] == before
+
+
+def test_role_switches_on_chains_untrain_exactly_that_role():
+    batch, _, _ = rollout("chains", n_questions=2)
+    assert apply_role_switches(batch, None, [RERANKER]) == 8
+    assert {n.agent for n in batch.llm_nodes() if n.trained} == {REWRITER, ANSWERER}
+    assert all(n.advantage == 0.0 for n in batch.llm_nodes() if not n.trained)
