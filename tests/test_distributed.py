@@ -448,6 +448,31 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
         assert last[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
 
 
+LOADS_ON_RANK_1 = """
+import os, sys, torch
+torch.distributed.init_process_group("gloo", init_method="file://" + sys.argv[2], world_size=1, rank=0)
+from mhgpo.model import sharding
+from mhgpo.model.trained import initial_weights
+if sys.argv[3] == "whole":
+    sharding.load_whole()
+loaded, _ = initial_weights(sys.argv[1], "init", True, device="cpu")
+print(min(float(p.abs().sum()) for p in loaded.model.parameters()))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_every_rank_of_an_fsdp_launch_loads_the_whole_model(tiny_model_dir, tmp_path) -> None:
+    """`accelerate launch` under FSDP sets FSDP_CPU_RAM_EFFICIENT_LOADING=true, with which transformers (5.19, for
+    one) loads zeros on every rank but the first, for a broadcast that mhgpo's own sharding does not do:
+    `sharding.load_whole` turns that loading off, so rank 1 loads the model's weights."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LOCAL_RANK": "1", "RANK": "0"}
+    env.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="true")
+    args = [sys.executable, "-c", LOADS_ON_RANK_1, str(tiny_model_dir), str(tmp_path / "store")]
+    done = subprocess.run([*args, "whole"], env=env, cwd=REPO, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split()[-1]) > 0  # no tensor left at zero
+
+
 def test_fsdp_refuses_one_adapter_per_role(tiny_model_dir, world, tmp_path, monkeypatch) -> None:
     from types import SimpleNamespace
 

@@ -230,6 +230,7 @@ def build_training(job: Job, with_val: bool = False, loaded: Any = None) -> Trai
     cfg, ranks = job.cfg, job.ranks
     seed_everything(cfg.seed)
     train, val, workflow, val_workflow = build_data(job, bool(cfg.eval_every) or with_val)
+        sharding.load_whole()  # FSDP: every rank loads the whole model (sharded below)
     spec = run_model_spec(cfg.model, job.run_dir)
     reference = None
     if loaded is None:
