@@ -313,6 +313,8 @@ class Trainer:
             raise RankFailed(failed[0])
         if any(stop for _, stop, _ in parts):
             raise KeyboardInterrupt
+        for rank, (b, _, _) in enumerate(parts):  # (the rollout file says which rank grew each tree)
+            b.ranks = [rank] * len(b.examples)
         return merge_batches([b for b, _, _ in parts])
 
     def _sample(self) -> tuple[RolloutBatch, dict[str, float], int, dict[str, float]]:
