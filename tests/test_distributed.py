@@ -491,7 +491,7 @@ def test_fsdp_refuses_one_adapter_per_role(tiny_model_dir, world, tmp_path, monk
 
 def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsys) -> None:
     """`mhgpo train` closes its ranks after training (a barrier, then the process group destroyed), on every rank,
-    before rank 0 reports."""
+    before rank 0 reports; a separate engine (vLLM) is closed between the two, and its teardown ends the group."""
     import argparse
     from types import SimpleNamespace
 
@@ -501,15 +501,22 @@ def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsy
 
     calls: list[str] = []
     monkeypatch.setattr(distributed.torch.distributed, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(distributed.torch.distributed, "is_initialized", lambda: "destroy" not in calls)
     monkeypatch.setattr(distributed.torch.distributed, "destroy_process_group", lambda: calls.append("destroy"))
-    for rank in (0, 1):
+
+    class Engine:  # a separate engine (vLLM), whose teardown ends the process group too
+        def close(self) -> None:
+            calls.extend(["engine closed", "destroy"])
+
+    for rank, engine in [(0, None), (1, None), (0, Engine()), (1, Engine())]:
         ranks = distributed.Ranks.__new__(distributed.Ranks)
         ranks.world, ranks.rank, ranks.is_main, ranks.comm_seconds = 2, rank, rank == 0, 0.0
-        trainer = SimpleNamespace(ranks=ranks, step=3, run_dir="runs/x", val_history=[])
+        setup = SimpleNamespace(generator=engine, engine_scratch=None if engine is None else "scratch")
+        trainer = SimpleNamespace(ranks=ranks, step=3, run_dir="runs/x", val_history=[], setup=setup)
         monkeypatch.setattr(mhgpo.run.pipeline, "train", lambda cfg, trainer=trainer: trainer)
         args = argparse.Namespace(resume=None, from_step=None, scale=None, config=None, overrides=[])
         assert cmd_train(args) == 0
-        assert calls == ["barrier", "destroy"]
+        assert calls == ["barrier", "destroy"] if engine is None else ["barrier", "engine closed", "destroy"]
         calls.clear()
         assert ("finished 3 steps" in capsys.readouterr().out) == (rank == 0)
 
