@@ -61,7 +61,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = resume(Path(args.resume), _overrides(args), from_step=args.from_step, trust_code=args.trust_code)
     else:
         trainer = train(train_config(args))
-    trainer.ranks.close()  # a data-parallel run: every rank got here (a failure raises before)
+    # a data-parallel run: every rank got here (a failure raises before); a separate engine ends before the ranks
+    trainer.ranks.close(trainer.setup.generator if trainer.setup.engine_scratch is not None else None)
     if not trainer.ranks.is_main:  # rank 0 reports
         return 0
     if getattr(trainer, "stopped_on_budget", False):  # (a trainer stopped by `budget_minutes`)

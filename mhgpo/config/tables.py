@@ -138,10 +138,11 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
 class Engine:
     """Who samples the agents' outputs. ``build``: ``"module:function"`` of the builder, called with keyword
     arguments (``model``, ``loaded``, ``spec``, ``generation``, ``precision``, ``seed``, ``batch_size``,
-    ``select``, ``lora_rank``, ``adapters``, ``scratch``; each builder takes those it needs and ``**_``).
+    ``select``, ``lora_rank``, ``adapters``, ``scratch``, ``ranks``; each builder takes those it needs and ``**_``).
     ``separate``: it holds a copy of the weights of its own, built on the initial weights before the policy wraps
-    them and handed the new weights after every update (`mhgpo.rl.engine_sync`); else it samples from the training
-    model itself. ``require``: ``"module:function"`` that raises a one-line error when it is not installed."""
+    them and handed the new weights after every update (`mhgpo.rl.engine_sync`), one per rank under several; else it
+    samples from the training model itself. ``require``: ``"module:function"`` that raises a one-line error when it
+    is not installed."""
 
     name: str
     build: str

@@ -51,7 +51,7 @@ class Single:
     def barrier(self) -> None:
         return None
 
-    def close(self) -> None:
+    def close(self, engine: Any = None) -> None:
         return None
 
     def share(self, items: Sequence[T]) -> list[T]:
@@ -144,11 +144,16 @@ class Ranks(Single):
     def barrier(self) -> None:
         self._timed(torch.distributed.barrier)
 
-    def close(self) -> None:
+    def close(self, engine: Any = None) -> None:
         """Once every rank is done: end the process group, so that none of its threads outlives the interpreter
-        (an exit with the group still open may abort in its teardown)."""
+        (an exit with the group still open may abort in its teardown). ``engine``: this rank's separate engine
+        (vLLM), closed first, once every rank is done: its teardown ends its own groups on the process group, and
+        the process group with them."""
         self.barrier()
-        torch.distributed.destroy_process_group()
+        if engine is not None:
+            engine.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
     def share(self, items: Sequence[T]) -> list[T]:
         """This rank's contiguous share of `items` (the shares of all ranks, in rank order, are `items`)."""

@@ -30,11 +30,21 @@ from typing import Any
 import torch
 
 ENV = "ACCELERATE_USE_FSDP"  # set by `accelerate launch` from a config with distributed_type: FSDP
+RAM_EFFICIENT = "FSDP_CPU_RAM_EFFICIENT_LOADING"  # set by `accelerate launch` under FSDP ("true" unless told not to)
 
 
 def requested() -> bool:
     """Whether the launcher asked for FSDP."""
     return os.environ.get(ENV, "").lower() in ("1", "true")
+
+
+def load_whole() -> None:
+    """Every rank loads the whole model, which :func:`shard_model` then shards: under FSDP, `accelerate launch`
+    asks by default for its "CPU-RAM-efficient" loading, where transformers (5.19, for one) leaves the weights of
+    every rank but 0 at zero, to be broadcast from rank 0 by accelerate's own FSDP preparation, which mhgpo does
+    not use; that loading is turned off."""
+    if requested():
+        os.environ[RAM_EFFICIENT] = "false"
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[Any]:

@@ -2,10 +2,12 @@
 ``generation.engine=vllm`` (docs/vllm.md).
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a plain Hugging Face folder of the run's
-initial weights (:func:`engine_folder`: the default model's GGUF file converted once and cached). Token ids go in
-(``TokensPrompt``) and token ids come out, with the log-prob of each sampled token (``logprobs=0``); nothing is
-decoded and tokenised again. The log-probs are the project's, ``log_softmax(logits / T)`` before top-p, at any
-temperature (:func:`_logprob_processors`).
+initial weights (:func:`engine_folder`: the default model's GGUF file converted once and cached). Under several ranks
+(`accelerate launch`) each rank has an engine of its own beside its trainer, started with vLLM's
+``external_launcher`` on the run's process group (tensor-parallel size 1: it samples the rank's share alone), with a
+seed of its own (:func:`rank_seed`). Token ids go in (``TokensPrompt``) and token ids come out, with the log-prob of
+each sampled token (``logprobs=0``); nothing is decoded and tokenised again. The log-probs are the project's,
+``log_softmax(logits / T)`` before top-p, at any temperature (:func:`_logprob_processors`).
 
 The engine follows training (:mod:`mhgpo.rl.engine_sync`): a LoRA adapter is handed over as a new ``LoRARequest``
 (one per agent under ``lora.per_role``), full weights are loaded into the worker's model (:meth:`load_weights`);
@@ -74,25 +76,38 @@ def build_engine(
     lora_rank: int | None = None,
     adapters: int = 1,
     scratch: Path | None = None,
+    ranks: Any = None,
 ) -> VLLMGenerator:
     """The :class:`VLLMGenerator` of the model ``spec`` loaded as ``loaded`` (a plain model: a new run's initial
     weights, before LoRA wraps them), with the `generation` section's settings, in the dtype of the resolved
-    ``precision``; ``lora_rank`` and ``adapters`` as :class:`VLLMGenerator` takes them."""
+    ``precision``; ``lora_rank`` and ``adapters`` as :class:`VLLMGenerator` takes them. ``ranks``
+    (:mod:`mhgpo.model.distributed`; None: one process): under several, this rank's engine, started on the run's
+    process group with this rank's seed (every rank builds its own, at the same point: the start is a collective)."""
     from mhgpo.model.pretrained import stop_token_ids
 
     dtype = ENGINE_DTYPES[precision]
+    world, rank = (ranks.world, ranks.rank) if ranks is not None else (1, 0)
     folder = engine_folder(spec, loaded.model, loaded.tokenizer, dtype, scratch or scratch_dir())
     return VLLMGenerator(
         folder,
         loaded.tokenizer,
         stop_token_ids(loaded.tokenizer, loaded.model),
         dtype=dtype,
-        seed=seed,
+        seed=rank_seed(seed, rank),
         lora_rank=lora_rank,
         adapters=adapters,
         kv_cache_gb=generation.kv_cache_gb,
         gpu_memory_utilization=generation.gpu_memory_utilization,
+        external_launcher=world > 1,
     )
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The engine's seed on ``rank``: the run's ``seed`` on rank 0 (one process: the run's seed), else one drawn from
+    ``(seed, rank)``, so that no two ranks' engines draw alike (as vLLM seeds its own data-parallel engines)."""
+    import numpy as np
+
+    return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
 def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Path) -> Path:
@@ -221,6 +236,28 @@ def _scannable_modules() -> Iterator[None]:
 
 
 @contextmanager
+def _random_streams_kept() -> Iterator[None]:
+    """Keep the process's random streams (Python's, NumPy's, torch's, CUDA's) as they are across the engine's start:
+    vLLM's worker seeds them all with the engine's seed, which differs between ranks, and the trainer draws from
+    them next (a new LoRA adapter's initial weights), which must be the same on every rank."""
+    import random
+
+    import numpy as np
+    import torch
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+@contextmanager
 def _torch_threads_kept() -> Iterator[None]:
     """Keep torch's intra-op threads as they are across the engine's start: vLLM's CPU worker sets them to 1 for
     serving and replaces ``torch.set_num_threads`` with a no-op, for the whole process, the trainer's forward and
@@ -309,7 +346,10 @@ class VLLMGenerator:
     """:class:`~mhgpo.model.generation.Generator` over an in-process vLLM engine on the Hugging Face folder
     ``folder``; ``eos_ids`` end a generation (as :class:`~mhgpo.model.generation.HFGenerator`'s do). ``lora_rank``:
     the engine takes LoRA adapters of at most that rank (None: none; full weights are loaded instead),
-    ``adapters`` at a time (one per agent under ``lora.per_role``)."""
+    ``adapters`` at a time (one per agent under ``lora.per_role``). ``external_launcher``: a rank of a run started
+    by a launcher (``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, the process group open): the
+    engine joins that group (vLLM's ``external_launcher``, as TRL's colocated engines do) with a tensor-parallel
+    group of its own rank, and samples alone; the ranks start their engines together."""
 
     def __init__(
         self,
@@ -324,6 +364,7 @@ class VLLMGenerator:
         kv_cache_gb: float = 4.0,
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None,
+        external_launcher: bool = False,
     ) -> None:
         require_vllm()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its weights reachable
@@ -331,13 +372,15 @@ class VLLMGenerator:
         from vllm import LLM
 
         self.tokenizer, self.eos_ids = tokenizer, list(eos_ids)
-        lora = {}
+        options: dict[str, Any] = {}
         if lora_rank:
             fits = [r for r in LORA_RANKS if r >= lora_rank]
             if not fits:
                 raise InputError(f"lora.r: vLLM takes LoRA adapters of rank {LORA_RANKS[-1]} at most, got {lora_rank}")
-            lora = {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": adapters, "max_cpu_loras": adapters}
-        with _scannable_modules(), _torch_threads_kept():
+            options.update(enable_lora=True, max_lora_rank=fits[0], max_loras=adapters, max_cpu_loras=adapters)
+        if external_launcher:
+            options["distributed_executor_backend"] = "external_launcher"
+        with _scannable_modules(), _torch_threads_kept(), _random_streams_kept():
             self.llm = LLM(
                 model=str(folder),
                 tokenizer=str(folder),
@@ -349,7 +392,7 @@ class VLLMGenerator:
                 max_model_len=max_model_len,
                 logprobs_mode="processed_logits",
                 logits_processors=_logprob_processors(),
-                **lora,
+                **options,
             )
         self.dtype = dtype
         self.adapters: dict[str | None, Any] = {}  # agent (None: every agent) -> its LoRARequest
@@ -513,14 +556,16 @@ def build_vllm_generator(
     adapters: int = 1,
     scratch: Path | None = None,
     select: Any = None,
+    ranks: Any = None,
     **_: Any,
 ) -> VLLMGenerator:
     """The `vllm` engine (`mhgpo.config.tables.ENGINES`) on the model `spec` loaded as `loaded`: a new run's initial
-    weights (then `lora_rank` and `adapters` size its LoRA slots), or a model to evaluate; a model loaded with one
-    adapter per agent (`select`, a `lora.per_role` run) is refused: its agents are evaluated by the `hf` engine."""
+    weights (then `lora_rank` and `adapters` size its LoRA slots; `ranks`: this rank's engine under several), or a
+    model to evaluate; a model loaded with one adapter per agent (`select`, a `lora.per_role` run) is refused: its
+    agents are evaluated by the `hf` engine."""
     if select is not None:
         raise InputError(
             f"generation.engine=vllm: {spec} has one LoRA adapter per agent (lora.per_role); evaluate it with "
             f"generation.engine=hf"
         )
-    return build_engine(spec, loaded, generation, precision, seed, lora_rank, adapters, scratch)
+    return build_engine(spec, loaded, generation, precision, seed, lora_rank, adapters, scratch, ranks)

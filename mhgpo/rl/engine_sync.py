@@ -2,9 +2,10 @@
 
 After every update the engine gets the new weights (:func:`sync`), labelled with the trainer's update count: under
 LoRA each trained adapter is saved in PEFT format to a scratch folder and handed over as a new ``LoRARequest`` (one
-per agent under ``lora.per_role``); under full fine-tuning the weights are loaded into the engine's model. Then
-:func:`check_sync` measures, and :func:`verdict` judges (a pure function, so that the verdicts of several ranks
-can be combined, :func:`stop_if_any`):
+per agent under ``lora.per_role``); under full fine-tuning the weights are loaded into the engine's model. Under
+several ranks every rank hands them to its own engine, whole (:func:`trainer_weights`: under FSDP gathered from the
+shards). Then :func:`check_sync` measures, on each rank, and :func:`verdict` judges (a pure function, so that the
+verdicts of several ranks can be combined, :func:`stop_if_any`):
 
 - what the engine holds, as it reports it (:func:`stale`): the update count of its weights, and digests of the
   adapters its worker loaded (of the files they were loaded from) or of its own tensors that keep the trainer's
@@ -13,7 +14,8 @@ can be combined, :func:`stop_if_any`):
 - a few of the step's outputs scored by the engine and by the trainer (:func:`gap_figures`): the mean and largest
   per-token log-prob gap, a k3 estimate of the KL between them and the mean of exp(gap); a mean gap above the
   tolerance means the engine computes something else than the trainer (a wrong layout, a wrong scale), and a value
-  that is not finite stops the run at once.
+  that is not finite stops the run at once. Under several ranks each rank scores its share of those outputs on its
+  own engine; the step logs the figures pooled over the ranks' tokens (:func:`pooled`).
 
 The engine's log-probs of what it sampled are the project's, ``log_softmax(logits / T)`` before top-p, at any
 temperature: with ``optim.old_logprobs=trainer`` (the default) the trainer recomputes them before the update and the
@@ -31,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from mhgpo.errors import RunError
-from mhgpo.rl.policy import LORA_ADAPTER, Policy, Sample
+from mhgpo.model import sharding
+from mhgpo.model.distributed import Single
+from mhgpo.rl.policy import LORA_ADAPTER, Policy, Sample, owned
 
 # the sync check's largest mean per-token log-prob gap, by resolved precision: float32 on both sides agree to about
 # 1e-5; bfloat16 (the engine's kernels, the trainer's autocast) by about 0.03 (the demo's rollouts, default model)
@@ -54,13 +58,15 @@ class EngineGapNotFinite(RunError):
 class SyncCheck:
     """What the sync check of one rank measured: ``figures`` (:func:`gap_figures`; empty when no output was
     scored), ``tokens`` scored and how many of them had a log-prob that is not finite on the engine's side and on
-    the trainer's (``not_finite``), and ``stale``, why the engine does not hold the trainer's weights (None: it
-    holds them, :func:`stale`)."""
+    the trainer's (``not_finite``), ``stale``, why the engine does not hold the trainer's weights (None: it holds
+    them, :func:`stale`), and the scored log-probs themselves (N,), the engine's and the trainer's."""
 
     figures: dict[str, float] = field(default_factory=dict)
     tokens: int = 0
     not_finite: tuple[int, int] = (0, 0)
     stale: str | None = None
+    engine_lp: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    trainer_lp: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def tolerance(cfg: Any) -> float:
@@ -73,33 +79,47 @@ def _adapter_names(policy: Policy) -> tuple[str, ...]:
     return policy.roles or (LORA_ADAPTER,)
 
 
-def sync(engine: Any, policy: Policy, scratch: Path, version: int) -> None:
+def trainer_weights(policy: Policy) -> dict[str, Any]:
+    """What the engine is handed of the policy, by the names of its ``state_dict``: under LoRA the adapters' tensors,
+    else every tensor; whole tensors: under FSDP each sharded one is gathered from the ranks' shards
+    (:func:`mhgpo.model.sharding.full`, a collective: every rank calls this at the same point)."""
+    state = policy.model.state_dict()
+    if policy.lora:
+        state = {name: t for name, t in state.items() if "lora_" in name}
+    return {name: sharding.full(t.detach()) for name, t in state.items()}
+
+
+def sync(engine: Any, policy: Policy, scratch: Path, version: int, weights: dict[str, Any] | None = None) -> None:
     """Hand the policy's current weights, those of its update ``version`` (the trainer's update count), to
-    ``engine``: its LoRA adapters (saved to ``scratch``, one per agent under `lora.per_role`), or all its weights."""
+    ``engine``: its LoRA adapters (saved to ``scratch``, one per agent under `lora.per_role`), or all its weights.
+    ``weights``: :func:`trainer_weights`, if already taken (else taken here: every rank calls this together)."""
+    weights = trainer_weights(policy) if weights is None else weights
     if not policy.lora:
-        engine.load_weights(policy.model.state_dict().items(), version)
+        engine.load_weights(weights.items(), version)
         return
     names = _adapter_names(policy)
     # (embeddings are no LoRA target here: `save_embedding_layers=False` skips peft's look for the base's config)
-    policy.model.save_pretrained(str(scratch / "adapters"), selected_adapters=list(names), save_embedding_layers=False)
+    policy.model.save_pretrained(
+        str(scratch / "adapters"), selected_adapters=list(names), save_embedding_layers=False, state_dict=weights
+    )
     folders = {name: scratch / "adapters" / (name if name != LORA_ADAPTER else "") for name in names}
     engine.set_adapters({(name if policy.roles else None): folder for name, folder in folders.items()}, version)
 
 
-def stale(engine: Any, policy: Policy, version: int) -> str | None:
+def stale(engine: Any, policy: Policy, version: int, weights: dict[str, Any] | None = None) -> str | None:
     """Why ``engine`` does not hold the weights of the policy's update ``version`` (None: it holds them), from what
     the engine reports (:meth:`~mhgpo.model.vllm_engine.VLLMGenerator.held`): the update count of its last
     hand-over; under LoRA, the digest of each adapter its worker loaded against the trainer's adapter; under full
     weights, the digest of each of its own tensors that keep the trainer's layout (embeddings, norms) against the
-    trainer's, cast to the engine's dtype."""
+    trainer's, cast to the engine's dtype. ``weights``: :func:`trainer_weights`, if already taken."""
     import torch
     from peft import get_peft_model_state_dict
 
     from mhgpo.model.vllm_engine import tensor_digest
 
+    state = trainer_weights(policy) if weights is None else weights
     if not policy.lora:
-        state = policy.model.state_dict()
-        embed = policy.model.get_input_embeddings().weight.data_ptr()
+        embed = policy.model.get_input_embeddings().weight.data_ptr()  # (whole on every rank under FSDP)
         kept = {n: tuple(t.shape) for n, t in state.items() if t.ndim == 1 or t.data_ptr() == embed}
         held = engine.held(kept)
     else:
@@ -114,7 +134,7 @@ def stale(engine: Any, policy: Policy, version: int) -> str | None:
         return None
     for name in _adapter_names(policy):
         agent = name if policy.roles else None
-        mine = get_peft_model_state_dict(policy.model, adapter_name=name, save_embedding_layers=False)
+        mine = get_peft_model_state_dict(policy.model, state_dict=state, adapter_name=name, save_embedding_layers=False)
         if agent not in held.adapters:
             return f"its worker has not loaded the adapter of {agent or 'the agents'}"
         if held.adapters[agent] != tensor_digest(mine.items()):
@@ -137,13 +157,13 @@ def checked(samples: list[Sample], count: int) -> list[Sample]:
     return picked
 
 
-def scored(engine: Any, policy: Policy, samples: list[Sample], count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The log-probs (N,) of the tokens of up to ``count`` of ``samples`` (:func:`checked`), each at its sample's
-    temperature and as its agent: the engine's, then the trainer's, pooled over the samples' tokens."""
-    picked = checked(samples, count)
+def scored(engine: Any, policy: Policy, picked: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """The log-probs (N,) of the tokens of the ``picked`` samples (:func:`checked`), each at its sample's
+    temperature and as its agent: the engine's, then the trainer's, pooled over the samples' tokens. Every rank
+    calls it together, with its own samples (none included: under FSDP the trainer's passes gather the model)."""
+    trainer = policy.current_logprobs(picked)
     if not picked:
         return np.zeros(0), np.zeros(0)
-    trainer = policy.current_logprobs(picked)
     ours: list[np.ndarray] = [np.zeros(0)] * len(picked)
     for key in dict.fromkeys((s.agent, s.temperature) for s in picked):
         rows = [i for i, s in enumerate(picked) if (s.agent, s.temperature) == key]
@@ -177,23 +197,47 @@ def gap_figures(engine_lp: np.ndarray, trainer_lp: np.ndarray) -> dict[str, floa
         }
 
 
-def check_sync(engine: Any, policy: Policy, samples: list[Sample], count: int, version: int) -> SyncCheck:
-    """The sync check of one rank after the update ``version`` (the trainer's update count): what the engine holds
-    (:func:`stale`), and the gap figures of up to ``count`` of ``samples`` (0: none scored)."""
-    engine_lp, trainer_lp = scored(engine, policy, samples, count) if count else (np.zeros(0), np.zeros(0))
+def check_sync(
+    engine: Any,
+    policy: Policy,
+    samples: list[Sample],
+    count: int,
+    version: int,
+    ranks: Single | None = None,
+    weights: dict[str, Any] | None = None,
+) -> SyncCheck:
+    """The sync check of one rank after the update ``version`` (the trainer's update count): what its engine holds
+    (:func:`stale`; ``weights``: :func:`trainer_weights`, if already taken), and the gap figures of its share of up
+    to ``count`` of the step's ``samples`` (0: none scored; ``ranks``: one process if None). Every rank calls it
+    together."""
+    picked = (ranks or Single()).share(checked(samples, count))
+    engine_lp, trainer_lp = scored(engine, policy, picked)
     return SyncCheck(
         figures=gap_figures(engine_lp, trainer_lp),
         tokens=int(engine_lp.size),
         not_finite=(int((~np.isfinite(engine_lp)).sum()), int((~np.isfinite(trainer_lp)).sum())),
-        stale=stale(engine, policy, version),
+        stale=stale(engine, policy, version, weights),
+        engine_lp=engine_lp,
+        trainer_lp=trainer_lp,
     )
 
 
-def verdict(check: SyncCheck, limit: float, step: int, last_checkpoint: str) -> RunError | None:
+def pooled(check: SyncCheck, ranks: Single) -> dict[str, float]:
+    """The gap figures (:func:`gap_figures`) over the tokens that every rank scored (its ``check``), in rank order:
+    one process's figures, the same on every rank."""
+    parts = ranks.gather([check.engine_lp, check.trainer_lp])
+    return gap_figures(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def verdict(
+    check: SyncCheck, limit: float, step: int, last_checkpoint: str, rank: int | None = None
+) -> RunError | None:
     """The error that stops the run after ``step``'s update (None: the engine is in sync), from one rank's
     ``check``: the engine does not hold the trained weights; a log-prob that is not finite; or a mean gap above
-    ``limit``. Pure, so that the ranks' verdicts can be combined (:func:`stop_if_any`)."""
-    head = f"generation.engine=vllm: after the update of step {step}"
+    ``limit``. ``rank``: the rank named in the line (None: one process). Pure, so that the ranks' verdicts can be
+    combined (:func:`stop_if_any`)."""
+    on_rank = f", on rank {rank}," if rank is not None else ""
+    head = f"generation.engine=vllm: after the update of step {step}{on_rank}"
     tail = f"the run stops; {last_checkpoint}"
     if check.stale is not None:
         return EngineOutOfSync(f"{head} the engine does not hold the trained weights ({check.stale}); {tail}")
@@ -212,15 +256,18 @@ def verdict(check: SyncCheck, limit: float, step: int, last_checkpoint: str) -> 
     return None
 
 
-def stop_if_any(error: RunError | None, ranks: Any, step: int, last_checkpoint: str) -> None:
-    """Raise ``error``, this rank's verdict, when the sync check failed on any of ``ranks``
-    (:class:`~mhgpo.model.distributed.Single` or ``Ranks``: every rank calls it); a rank whose own check passed
-    raises an :class:`EngineOutOfSync` that points to the others."""
-    if ranks.any(error is not None):
-        raise error or EngineOutOfSync(
-            f"generation.engine=vllm: after the update of step {step} the sync check failed on another rank; the "
-            f"run stops; {last_checkpoint}"
-        )
+def stop_if_any(error: RunError | None, ranks: Single) -> None:
+    """Stop every rank when the sync check failed on any of ``ranks`` (:class:`~mhgpo.model.distributed.Single` or
+    ``Ranks``: every rank calls it with its verdict, ``error``): each raises the error of the first rank that failed
+    (its own, if that rank is this one), so that rank 0 says in one line which rank failed and why."""
+    if not ranks.any(error is not None):
+        return
+    told = ranks.gather(None if error is None else [type(error).__name__, str(error)])
+    first = next(r for r, verdict_of in enumerate(told) if verdict_of)
+    if first == ranks.rank and error is not None:
+        raise error
+    kind, line = told[first]
+    raise {c.__name__: c for c in (EngineOutOfSync, EngineGapNotFinite)}.get(kind, EngineOutOfSync)(line)
 
 
 def sync_after_update(
@@ -232,30 +279,39 @@ def sync_after_update(
     from mhgpo.model.checkpoint import list_checkpoints
 
     t = time.perf_counter()
-    sync(setup.generator, setup.policy, setup.engine_scratch, step)
+    weights = trainer_weights(setup.policy)
+    sync(setup.generator, setup.policy, setup.engine_scratch, step, weights)
     out = {"seconds/engine_sync": time.perf_counter() - t}
     t = time.perf_counter()
-    check = check_sync(setup.generator, setup.policy, samples, cfg.generation.sync_check, step)
-    out.update(check.figures, **{"seconds/engine_check": time.perf_counter() - t})
+    check = check_sync(setup.generator, setup.policy, samples, cfg.generation.sync_check, step, ranks, weights)
     kept = list_checkpoints(run_dir)
     last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
-    stop_if_any(verdict(check, tolerance(cfg), step, last), ranks, step, last)
+    stop_if_any(verdict(check, tolerance(cfg), step, last, ranks.rank if ranks.world > 1 else None), ranks)
+    out.update(pooled(check, ranks), **{"seconds/engine_check": time.perf_counter() - t})
     return out
 
 
-def old_logprobs(policy: Policy, samples: list[Sample], mode: str) -> dict[str, float]:
+def old_logprobs(policy: Policy, samples: list[Sample], mode: str, ranks: Single | None = None) -> dict[str, float]:
     """Set the samples' old log-probs as `optim.old_logprobs` asks: ``engine`` keeps the engine's; ``trainer``
     recomputes them with the policy, keeps the engine's beside them (``engine_logprobs``, for `optim.engine_is_cap`)
-    and returns their mean per-token gap to the engine's (``engine/old_logprob_gap``). A log-prob that is not finite
-    on either side stops the run (:class:`EngineGapNotFinite`), before the update."""
+    and returns their mean per-token gap to the engine's (``engine/old_logprob_gap``). Under several ``ranks`` each
+    rank recomputes the samples its update will take (:func:`~mhgpo.rl.policy.owned`) and the ranks' rows are
+    gathered, so that every rank holds them all. A log-prob that is not finite on either side stops the run
+    (:class:`EngineGapNotFinite`), before the update."""
     with_output = [s for s in samples if s.output_ids]
     for s in with_output:
         s.engine_logprobs = list(s.old_logprobs)
     if mode == "engine" or not with_output:
         return {}
-    recomputed = policy.current_logprobs(with_output)
+    ranks = ranks or Single()
+    mine = owned(with_output, ranks, policy.cfg.share_prefix)
+    rows = policy.current_logprobs([with_output[i] for i in mine])
+    recomputed: list[list[float]] = [[] for _ in with_output]
+    for indices, values in ranks.gather([mine, [lp.tolist() for lp in rows]]):
+        for i, lp in zip(indices, values):
+            recomputed[i] = lp
     engine_lp = np.concatenate([np.asarray(s.old_logprobs, dtype=np.float64) for s in with_output])
-    trainer_lp = np.concatenate([lp.double().numpy() for lp in recomputed])
+    trainer_lp = np.concatenate([np.asarray(lp, dtype=np.float64) for lp in recomputed])
     bad = (int((~np.isfinite(engine_lp)).sum()), int((~np.isfinite(trainer_lp)).sum()))
     if any(bad):
         raise EngineGapNotFinite(

@@ -222,17 +222,20 @@ class Policy:
     def current_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
         """log pi of every sample's output tokens under the current weights, each at its sample's temperature and
         as its agent (list of 1-D float32 tensors): the old log-probs when another engine sampled the outputs
-        (`optim.old_logprobs=trainer`), and the trainer's side of the engine's sync check."""
+        (`optim.old_logprobs=trainer`), and the trainer's side of the engine's sync check. Each rank computes its own
+        samples, as many as it has (none included): a sharded model is gathered whole for them, so every rank calls
+        it together."""
         out: list[torch.Tensor | None] = [None] * len(samples)
         was_training = self.model.training
         self.model.eval()
         try:
-            for idx in micro_batches(
-                samples, self.cfg.micro_batch_tokens, by_agent=bool(self.roles), share=self.cfg.share_prefix
-            ):
-                logp, mask = self._logprobs(self.model, [samples[i] for i in idx])
-                for row, i in enumerate(idx):
-                    out[i] = logp[row, : int(mask[row].sum())].detach().float()
+            with gathered(self.model):
+                for idx in micro_batches(
+                    samples, self.cfg.micro_batch_tokens, by_agent=bool(self.roles), share=self.cfg.share_prefix
+                ):
+                    logp, mask = self._logprobs(self.model, [samples[i] for i in idx])
+                    for row, i in enumerate(idx):
+                        out[i] = logp[row, : int(mask[row].sum())].detach().float()
         finally:
             self.model.train(was_training)
         return out  # type: ignore[return-value]

@@ -82,7 +82,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
-    """One JSON-able record per node: ids, agent, group, rewards, advantage and the output text."""
+    """One JSON-able record per node: ids, agent, group, rewards, advantage and the output text (and, in a
+    data-parallel run, the rank that grew its tree)."""
     rows = []
     for n in batch.nodes:
         ex = batch.examples[n.question_index]
@@ -104,6 +105,8 @@ def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
             "output_tokens": len(n.output_ids),
             "prompt_tokens": len(n.prompt_ids),
         }
+        if batch.ranks:
+            row["rank"] = batch.ranks[n.question_index]
         if n.final_answer is not None:
             row.update(
                 final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers), question=ex.question

@@ -189,13 +189,18 @@ class Trainer:
             sync(self.setup.generator, self.setup.policy, self.setup.engine_scratch, self.step)
             self._engine_synced = True
 
+    def _decoding(self) -> Any:
+        """FSDP: the whole model on every rank while the trainer's model decodes (each rank its own number of
+        steps); a separate engine decodes in its stead, and nothing is gathered."""
+        return sharding.gathered(None if self.setup.engine_scratch is not None else self.setup.policy.model)
+
     # -------------------------------------------------------------------------------------------------- loop
 
     def validate(self, desc: str = "") -> Any:
         """Greedy evaluation of the team on the fixed validation subset (an `EvalResult`); a progress bar with
         `desc`."""
         self._engine_ready()
-        with sharding.gathered(self.setup.policy.model):  # FSDP: each rank decodes its own number of steps
+        with self._decoding():
             return self._validate(desc)
 
     def _validate(self, desc: str) -> Any:
@@ -220,7 +225,7 @@ class Trainer:
         t0 = time.perf_counter()
         self._engine_ready()
         setup.policy.model.eval()
-        with sharding.gathered(setup.policy.model):  # FSDP: each rank decodes its own number of steps
+        with self._decoding():
             batch, adv_stats, untrained, filter_stats = self._sample()
         trained = [n for n in batch.llm_nodes() if n.trained]
         samples = [
@@ -239,7 +244,7 @@ class Trainer:
         if setup.engine_scratch is not None:  # a separate engine sampled them: whose old log-probs the ratio takes
             from mhgpo.rl.engine_sync import old_logprobs
 
-            engine_stats = old_logprobs(setup.policy, samples, cfg.optim.old_logprobs)
+            engine_stats = old_logprobs(setup.policy, samples, cfg.optim.old_logprobs, self.ranks)
         critic_stats = setup.critic.estimate(samples) if setup.critic is not None else {}
         if setup.critic is not None:
             for n, s in zip(trained, samples):  # the records show each output's mean token advantage
@@ -313,6 +318,8 @@ class Trainer:
             raise RankFailed(failed[0])
         if any(stop for _, stop, _ in parts):
             raise KeyboardInterrupt
+        for rank, (b, _, _) in enumerate(parts):  # (the rollout file says which rank grew each tree)
+            b.ranks = [rank] * len(b.examples)
         return merge_batches([b for b, _, _ in parts])
 
     def _sample(self) -> tuple[RolloutBatch, dict[str, float], int, dict[str, float]]:

@@ -67,6 +67,7 @@ class RolloutBatch:
     fork_agents: list[list[str | None]]  # per question, the fork agent of each of its forks
     stats: dict[str, float]
     failures: list[RolloutFailure] = field(default_factory=list)  # questions left out (on_error="skip")
+    ranks: list[int] = field(default_factory=list)  # per question, the rank that grew its tree (several ranks)
 
     def llm_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.kind == "llm"]
@@ -106,6 +107,7 @@ def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
     fork_agents: list[list[str | None]] = []
     stats: dict[str, float] = {}
     failures: list[RolloutFailure] = []
+    ranks: list[int] = []
     next_group = next_fork = 0
     for part, b in enumerate(batches):
         node_shift, question_shift = len(nodes), len(examples)
@@ -124,6 +126,7 @@ def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
         examples.extend(b.examples)
         fork_agents.extend(b.fork_agents)
         failures.extend(b.failures)
+        ranks.extend(b.ranks)
         for k, v in b.stats.items():
             stats[k] = stats.get(k, 0.0) + v
-    return RolloutBatch(examples, nodes, fork_agents, stats, failures)
+    return RolloutBatch(examples, nodes, fork_agents, stats, failures, ranks if len(ranks) == len(examples) else [])

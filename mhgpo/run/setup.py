@@ -134,16 +134,12 @@ def _check(cfg: Any, team: Team, ranks: Single) -> None:
 
 def check_ranks(cfg: Any, ranks: Single) -> None:
     """What several ranks need of a config: each rolls out the same number of questions per step, and the warm
-    start (a run of one process) is done beforehand; a separate engine (vLLM) runs in one process."""
+    start (a run of one process) is done beforehand. A separate engine (vLLM) runs on every rank, beside its
+    trainer (`build_training`)."""
     if ranks.world == 1:
         return
     if not isinstance(cfg, TrainConfig):
         raise InputError("only RL training (mhgpo train) runs on several processes")
-    if ENGINES[cfg.generation.engine].separate:
-        raise InputError(
-            f"generation.engine={cfg.generation.engine}: the engine runs beside the trainer in one process; launch "
-            f"the run without accelerate, or use generation.engine=hf"
-        )
     if sharding.requested() and cfg.lora.enabled and cfg.lora.per_role:
         raise InputError("FSDP: lora.per_role is not supported; launch with configs/accelerate/gpu_ddp.yaml")
     if cfg.questions_per_step % ranks.world:
@@ -223,16 +219,18 @@ def build_generator(engine: str, **inputs: Any) -> Any:
 def build_training(job: Job, with_val: bool = False, loaded: Any = None) -> TrainingSetup:
     """Everything RL training needs (a `TrainingSetup`): the data and workflows, the model with its reference, the
     critic (an algorithm with one), the policy with its loss, and the generator; the validation set is loaded when
-    `eval_every` asks for it or `with_val`. With several ranks, the policy and critic are told them, and an FSDP
-    launch shards the actor's layers. `loaded`: a model already built (a `LoadedModel`, stored as the precision asks:
-    `weight_dtype(precision, trainable=not lora.enabled)`) instead of `cfg.model` (its reference is itself:
-    `reference=init`), e.g. one initialised at random from a config to measure speed and memory."""
+    `eval_every` asks for it or `with_val`. With several ranks, the policy and critic are told them, an FSDP
+    launch shards the actor's layers, and a separate engine (vLLM) is started on every rank. `loaded`: a model
+    already built (a `LoadedModel`, stored as the precision asks: `weight_dtype(precision, trainable=not
+    lora.enabled)`) instead of `cfg.model` (its reference is itself: `reference=init`), e.g. one initialised at
+    random from a config to measure speed and memory."""
     cfg, ranks = job.cfg, job.ranks
     seed_everything(cfg.seed)
     train, val, workflow, val_workflow = build_data(job, bool(cfg.eval_every) or with_val)
     spec = run_model_spec(cfg.model, job.run_dir)
     reference = None
     if loaded is None:
+        sharding.load_whole()  # FSDP: every rank loads the whole model (sharded below)
         # `model` may be a trained run (its weights merged: the initial weights); `reference=base` keeps what lies
         # beneath. LoRA: the frozen base may be stored in bfloat16 (bf16-mixed); full fine-tuning: the master weights
         loaded, reference = initial_weights(
@@ -260,6 +258,7 @@ def build_training(job: Job, with_val: bool = False, loaded: Any = None) -> Trai
             lora_rank=cfg.lora.r if cfg.lora.enabled else None,
             adapters=PER_ROLE_ADAPTERS if cfg.lora.enabled and cfg.lora.per_role else 1,
             scratch=scratch,
+            ranks=ranks,  # several: one engine per rank, each sampling the rank's share
         )
     algo = ALGORITHMS[cfg.algo]
     critic, actor_steps = None, cfg.steps

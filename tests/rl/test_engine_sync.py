@@ -4,6 +4,8 @@ ones (the engine itself: tests/system/test_vllm.py)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from mhgpo.errors import RunError
@@ -100,22 +102,71 @@ def test_the_verdict_of_a_check() -> None:
     )
 
 
-def test_a_failed_check_on_any_rank_stops_every_rank() -> None:
+class TwoRanks:
+    """Rank `rank` of two, without a process group: `gather` puts this rank's object beside `theirs`, what the
+    other rank sends; `any` is true when either is."""
+
+    world = 2
+
+    def __init__(self, rank: int, theirs: object = None, their_flag: bool = False) -> None:
+        self.rank, self.theirs, self.their_flag = rank, theirs, their_flag
+        self.is_main = rank == 0
+
+    def gather(self, obj: object) -> list:
+        return [obj, self.theirs] if self.rank == 0 else [self.theirs, obj]
+
+    def any(self, flag: bool) -> bool:
+        return bool(flag) or self.their_flag
+
+    def share(self, items: list) -> list:
+        from mhgpo.model.distributed import share_bounds
+
+        return list(items)[slice(*share_bounds(len(items), 2, self.rank))]
+
+
+def test_a_failed_check_on_any_rank_stops_every_rank_with_the_first_failing_ranks_line() -> None:
     from mhgpo.model.distributed import Single
-    from mhgpo.rl.engine_sync import EngineOutOfSync, SyncCheck, stop_if_any, verdict
+    from mhgpo.rl.engine_sync import EngineGapNotFinite, EngineOutOfSync, SyncCheck, stop_if_any, verdict
 
-    class Elsewhere(Single):  # a rank whose own check passed, another's failed
-        def any(self, flag: bool) -> bool:
-            return True
-
-    stop_if_any(None, Single(), 3, "")
+    last = "its last checkpoint is step_2"
+    stop_if_any(None, Single())
     mine = verdict(SyncCheck({"engine/logprob_gap_mean": 0.5}, tokens=4), 0.1, 3, "x")
     with pytest.raises(EngineOutOfSync) as stop:
-        stop_if_any(mine, Single(), 3, "x")
+        stop_if_any(mine, Single())
     assert stop.value is mine
-    with pytest.raises(EngineOutOfSync, match=r"^generation\.engine=vllm: after the update of step 3 the sync "
-                       r"check failed on another rank; the run stops; it has no checkpoint yet$"):  # fmt: skip
-        stop_if_any(None, Elsewhere(), 3, "it has no checkpoint yet")
+    stale = SyncCheck(stale="it holds the weights of update 2, the trainer those of update 3")
+    theirs = verdict(stale, 0.1, 3, last, rank=1)
+    assert str(theirs) == (
+        "generation.engine=vllm: after the update of step 3, on rank 1, the engine does not hold the trained weights "
+        "(it holds the weights of update 2, the trainer those of update 3); the run stops; its last checkpoint is "
+        "step_2"
+    )
+    stop_if_any(None, TwoRanks(0))  # both in sync
+    told = [type(theirs).__name__, str(theirs)]
+    with pytest.raises(EngineOutOfSync) as stop:  # rank 0 passed, rank 1 failed: rank 0 says rank 1's line
+        stop_if_any(None, TwoRanks(0, told, their_flag=True))
+    assert str(stop.value) == str(theirs)
+    nan = verdict(SyncCheck(not_finite=(1, 0), tokens=5), 0.1, 3, last, rank=0)
+    assert str(nan).startswith("generation.engine=vllm: after the update of step 3, on rank 0, the log-probs")
+    with pytest.raises(EngineGapNotFinite) as stop:  # both failed: the first rank's line, on every rank
+        stop_if_any(theirs, TwoRanks(1, [type(nan).__name__, str(nan)], their_flag=True))
+    assert str(stop.value) == str(nan)
+    with pytest.raises(EngineOutOfSync) as stop:
+        stop_if_any(theirs, TwoRanks(1, None))  # only this rank failed: its own error
+    assert stop.value is theirs
+
+
+def test_the_figures_are_pooled_over_the_ranks_tokens() -> None:
+    import numpy as np
+
+    from mhgpo.rl.engine_sync import SyncCheck, gap_figures, pooled
+
+    mine = SyncCheck(engine_lp=np.array([-1.0, -2.0]), trainer_lp=np.array([-1.0, -2.1]))
+    theirs = [np.array([-0.5, -3.0]), np.array([-0.3, -3.0])]
+    figures = pooled(mine, TwoRanks(0, theirs))
+    assert figures == gap_figures(np.array([-1.0, -2.0, -0.5, -3.0]), np.array([-1.0, -2.1, -0.3, -3.0]))
+    assert figures["engine/logprob_gap_mean"] == pytest.approx(0.075, rel=1e-12)
+    assert pooled(SyncCheck(), TwoRanks(1, [np.zeros(0), np.zeros(0)])) == {}  # no rank scored a token
 
 
 def test_the_engines_log_probs_are_kept_and_their_gap_is_not_finite_stops(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,10 +175,13 @@ def test_the_engines_log_probs_are_kept_and_their_gap_is_not_finite_stops(monkey
     from mhgpo.rl.engine_sync import EngineGapNotFinite, old_logprobs
 
     class Recomputes:
+        cfg = SimpleNamespace(share_prefix=False)
+
         def __init__(self, rows: list[list[float]]) -> None:
-            self.rows = rows
+            self.rows, self.asked = rows, []
 
         def current_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+            self.asked.append(samples)
             return [torch.tensor(r) for r in self.rows]
 
     samples = [_sample("rewriter", [3]), _sample("answerer", [5, 6], 0.7), _sample("reranker", [])]
@@ -145,3 +199,13 @@ def test_the_engines_log_probs_are_kept_and_their_gap_is_not_finite_stops(monkey
     ):
         old_logprobs(Recomputes([[float("nan")], [-1.0]]), fresh, "trainer")
     assert fresh[0].old_logprobs == [-1.0]  # left as they were
+
+    # two ranks: each recomputes the samples its update takes (by tokens: rank 0 the longest) and gets the others'
+    step = [_sample("rewriter", [3]), _sample("answerer", [5, 6], 0.7), _sample("reranker", [7])]
+    policy = Recomputes([[-1.0, -0.7]])
+    theirs = [[0, 2], [[-1.5], [-1.25]]]  # what rank 1 recomputed
+    stats = old_logprobs(policy, step, "trainer", TwoRanks(0, theirs))
+    assert [s.output_ids for s in policy.asked[0]] == [[5, 6]]
+    assert [s.old_logprobs for s in step] == [[-1.5], pytest.approx([-1.0, -0.7]), [-1.25]]
+    assert [s.engine_logprobs for s in step] == [[-1.0], [-1.0, -1.0], [-1.0]]
+    assert stats == {"engine/old_logprob_gap": pytest.approx((0.5 + 0.0 + 0.3 + 0.25) / 4, rel=1e-6)}

@@ -15,6 +15,7 @@ from fakes import (
     rollout,
 )
 
+from mhgpo.rl.runlog import rollout_records
 from mhgpo.rl.tree import merge_batches
 from mhgpo.team.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER
 
@@ -109,4 +110,12 @@ def test_merge_batches_keeps_trees_groups_and_stats_apart():
         assert n.group_id == (group + shift if group >= 0 else -1)
     assert len(groups(merged)) == len(parts[0][2]) + len(parts[1][2])
     assert merged.stats == {k: parts[0][3][k] + parts[1][3][k] for k in parts[0][3]}
+    assert merged.ranks == [] and "rank" not in rollout_records(merged)[0]  # one process: no rank recorded
     assert merge_batches([first]) is first
+    first, _, _ = rollout("fof", n_questions=2, seed=0)
+    second, _, _ = rollout("rr", n_questions=3, seed=1)
+    first.ranks, second.ranks = [0, 0], [1, 1, 1]  # the ranks that grew them (a data-parallel step)
+    merged = merge_batches([first, second])
+    records = rollout_records(merged)
+    assert merged.ranks == [0, 0, 1, 1, 1] and len(records) == len(merged.nodes)
+    assert [r["rank"] for r in records] == [0] * parts[0][0] + [1] * parts[1][0]

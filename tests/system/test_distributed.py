@@ -393,6 +393,31 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
         assert last[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
 
 
+LOADS_ON_RANK_1 = """
+import os, sys, torch
+torch.distributed.init_process_group("gloo", init_method="file://" + sys.argv[2], world_size=1, rank=0)
+from mhgpo.model import sharding
+from mhgpo.model.trained import initial_weights
+if sys.argv[3] == "whole":
+    sharding.load_whole()
+loaded, _ = initial_weights(sys.argv[1], "init", True, device="cpu")
+print(min(float(p.abs().sum()) for p in loaded.model.parameters()))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_every_rank_of_an_fsdp_launch_loads_the_whole_model(tiny_model_dir, tmp_path) -> None:
+    """`accelerate launch` under FSDP sets FSDP_CPU_RAM_EFFICIENT_LOADING=true, with which transformers (5.19, for
+    one) loads zeros on every rank but the first, for a broadcast that mhgpo's own sharding does not do:
+    `sharding.load_whole` turns that loading off, so rank 1 loads the model's weights."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LOCAL_RANK": "1", "RANK": "0"}
+    env.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="true")
+    args = [sys.executable, "-c", LOADS_ON_RANK_1, str(tiny_model_dir), str(tmp_path / "store")]
+    done = subprocess.run([*args, "whole"], env=env, cwd=REPO, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.split()[-1]) > 0  # no tensor left at zero
+
+
 def test_fsdp_refuses_one_adapter_per_role(tiny_model_dir, world, tmp_path, monkeypatch) -> None:
     from types import SimpleNamespace
 
@@ -411,7 +436,7 @@ def test_fsdp_refuses_one_adapter_per_role(tiny_model_dir, world, tmp_path, monk
 
 def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsys) -> None:
     """`mhgpo train` closes its ranks after training (a barrier, then the process group destroyed), on every rank,
-    before rank 0 reports."""
+    before rank 0 reports; a separate engine (vLLM) is closed between the two, and its teardown ends the group."""
     import argparse
     from types import SimpleNamespace
 
@@ -421,15 +446,22 @@ def test_train_ends_the_process_group_once_every_rank_is_done(monkeypatch, capsy
 
     calls: list[str] = []
     monkeypatch.setattr(distributed.torch.distributed, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(distributed.torch.distributed, "is_initialized", lambda: "destroy" not in calls)
     monkeypatch.setattr(distributed.torch.distributed, "destroy_process_group", lambda: calls.append("destroy"))
-    for rank in (0, 1):
+
+    class Engine:  # a separate engine (vLLM), whose teardown ends the process group too
+        def close(self) -> None:
+            calls.extend(["engine closed", "destroy"])
+
+    for rank, engine in [(0, None), (1, None), (0, Engine()), (1, Engine())]:
         ranks = distributed.Ranks.__new__(distributed.Ranks)
         ranks.world, ranks.rank, ranks.is_main, ranks.comm_seconds = 2, rank, rank == 0, 0.0
-        trainer = SimpleNamespace(ranks=ranks, step=3, run_dir="runs/x", val_history=[])
+        setup = SimpleNamespace(generator=engine, engine_scratch=None if engine is None else "scratch")
+        trainer = SimpleNamespace(ranks=ranks, step=3, run_dir="runs/x", val_history=[], setup=setup)
         monkeypatch.setattr(mhgpo.run.pipeline, "train", lambda cfg, trainer=trainer: trainer)
         args = argparse.Namespace(resume=None, from_step=None, scale=None, config=None, overrides=[])
         assert cmd_train(args) == 0
-        assert calls == ["barrier", "destroy"]
+        assert calls == ["barrier", "destroy"] if engine is None else ["barrier", "engine closed", "destroy"]
         calls.clear()
         assert ("finished 3 steps" in capsys.readouterr().out) == (rank == 0)
 

@@ -5,7 +5,9 @@ Each test trains one step of a tiny team whose model vLLM's CPU attention takes 
 at a large learning rate, the engine's log-probs of fixed outputs (the step's own) are the trainer's before and after
 the update, LoRA shared by the agents, one adapter per agent, full fine-tuning; the sync check stops the run when
 the hand-over is skipped after a small update (fp32, bf16-mixed), when stale weights are handed over and when a
-log-prob is NaN; agents at other temperatures with top-p get the trainer's log-probs from the engine.
+log-prob is NaN; agents at other temperatures with top-p get the trainer's log-probs from the engine. Two launches
+of 2 ranks (gloo) give each rank an engine of its own: with plain data parallelism (one adapter per agent; against
+the hf engine, and resumed) and with FSDP (full fine-tuning; a hand-over skipped on one rank).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from conftest import build_tiny_model  # noqa: E402
-from helpers import make_config  # noqa: E402
+from helpers import REPO, comparable, launch, make_config  # noqa: E402
 
 from mhgpo.rl import engine_sync  # noqa: E402
 from mhgpo.rl.engine_sync import DEFAULT_TOLERANCE, EngineGapNotFinite, EngineOutOfSync, checked  # noqa: E402
@@ -288,3 +290,114 @@ def test_a_run_logs_the_gap_and_a_resumed_run_starts_from_its_checkpoints_weight
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(0 <= r["engine/logprob_gap_mean"] < TOLERANCE for r in rows)
     assert all(r["engine/old_logprob_gap"] < TOLERANCE for r in rows)
+
+
+# ------------------------------------------------------------------- an engine on every rank of a launch (2, gloo)
+
+ENGINE = ("generation.engine=vllm", "generation.kv_cache_gb=1", "precision=fp32")
+IN_SYNC = 1e-4  # fp32 on both sides
+
+
+def _launch(out: Path, model_dir: Path, world: Path, *extra: str, **kwargs: object) -> str:
+    """`accelerate launch ... -m mhgpo train` on 2 ranks (`helpers.launch`) for 2 steps, validated at
+    step 2; its log, after it ends."""
+
+    p = launch(out, model_dir, world, "steps=2", *extra, **kwargs)
+    log, _ = p.communicate(timeout=600)
+    return log if p.returncode == 0 else f"exit {p.returncode}\n{log}"
+
+
+def _questions_by_rank(out: Path) -> list[dict[int, list[str]]]:
+    """Each step's questions (rollout file), by the rank that grew their trees, in order."""
+    import json
+
+    steps = []
+    for path in sorted((out / "rollouts").glob("step_*.jsonl")):
+        by_rank: dict[int, list[str]] = {}
+        for node in map(json.loads, path.read_text().splitlines()):
+            asked = by_rank.setdefault(node["rank"], [])
+            if node["question_id"] not in asked:
+                asked.append(node["question_id"])
+        steps.append(by_rank)
+    return steps
+
+
+def _assert_in_sync(rows: list[dict]) -> None:
+    for r in rows:
+        assert 0 <= r["engine/old_logprob_gap"] < IN_SYNC, r
+        assert 0 <= r["engine/logprob_gap_mean"] <= r["engine/logprob_gap_max"] < IN_SYNC, r
+        assert 0 <= r["engine/kl_k3"] < IN_SYNC**2 and 1 <= r["engine/mult_prob_error"] < 1 + IN_SYNC, r
+
+
+def test_two_ranks_each_sample_their_share_on_their_own_engine_and_resume_as_uninterrupted(
+    vllm_model_dir: Path, world: Path, tmp_path: Path
+) -> None:
+    """Two ranks (plain data parallelism), one adapter per agent, each rank with its own engine: the same questions
+    on the same ranks at every step as the hf engine under the same launch, every rank's engine in sync after every
+    update (its adapters handed over and checked; the figures pooled over both ranks' tokens), validation on both
+    engines; resumed from step 1, the run's step 2 is the uninterrupted one's (each rank draws from its own streams,
+    seeded by the data position and the rank)."""
+    from mhgpo.rl.runlog import read_metrics
+
+    hf, ours = tmp_path / "hf", tmp_path / "vllm"
+    assert "finished 2 steps" in _launch(hf, vllm_model_dir, world, "precision=fp32", "lora.per_role=true")
+    log = _launch(ours, vllm_model_dir, world, *ENGINE, "lora.per_role=true")
+    assert log.count("finished 2 steps") == 1, log[-3000:]
+    asked = _questions_by_rank(ours)
+    assert asked == _questions_by_rank(hf) and len(asked) == 2
+    assert all(sorted(by_rank) == [0, 1] and [len(q) for q in by_rank.values()] == [2, 2] for by_rank in asked)
+    rows = read_metrics(ours)
+    assert [r["step"] for r in rows] == [1, 2] and "val/f1" in rows[1] and all(r["samples"] > 0 for r in rows)
+    _assert_in_sync(rows)
+
+    log = _launch(ours, vllm_model_dir, world, "--from-step", "1", resume=True)
+    assert "finished 2 steps" in log, log[-3000:]
+    again = read_metrics(ours)
+    assert [r["step"] for r in again] == [1, 2]
+    assert comparable(again) == comparable(rows)
+
+
+SKIP_ON_RANK_1 = """
+import os
+
+if os.environ.get("RANK") == "1":  # this rank's hand-over after the update of step SKIP_FROM on is skipped
+    from mhgpo.rl import engine_sync
+
+    handed = engine_sync.sync
+
+    def skipping(engine, policy, scratch, version, weights=None):
+        if version < int(os.environ["SKIP_FROM"]):
+            handed(engine, policy, scratch, version, weights)
+
+    engine_sync.sync = skipping
+"""
+
+
+def test_fsdp_ranks_hand_the_gathered_weights_to_their_engines_and_a_skipped_hand_over_on_one_stops_both(
+    vllm_model_dir: Path, world: Path, tmp_path: Path
+) -> None:
+    """FSDP (the actor's layers sharded over 2 ranks), full fine-tuning: each rank's engine is handed all the
+    weights, gathered from the shards, and is in sync at step 1 (a rank that loaded other initial weights than its
+    engine would show at once); rank 1 skips its hand-over after the update of step 2: both ranks stop there, rank 0
+    saying in one line which rank's engine holds what, and step 1's checkpoint is kept."""
+
+    from mhgpo.model.checkpoint import list_checkpoints
+    from mhgpo.rl.runlog import read_metrics
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SKIP_ON_RANK_1)
+    out, env = tmp_path / "run", {"PYTHONPATH": f"{hook}:{REPO}", "SKIP_FROM": "2"}
+    log = _launch(
+        out, vllm_model_dir, world, *ENGINE, "lora.enabled=false", "eval_every=0", config="cpu_fsdp.yaml", env=env
+    )
+    assert log.startswith("exit ") and log.count("decoder layers sharded over 2 ranks") == 1, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("mhgpo: error:")]
+    assert errors == [
+        "mhgpo: error: generation.engine=vllm: after the update of step 2, on rank 1, the engine does not hold the "
+        "trained weights (it holds the weights of update 1, the trainer those of update 2); the run stops; its last "
+        "checkpoint is step_1"
+    ], log[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1] and [c.name for c in list_checkpoints(out)] == ["step_1"]
+    _assert_in_sync(rows)
