@@ -84,12 +84,12 @@ def warm_start(job: Job, progress: bool = True) -> None:
     if found and checkpoint_step(found[-1]) >= cfg.warm_start.steps:
         return  # done before an interruption of the RL stage
     if found:
-        resume_sft(out, progress=progress, workflow=job.team)
+        resume_sft(out, progress=progress, workflow=job.team, reason=job.reason)
         return
     if out.exists():  # cut short before its first checkpoint: nothing of it to keep
         print(f"mhgpo: the warm start in {out} saved no checkpoint; starting it again", flush=True)
         shutil.rmtree(out)
-    run_sft(warm_start_config(cfg, out), progress=progress, workflow=job.team)
+    run_sft(warm_start_config(cfg, out), progress=progress, workflow=job.team, reason=job.reason)
 
 
 class Stages:

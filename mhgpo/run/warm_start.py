@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,12 @@ from mhgpo.run.rundir import RunLock, require_empty_run_dir
 from mhgpo.run.setup import Job, build_sft, settle
 
 
-def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None) -> SFTTrainer:
+def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None, reason: str | None = None) -> SFTTrainer:
     """`mhgpo sft`: build the demonstrations and the model, train, validate, save (a new or empty `output_dir`).
     `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or instance, or a resolved `Team`; it must
-    define `demonstration`."""
-    job = settle(cfg, workflow, current())  # before anything slow or written
+    define `demonstration`. `reason`: why the precision is what it is, when `cfg` comes settled (a run's warm start:
+    its run's reason)."""
+    job = _told(settle(cfg, workflow, current()), reason)  # before anything slow or written
     run_dir = job.run_dir
     require_empty_run_dir(run_dir)
     with RunLock(run_dir, "sft"):
@@ -44,16 +46,23 @@ def resume_sft(
     from_step: int | None = None,
     workflow: Any = None,
     trust_code: bool = True,
+    reason: str | None = None,
 ) -> SFTTrainer:
     """Continue the warm start in `run_dir` from its last checkpoint (or step `from_step`); `overrides` and
-    `trust_code` as for `mhgpo.run.pipeline.resume`."""
+    `trust_code` as for `mhgpo.run.pipeline.resume`, `reason` as for :func:`run_sft`."""
     run_dir = Path(run_dir)
     cfg, changed = run_config(run_dir, SFTConfig, overrides, trust_code or workflow is not None, "mhgpo sft")
 
     def make() -> SFTTrainer:  # settled once the checkpoint passed its checks (the team's code imported after them)
-        return _trainer(settle(cfg, workflow, current(), new_run=False), progress)
+        return _trainer(_told(settle(cfg, workflow, current(), new_run=False), reason), progress)
 
     return continue_run(run_dir, make, from_step, "sft", changed=changed)  # type: ignore[return-value]
+
+
+def _told(job: Job, reason: str | None) -> Job:
+    """`job` with the precision's `reason` it was given: settling a settled config finds its precision "set in the
+    config", whatever first decided it."""
+    return job if reason is None else dataclasses.replace(job, reason=reason)
 
 
 def _trainer(job: Job, progress: bool) -> SFTTrainer:

@@ -62,6 +62,30 @@ def test_the_warm_start_config_is_the_runs(tiny_model_dir: Path, world: Path, tm
         warm_config(tiny_model_dir, world, tmp_path / "run3", **{"warm_start.schedule": "linear"})
 
 
+def test_the_warm_start_says_why_the_runs_precision_is_what_it_is(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:  # noqa: F811
+    """The warm start gets the run's settled config, whose precision reads as "set in the config" when settled
+    again: it is told the run's reason (`precision=auto`: what auto chose, and why) and prints that."""
+    from mhgpo.model.distributed import current
+    from mhgpo.model.precision import resolve_precision
+    from mhgpo.rl import sft
+    from mhgpo.run import pipeline
+    from mhgpo.run.setup import settle
+
+    job = settle(warm_config(tiny_model_dir, world, tmp_path / "run", precision="auto"), None, current())
+    resolved, reason = resolve_precision("auto")
+    assert (job.cfg.precision, job.reason) == (resolved, reason) and reason.startswith("auto: ")
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt  # the model loaded and the precision told: nothing more is needed here
+
+    monkeypatch.setattr(sft.SFTTrainer, "run", stop)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.warm_start(job, progress=False)
+    assert f"mhgpo: precision {resolved} ({reason})\n" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def warm_run(tmp_path_factory, tiny_model_dir, world):  # noqa: F811
     out = tmp_path_factory.mktemp("runs") / "warm"
