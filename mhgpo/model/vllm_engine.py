@@ -48,41 +48,6 @@ def require_vllm() -> None:
         raise InputError(f"generation.engine=vllm: vLLM is not installed; install it with: {VLLM_INSTALL}")
 
 
-def build_engine(
-    spec: str,
-    loaded: Any,
-    generation: Any,
-    precision: str,
-    seed: int,
-    lora_rank: int | None = None,
-    adapters: int = 1,
-    scratch: Path | None = None,
-    ranks: Any = None,
-) -> VLLMGenerator:
-    """The :class:`VLLMGenerator` of the model ``spec`` loaded as ``loaded`` (a plain model: a new run's initial
-    weights, before LoRA wraps them), with the `generation` section's settings, in the dtype of the resolved
-    ``precision``; ``lora_rank`` and ``adapters`` as :class:`VLLMGenerator` takes them. ``ranks``
-    (:mod:`mhgpo.model.distributed`; None: one process): under several, this rank's engine, started on the run's
-    process group with this rank's seed (every rank builds its own, at the same point: the start is a collective)."""
-    from mhgpo.model.pretrained import stop_token_ids
-
-    dtype = ENGINE_DTYPES[precision]
-    world, rank = (ranks.world, ranks.rank) if ranks is not None else (1, 0)
-    folder = engine_folder(spec, loaded.model, loaded.tokenizer, dtype, scratch or scratch_dir())
-    return VLLMGenerator(
-        folder,
-        loaded.tokenizer,
-        stop_token_ids(loaded.tokenizer, loaded.model),
-        dtype=dtype,
-        seed=rank_seed(seed, rank),
-        lora_rank=lora_rank,
-        adapters=adapters,
-        kv_cache_gb=generation.kv_cache_gb,
-        gpu_memory_utilization=generation.gpu_memory_utilization,
-        external_launcher=world > 1,
-    )
-
-
 def rank_seed(seed: int, rank: int) -> int:
     """The engine's seed on ``rank``: the run's ``seed`` on rank 0 (one process: the run's seed), else one drawn from
     ``(seed, rank)``, so that no two ranks' engines draw alike (as vLLM seeds its own data-parallel engines)."""
@@ -440,13 +405,32 @@ def build_vllm_generator(
     ranks: Any = None,
     **_: Any,
 ) -> VLLMGenerator:
-    """The `vllm` engine (`mhgpo.config.tables.ENGINES`) on the model `spec` loaded as `loaded`: a new run's initial
-    weights (then `lora_rank` and `adapters` size its LoRA slots; `ranks`: this rank's engine under several), or a
-    model to evaluate; a model loaded with one adapter per agent (`select`, a `lora.per_role` run) is refused: its
-    agents are evaluated by the `hf` engine."""
+    """The `vllm` engine (`mhgpo.config.tables.ENGINES`): a :class:`VLLMGenerator` of the model `spec` loaded as
+    `loaded` (a plain model: a new run's initial weights, before LoRA wraps them, or a model to evaluate), with the
+    `generation` section's settings, in the dtype of the resolved `precision`; `lora_rank` and `adapters` size its
+    LoRA slots as :class:`VLLMGenerator` takes them. `ranks` (:mod:`mhgpo.model.distributed`; None: one process):
+    under several, this rank's engine, started on the run's process group with this rank's seed (every rank builds
+    its own, at the same point: the start is a collective). A model loaded with one adapter per agent (`select`, a
+    `lora.per_role` run) is refused: its agents are evaluated by the `hf` engine."""
     if select is not None:
         raise InputError(
             f"generation.engine=vllm: {spec} has one LoRA adapter per agent (lora.per_role); evaluate it with "
             f"generation.engine=hf"
         )
-    return build_engine(spec, loaded, generation, precision, seed, lora_rank, adapters, scratch, ranks)
+    from mhgpo.model.pretrained import stop_token_ids
+
+    dtype = ENGINE_DTYPES[precision]
+    world, rank = (ranks.world, ranks.rank) if ranks is not None else (1, 0)
+    folder = engine_folder(spec, loaded.model, loaded.tokenizer, dtype, scratch or scratch_dir())
+    return VLLMGenerator(
+        folder,
+        loaded.tokenizer,
+        stop_token_ids(loaded.tokenizer, loaded.model),
+        dtype=dtype,
+        seed=rank_seed(seed, rank),
+        lora_rank=lora_rank,
+        adapters=adapters,
+        kv_cache_gb=generation.kv_cache_gb,
+        gpu_memory_utilization=generation.gpu_memory_utilization,
+        external_launcher=world > 1,
+    )
