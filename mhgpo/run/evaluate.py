@@ -98,14 +98,15 @@ def run_evaluation(
     say: Callable[[str], None] = lambda text: None,
     status: Callable[[str], Any] | None = None,
     desc: str = "eval",
+    reason: str | None = None,
 ) -> EvalResult:
     """Evaluate the team `cfg` names (or `workflow`: a `Workflow` class or instance) greedily on `cfg.data`.
 
     With `cfg.output_dir`, the folder is locked, each finished batch is appended to it, and `resume` continues an
     evaluation saved there (the finished questions are skipped; `metrics["resumed"]` counts them). `say` receives
     one-line progress notes, `status(text)` (a context manager, e.g. rich's `Console.status`) wraps the slow
-    loading steps, `desc` names the progress bar. Ctrl-C raises `EvalInterrupted`, whose message says what was
-    kept."""
+    loading steps, `desc` names the progress bar, `reason` why the precision is what it is (a run's validation: its
+    run's reason). Ctrl-C raises `EvalInterrupted`, whose message says what was kept."""
     from contextlib import nullcontext
 
     status = status or (lambda text: nullcontext())
@@ -130,7 +131,7 @@ def run_evaluation(
         if resume and not todo and (out / METRICS).exists():
             say(f"{out} is complete: all {len(examples)} questions are in {out / PREDICTIONS}")
             return EvalResult(read_json(out / METRICS), done, complete_before=True)
-        job = settle(cfg, workflow)
+        job = settle(cfg, workflow, reason=reason)
         cfg = job.cfg
 
         def keep(rows: list[dict]) -> None:
@@ -182,12 +183,17 @@ def run_evaluation(
 
 
 def evaluate_validation(
-    cfg: Any, model: str, desc: str = "eval", oracle: tuple[str, ...] | list[str] = (), workflow: Any = None
+    cfg: Any,
+    model: str,
+    desc: str = "eval",
+    oracle: tuple[str, ...] | list[str] = (),
+    workflow: Any = None,
+    reason: str | None = None,
 ) -> EvalResult:
     """A training config's validation (`val_data`, its first `val_limit` questions, the run's team, generation and
     precision settings) of `model` as it is, as an evaluation job of its own (the model loaded, then released);
     `oracle`: roles that give their gold output instead (mhgpo/team/oracle.py). `mhgpo demo` validates its untrained
-    team so."""
+    team so; `reason` as for :func:`run_evaluation`."""
     from mhgpo.run.setup import validation_config
 
-    return run_evaluation(validation_config(cfg, model, oracle), workflow, progress=True, desc=desc)
+    return run_evaluation(validation_config(cfg, model, oracle), workflow, progress=True, desc=desc, reason=reason)

@@ -72,13 +72,18 @@ class Job:
 # --------------------------------------------------------------------------------------------------- settling
 
 
-def settle(cfg: Any, workflow: Any = None, ranks: Single | None = None, new_run: bool = True) -> Job:
+def settle(
+    cfg: Any, workflow: Any = None, ranks: Single | None = None, new_run: bool = True, reason: str | None = None
+) -> Job:
     """`cfg` (a train, sft or eval config) settled for this machine and these `ranks` (see the module); `cfg` itself
     is not changed. `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or instance, or a `Team`.
-    `new_run=False`: a run's saved config, being resumed (its `model` is already stored relative to the run)."""
+    `new_run=False`: a run's saved config, being resumed (its `model` is already stored relative to the run).
+    `reason`: why the precision is what it is, for a config that comes settled from a job that decided it (a run's
+    warm start or validation): settling it again would only find its precision "set in the config"."""
     ranks = ranks or Single()
     team = resolve_team(cfg, workflow)
-    settled, reason = settle_precision(copy.deepcopy(cfg))
+    settled, found = settle_precision(copy.deepcopy(cfg))
+    reason = reason or found
     settled = dataclasses.replace(settled, system=team.system, team=dict(team.section))
     if isinstance(settled, (TrainConfig, SFTConfig)):
         settled = _settle_model(settled, new_run)

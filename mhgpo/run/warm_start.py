@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None, reason:
     `workflow`: None (the team `cfg.system` names), a `Workflow` subclass or instance, or a resolved `Team`; it must
     define `demonstration`. `reason`: why the precision is what it is, when `cfg` comes settled (a run's warm start:
     its run's reason)."""
-    job = _told(settle(cfg, workflow, current()), reason)  # before anything slow or written
+    job = settle(cfg, workflow, current(), reason=reason)  # before anything slow or written
     run_dir = job.run_dir
     require_empty_run_dir(run_dir)
     with RunLock(run_dir, "sft"):
@@ -54,15 +53,9 @@ def resume_sft(
     cfg, changed = run_config(run_dir, SFTConfig, overrides, trust_code or workflow is not None, "mhgpo sft")
 
     def make() -> SFTTrainer:  # settled once the checkpoint passed its checks (the team's code imported after them)
-        return _trainer(_told(settle(cfg, workflow, current(), new_run=False), reason), progress)
+        return _trainer(settle(cfg, workflow, current(), new_run=False, reason=reason), progress)
 
     return continue_run(run_dir, make, from_step, "sft", changed=changed)  # type: ignore[return-value]
-
-
-def _told(job: Job, reason: str | None) -> Job:
-    """`job` with the precision's `reason` it was given: settling a settled config finds its precision "set in the
-    config", whatever first decided it."""
-    return job if reason is None else dataclasses.replace(job, reason=reason)
 
 
 def _trainer(job: Job, progress: bool) -> SFTTrainer:
