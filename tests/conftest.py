@@ -147,6 +147,16 @@ def tiny_lm(tiny_model_dir: Path):  # -> mhgpo.model.pretrained.LoadedModel
     return load_model(str(tiny_model_dir), device="cpu")
 
 
+@pytest.fixture(scope="session")
+def default_lm():  # -> mhgpo.model.pretrained.LoadedModel
+    """The embedded default model (the GGUF file, de-quantised: about 15 s on 2 cores) loaded once with
+    :func:`mhgpo.model.trained.load_model` (CPU, float32) for the tests that read it: treat it as read-only."""
+    from mhgpo.model.pretrained import DEFAULT_MODEL
+    from mhgpo.model.trained import load_model
+
+    return load_model(DEFAULT_MODEL, device="cpu")
+
+
 # --------------------------------------------------------------------- the shared world and reference run
 
 

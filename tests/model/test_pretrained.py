@@ -187,12 +187,12 @@ def test_encode_chat_keeps_messages_as_given(tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_default_gguf_model_loads_and_generates() -> None:
+def test_default_gguf_model_loads_and_generates(default_lm) -> None:
     import torch
 
     from mhgpo.model.generation import HFGenerator, SamplingParams
 
-    loaded = load_model(DEFAULT_MODEL, device="cpu")
+    loaded = default_lm  # load_model(DEFAULT_MODEL, device="cpu")
     tok = loaded.tokenizer
     assert loaded.name == DEFAULT_MODEL and loaded.dtype == torch.float32
     assert tok.padding_side == "left" and tok.pad_token_id is not None
@@ -206,14 +206,16 @@ def test_default_gguf_model_loads_and_generates() -> None:
     assert "Paris" in generation.text
 
 
-def test_the_default_gguf_loads_in_bfloat16_as_float32_cast_without_the_packed_kernel_warning(capfd) -> None:
+def test_the_default_gguf_loads_in_bfloat16_as_float32_cast_without_the_packed_kernel_warning(
+    capfd, default_lm
+) -> None:
     import torch
 
     from mhgpo.model.pretrained import load_pretrained
 
     bf16 = load_pretrained(DEFAULT_MODEL, device="cpu", dtype=torch.bfloat16).model
     assert "GGUF checkpoint with its weights packed" not in capfd.readouterr().err
-    fp32 = load_pretrained(DEFAULT_MODEL, device="cpu", dtype=torch.float32).model
+    fp32 = default_lm.model  # load_model(DEFAULT_MODEL): load_pretrained in float32
     assert bf16.dtype == bf16.config.dtype == torch.bfloat16 and fp32.dtype == torch.float32
     a, b = bf16.state_dict(), fp32.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k].to(torch.bfloat16)) for k in a)

@@ -310,7 +310,9 @@ def test_lora_only_export_loads_with_peft(lora_run, full_run, samples, tiny_mode
 
 
 @pytest.mark.slow
-def test_the_default_gguf_model_exports_to_a_plain_folder_with_tied_embeddings(tmp_path, monkeypatch) -> None:
+def test_the_default_gguf_model_exports_to_a_plain_folder_with_tied_embeddings(
+    tmp_path, monkeypatch, default_lm
+) -> None:
     """transformers flags a model read from a GGUF file as quantized and will not save it; the export will."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -318,8 +320,9 @@ def test_the_default_gguf_model_exports_to_a_plain_folder_with_tied_embeddings(t
 
     seen = []
 
-    def spy(*args, **kwargs):
-        seen.append(load_model(*args, **kwargs))
+    def spy(spec, device=None, dtype=None):  # the export loads the default model in float32: the session's load
+        assert (spec, device, dtype) == ("smollm2-135m", "cpu", torch.float32)
+        seen.append(default_lm)
         return seen[-1]
 
     monkeypatch.setattr(mhgpo.run.export, "load_model", spy)

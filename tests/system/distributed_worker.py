@@ -1,9 +1,10 @@
 """One rank of the data-parallel tests (tests/system/test_distributed.py), also run as one process.
 
-`python tests/system/distributed_worker.py CONFIG.json RECORDS.pkl OUT.pt` (with WORLD_SIZE / RANK / MASTER_ADDR /
-MASTER_PORT set, as a launcher sets them) builds the trainer of the config, replays the recorded rollout trees
-instead of sampling (each rank is given the trees of its share of the step's questions) and runs one training step;
-it saves the step's metrics and the trained weights afterwards.
+`python tests/system/distributed_worker.py CONFIG.json RECORDS.pkl OUT.pt [CONFIG.json RECORDS.pkl OUT.pt ...]`
+(with WORLD_SIZE / RANK / MASTER_ADDR / MASTER_PORT set, as a launcher sets them) builds the trainer of each config
+in turn, in one process per rank, replays the recorded rollout trees instead of sampling (each rank is given the
+trees of its share of the step's questions) and runs one training step; it saves the step's metrics and the trained
+weights afterwards.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import mhgpo.rl.policy
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.data.records import Example
 from mhgpo.model.checkpoint import trainable_state
@@ -27,6 +29,8 @@ from mhgpo.model.sharding import is_dtensor, is_sharded
 from mhgpo.rl.trainer import Trainer
 from mhgpo.rl.tree import RolloutBatch, merge_batches
 from mhgpo.run.setup import build_training, settle
+
+PLAIN_CUT = mhgpo.rl.policy.micro_batches  # the trainer's own cut, before a case replaces it
 
 
 class Replay(Trainer):
@@ -78,39 +82,29 @@ def held(model: torch.nn.Module) -> dict[str, float]:
     return {k: mine / total for k, (mine, total) in out.items()}
 
 
-def singleton_batches(out: str) -> None:
-    """This rank's update cuts its share into one micro-batch per sample (the gradient does not depend on the cut);
-    the number of micro-batches of its update goes to OUT.batchesRANK.json."""
-    import mhgpo.rl.policy
+def cut_batches(out: str, singletons: bool) -> None:
+    """This rank's update cuts its share as the trainer does, or (`singletons`) into one micro-batch per sample (the
+    gradient does not depend on the cut); the number of micro-batches of its update goes to OUT.batchesRANK.json."""
 
     def cut(samples: list, *args: Any, **kwargs: Any) -> list[list[int]]:
-        batches = [[i] for i in range(len(samples))]
+        batches = [[i] for i in range(len(samples))] if singletons else PLAIN_CUT(samples, *args, **kwargs)
         Path(f"{out}.batches{os.environ['RANK']}.json").write_text(json.dumps(len(batches)))
         return batches
 
     mhgpo.rl.policy.micro_batches = cut
 
 
-def count_batches(out: str) -> None:
-    import mhgpo.rl.policy
-
-    plain = mhgpo.rl.policy.micro_batches
-
-    def cut(samples: list, *args: Any, **kwargs: Any) -> list[list[int]]:
-        batches = plain(samples, *args, **kwargs)
-        Path(f"{out}.batches{os.environ['RANK']}.json").write_text(json.dumps(len(batches)))
-        return batches
-
-    mhgpo.rl.policy.micro_batches = cut
-
-
-def main(config: str, records: str, out: str) -> int:
-    if "SINGLETON_BATCHES_ON_RANK" in os.environ:
-        (singleton_batches if os.environ["RANK"] == os.environ["SINGLETON_BATCHES_ON_RANK"] else count_batches)(out)
-    cfg = load_config(TrainConfig, None, json.loads(Path(config).read_text()))
-    with open(records, "rb") as f:
-        recorded = pickle.load(f)
-    torch.save(replay_step(cfg, recorded), out)
+def main(*cases: str) -> int:
+    """Each (CONFIG.json, RECORDS.pkl, OUT.pt) of `cases` in turn."""
+    if not cases or len(cases) % 3:
+        raise SystemExit("usage: distributed_worker.py CONFIG.json RECORDS.pkl OUT.pt [CONFIG RECORDS OUT ...]")
+    for config, records, out in zip(cases[::3], cases[1::3], cases[2::3]):
+        if "SINGLETON_BATCHES_ON_RANK" in os.environ:
+            cut_batches(out, singletons=os.environ["RANK"] == os.environ["SINGLETON_BATCHES_ON_RANK"])
+        cfg = load_config(TrainConfig, None, json.loads(Path(config).read_text()))
+        with open(records, "rb") as f:
+            recorded = pickle.load(f)
+        torch.save(replay_step(cfg, recorded), out)
     return 0
 
 

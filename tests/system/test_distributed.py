@@ -69,80 +69,64 @@ def record_step(cfg, world: int) -> list[tuple[tuple[str, ...], object]]:
     return parts
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-@pytest.mark.parametrize(
-    "algo,extra",
-    [
-        ("mhgpo", {"sampler": "rr", "rr_probs": "[0,0.5,0.5]"}),  # the rewriter calls before a later fork: singletons
-        ("mappo", {"sampler": "chains"}),
-        ("mhgpo", {"sampler": "fof", "lora.enabled": "false"}),  # full fine-tuning: a frozen reference copy
-    ],
-    ids=["mhgpo-rr", "mappo", "mhgpo-full"],
+# (name, algo, overrides): one launch per sharding mode runs them all, one after the other in each rank's process
+UPDATE_CASES = (
+    ("mhgpo-rr", "mhgpo", {"sampler": "rr", "rr_probs": "[0,0.5,0.5]"}),  # the rewriter calls before a fork: singletons
+    ("mappo", "mappo", {"sampler": "chains"}),
+    ("mhgpo-full", "mhgpo", {"sampler": "fof", "lora.enabled": "false"}),  # full fine-tuning: a frozen reference copy
 )
-def test_two_ranks_update_as_one_process_on_the_same_rollouts(
-    tiny_model_dir, world, tmp_path, algo, extra, fsdp
-) -> None:
-    """Each rank holds the whole model (ddp), or the actor's layers are sharded (fsdp, as `accelerate launch` with
-    distributed_type: FSDP asks): the same update as one process."""
-    cfg = make_config(
-        tiny_model_dir,
-        world,
-        tmp_path / "run",
-        algo=algo,
-        questions_per_step=4,
-        eval_every=0,
-        save_every=0,
-        steps=1,
-        precision="fp32",
-        **extra,
-    )
-    records = record_step(cfg, world=2)
-    (tmp_path / "records.pkl").write_bytes(pickle.dumps(records))
-    config = tmp_path / "config.json"
-    config.write_text(
-        json.dumps(
-            train_overrides(
-                tiny_model_dir,
-                world,
-                tmp_path / "run",
-                algo=algo,
-                questions_per_step=4,
-                eval_every=0,
-                save_every=0,
-                steps=1,
-                precision="fp32",
-                **extra,
-            )
-        )
-    )
 
-    one = replay_step(cfg, records)  # one process on the whole step
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_two_ranks_update_as_one_process_on_the_same_rollouts(tiny_model_dir, world, tmp_path, fsdp) -> None:
+    """Each rank holds the whole model (ddp), or the actor's layers are sharded (fsdp, as `accelerate launch` with
+    distributed_type: FSDP asks): the same update as one process, for MHGPO-RR (LoRA), MAPPO (its critic) and MHGPO
+    with full fine-tuning."""
+    cases, args = [], []
+    for name, algo, extra in UPDATE_CASES:
+        folder = tmp_path / name
+        settings = dict(algo=algo, questions_per_step=4, eval_every=0, save_every=0, steps=1, precision="fp32")
+        cfg = make_config(tiny_model_dir, world, folder / "run", **settings, **extra)
+        records = record_step(cfg, world=2)
+        folder.mkdir(exist_ok=True)
+        (folder / "records.pkl").write_bytes(pickle.dumps(records))
+        overrides = train_overrides(tiny_model_dir, world, folder / "run", **settings, **extra)
+        (folder / "config.json").write_text(json.dumps(overrides))
+        one = replay_step(cfg, records)  # one process on the whole step
+        cases.append((name, cfg, extra, one, folder / "rank.pt"))
+        args += [str(folder / "config.json"), str(folder / "records.pkl"), str(folder / "rank.pt")]
     runs = run_ranks(
         2,
-        [str(WORKER), str(config), str(tmp_path / "records.pkl"), str(tmp_path / "rank.pt")],
+        [str(WORKER), *args],
+        timeout=600,
         env={"ACCELERATE_USE_FSDP": "true", "SINGLETON_BATCHES_ON_RANK": "1"} if fsdp else None,
     )
     assert [r.returncode for r in runs] == [0, 0], "\n".join(r.stderr[-3000:] for r in runs)
-    two = torch.load(tmp_path / "rank.pt", weights_only=False)  # rank 1 wrote last or first: the same state
-    assert (two["rank"] in (0, 1)) and two["world"] == 2
-    assert two["sharded"] == fsdp
+    for name, cfg, extra, one, out in cases:
+        two = torch.load(out, weights_only=False)  # rank 1 wrote last or first: the same state
+        _same_update(name, cfg, extra, one, two, out, fsdp)
+
+
+def _same_update(name: str, cfg, extra: dict, one: dict, two: dict, out: Path, fsdp: bool) -> None:
+    assert (two["rank"] in (0, 1)) and two["world"] == 2, name
+    assert two["sharded"] == fsdp, name
     # each rank holds half the decoder layers' weights under FSDP (the embedding and head whole), all of them else
-    assert two["held"] == pytest.approx({"layers": 0.5 if fsdp else 1.0, "other": 1.0}, abs=0.01)
+    assert two["held"] == pytest.approx({"layers": 0.5 if fsdp else 1.0, "other": 1.0}, abs=0.01), name
     if not cfg.lora.enabled:  # the frozen reference copy: sharded alike
         assert two["held_reference"] == pytest.approx({"layers": 0.5 if fsdp else 1.0, "other": 1.0}, abs=0.01)
     else:
-        assert two["held_reference"] is None  # the reference is the model, its adapter off
+        assert two["held_reference"] is None, name  # the reference is the model, its adapter off
     if fsdp:  # rank 1 cut its share into one micro-batch per sample: rank 0 ran zero-weight ones to match
-        counts = [json.loads((tmp_path / f"rank.pt.batches{r}.json").read_text()) for r in range(2)]
-        assert counts[1] > counts[0] >= 1
+        counts = [json.loads(out.with_name(f"{out.name}.batches{r}.json").read_text()) for r in range(2)]
+        assert counts[1] > counts[0] >= 1, name
 
     m1 = {k: v for k, v in one["metrics"].items() if not k.startswith(VOLATILE)}
     m2 = {k: v for k, v in two["metrics"].items() if not k.startswith(VOLATILE)}
-    assert m1.keys() == m2.keys()
+    assert m1.keys() == m2.keys(), name
     for k in m1:
-        assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
-    assert m1["loss"] != 0 and m1["samples"] >= 8
-    assert one["weights"].keys() == two["weights"].keys()
+        assert m2[k] == pytest.approx(m1[k], rel=1e-5, abs=1e-7), (name, k)
+    assert m1["loss"] != 0 and m1["samples"] >= 8, name
+    assert one["weights"].keys() == two["weights"].keys(), name
     init = replay_initial_weights(cfg)
     full_ft = not cfg.lora.enabled
     for k, w in one["weights"].items():
@@ -151,17 +135,17 @@ def test_two_ranks_update_as_one_process_on_the_same_rollouts(
         # fine-tuning about one entry in a thousand of the whole model has such a gradient (seen up to 1.6e-4 apart):
         # every entry within 3% of a step, and the weights on average within 1e-6
         tol = 3e-4 if full_ft else 1e-5
-        torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=tol, msg=lambda m, k=k: f"{k}: {m}")
-        assert float((two["weights"][k] - w).abs().mean()) < 1e-6, k
+        torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=tol, msg=lambda m, k=k: f"{name} {k}: {m}")
+        assert float((two["weights"][k] - w).abs().mean()) < 1e-6, (name, k)
     assert any(
         not torch.equal(one["weights"][k], init[k]) for k in init if "lora_B" in k or "value_head" in k or full_ft
-    )
+    ), name
     if extra["sampler"] == "rr":  # RR pooled singletons of both ranks' questions into groups, as one process does
-        assert two["groups"] == one["groups"]
+        assert two["groups"] == one["groups"], name
         members: dict[int, set[bool]] = {}
         for q, g in one["groups"]:
             members.setdefault(g, set()).add(q < 2)
-        assert any(m == {True, False} for m in members.values()), "no group spans the ranks: nothing checked"
+        assert any(m == {True, False} for m in members.values()), f"{name}: no group spans the ranks: nothing checked"
 
 
 def replay_initial_weights(cfg) -> dict[str, torch.Tensor]:
@@ -333,9 +317,9 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
     tiny_model_dir, world, tmp_path
 ) -> None:
     """`accelerate launch --config_file configs/accelerate/cpu_fsdp.yaml`: the actor sharded over 2 ranks; 3 steps
-    (validation at steps 2 and 3), against 2 steps resumed to 3; a checkpoint holds whole tensors (the shapes of one
-    process's), `mhgpo export` turns the run into a model, and the resumed run logs the uninterrupted run's
-    metrics."""
+    (validation at steps 2 and 3), against the run continued from its step-2 checkpoint; a checkpoint holds whole
+    tensors (the shapes of one process's), `mhgpo export` turns the run into a model, and the continued run logs the
+    uninterrupted run's metrics."""
     from safetensors.torch import load_file
 
     from mhgpo.model.checkpoint import list_checkpoints
@@ -371,17 +355,18 @@ def test_fsdp_run_checkpoints_whole_weights_exports_and_resumes_as_an_uninterrup
     )
     assert exported.returncode == 0 and (tmp_path / "export" / "model.safetensors").is_file(), exported.stderr
 
+    # the run continued from its step-2 checkpoint (step 3 and what it wrote dropped first) logs step 3 again
+    assert [c.name for c in list_checkpoints(ref)] == ["step_1", "step_2", "step_3"]
     cut = tmp_path / "cut"
-    run(cut, "steps=2")
-    assert [c.name for c in list_checkpoints(cut)][-1] == "step_2"
-    shutil.copytree(cut, tmp_path / "to_ddp")
-    run(cut, "steps=3", resume=True)
+    shutil.copytree(ref, cut)
+    shutil.copytree(ref, tmp_path / "to_ddp")
+    run(cut, "--from-step", "2", resume=True)
     again = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
     assert comparable(again) == comparable(rows)
 
     # the same checkpoint resumed by ranks that each hold the whole model: the same step, but for the order of the
     # gradients' float sums (FSDP's reduce-scatter against one flat all-reduce)
-    p = launch(tmp_path / "to_ddp", tiny_model_dir, world, "steps=3", resume=True)
+    p = launch(tmp_path / "to_ddp", tiny_model_dir, world, "--from-step", "2", resume=True)
     log, _ = p.communicate(timeout=300)
     assert p.returncode == 0, log[-3000:]
     assert "FSDP" not in log
