@@ -116,8 +116,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Evaluate the untrained team on the dev set, train with MHGPO (RR), evaluate again, compare: the train
-    pipeline with an evaluation between its stages (:class:`DemoStages`)."""
+    """Evaluate the untrained team on the dev set, train it (a warm start, then MHGPO-IS in the demo's config),
+    evaluate after each stage, compare: the train pipeline with an evaluation between its stages
+    (:class:`DemoStages`)."""
     from mhgpo.config import TrainConfig, is_custom, load_config
     from mhgpo.errors import InputError
     from mhgpo.run.pipeline import train
@@ -157,11 +158,17 @@ class DemoStages:
         self.job, cfg = job, job.cfg
         warm = f"a warm start of {cfg.warm_start.steps} steps, then " if cfg.warm_start.enabled else ""
         base = initial_model(cfg)
+        steps = f"{cfg.steps} steps × {cfg.questions_per_step} questions"
+        if cfg.budget_minutes is not None:  # `budget_minutes` ends the RL stage first if it runs out first
+            clock = {"cpu": "CPU", "wall": "wall-clock"}.get(cfg.budget_clock, cfg.budget_clock)
+            steps += f" (fewer if {cfg.budget_minutes:g} {clock} minutes of RL run out first)"
         self.console.print(
             f"[bold]mhgpo demo[/]: {warm}{algo_label(cfg.algo, cfg.sampler)} on {cfg.data}, model {base}, "
-            f"{cfg.steps} steps × {cfg.questions_per_step} questions, G={cfg.group_size}; run dir {job.run_dir}"
+            f"{steps}, G={cfg.group_size}; run dir {job.run_dir}"
         )
-        before = evaluate_validation(cfg, run_model_spec(base, job.run_dir), "eval untrained", workflow=job.team)
+        before = evaluate_validation(
+            cfg, run_model_spec(base, job.run_dir), "eval untrained", workflow=job.team, reason=job.reason
+        )
         write_eval(before, job.run_dir / "eval_before", {"data": cfg.val_data, "model": base, "label": "untrained"})
         self.rows["untrained team"] = before.metrics
         self.console.print(metrics_table({"untrained team": before.metrics}))
@@ -241,7 +248,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             "train the team (or --system FILE.py:Class, a team of your own) with MHGPO, or a "
             "baseline: --algo mappo, --system llm --algo grpo|ppo",
         ),
-        ("demo", cmd_demo, "evaluate, train with MHGPO (RR) on CPU, evaluate again (the embedded default)"),
+        (
+            "demo",
+            cmd_demo,
+            "evaluate, warm-start, train with MHGPO-IS, evaluate after each stage (the embedded default)",
+        ),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument(

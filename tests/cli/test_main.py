@@ -389,18 +389,24 @@ def test_demo_prints_a_before_and_after_table(cli, world, dev_file, tiny_model_d
         "eval_every=0",  # no validation during training: the demo still evaluates before and after
         "warm_start.steps=2",
         "warm_start.limit=4",
+        "budget_minutes=60",  # more than the step needs: said in the header, not reached
         *SMALL_SEARCH,
     )
     assert res.returncode == 0, res.stderr
+    header = " ".join(res.stdout.split("run dir")[0].split())
+    assert header.endswith("1 steps × 2 questions (fewer if 60 CPU minutes of RL run out first), G=2;"), header
     for label, folder in (
         ("untrained team", "eval_before"),
         ("warm start (2 steps)", "eval_warm_start"),
-        ("+ MHGPO-RR (1 steps)", "eval_after"),
+        ("+ MHGPO-IS (1 steps)", "eval_after"),
     ):  # the demo's recipe: a warm start, then RL
         m = json.loads((run / folder / "metrics.json").read_text())
         assert m["n"] == 2
         assert _table_row(res.stdout, label) == [label, "2", f"{m['acc']:.1f}", f"{m['em']:.1f}", f"{m['f1']:.1f}"]
     assert "agent behaviour" in res.stdout
+    # the demo's `precision: auto`: each stage (the validations, the warm start, RL) says what auto decided, and why
+    said = [line for line in res.stderr.splitlines() if line.startswith("mhgpo: precision ")]
+    assert len(said) >= 3 and all("(auto: " in line for line in said), said
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
     assert (run / "checkpoints" / "step_1" / "model.safetensors").is_file()
 

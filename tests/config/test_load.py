@@ -72,7 +72,7 @@ def test_yaml_errors_name_the_file(tmp_path):
 def test_demo_config_is_the_packaged_one():
     assert (ROOT / "configs" / "demo.yaml").read_text() == demo_config_path().read_text()
     cfg = load_config(TrainConfig, demo_config_path())
-    assert cfg.model == "smollm2-135m" and cfg.sampler == "rr" and cfg.lora.enabled
+    assert cfg.model == "smollm2-135m" and cfg.sampler == "is" and cfg.lora.enabled
     assert cfg.rr_probs == [0.7, 0.1, 0.2] and cfg.group_size == 4
 
 
@@ -91,7 +91,8 @@ def test_paper_config_is_the_papers_setting():
 
 def test_hotpotqa_cpu_config_trains_the_default_model_on_split_files():
     cfg = load_config(TrainConfig, ROOT / "configs" / "hotpotqa_cpu.yaml")
-    assert cfg.model == "smollm2-135m" and cfg.algo == "mhgpo" and cfg.sampler == "rr" and cfg.lora.enabled
+    assert cfg.model == "smollm2-135m" and cfg.algo == "mhgpo" and cfg.sampler == "is" and cfg.lora.enabled
+    assert cfg.budget_minutes == 10 and cfg.warm_start.steps == 36  # the reproduction page's row warm_is
     assert (cfg.data, cfg.val_data) == ("hotpotqa:data/hotpotqa/train.jsonl", "hotpotqa:data/hotpotqa/val.jsonl")
     assert cfg.retrieval.corpus == "context" and cfg.reference == "init"
     assert "mhgpo data split --data hotpotqa:" in (ROOT / "configs" / "hotpotqa_cpu.yaml").read_text()

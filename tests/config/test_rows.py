@@ -130,8 +130,8 @@ def test_demo_scale_keeps_the_switches_and_takes_the_demo_size() -> None:
     assert (cfg.model, cfg.steps, cfg.questions_per_step, cfg.lora.enabled) == ("smollm2-135m", 6, 4, True)
     assert (cfg.critic.lr, cfg.critic.warmup_steps, cfg.search.answerer.max_new_tokens) == (None, 1, 48)
     # the demo's own config is the recipe's row at the demo scale (its run folder aside)
-    recipe = flat(to_dict(TABLE.config("warm_rr", "demo")))
-    assert {k: v for k, v in recipe.items() if recipe[k] != demo[k]} == {"output_dir": "runs/warm_rr-demo"}
+    recipe = flat(to_dict(TABLE.config("warm_is", "demo")))
+    assert {k: v for k, v in recipe.items() if recipe[k] != demo[k]} == {"output_dir": "runs/warm_is-demo"}
 
 
 def test_labels_are_the_algorithms_or_the_rows_own() -> None:
