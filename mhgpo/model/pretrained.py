@@ -261,8 +261,12 @@ def _from_pretrained(source: ModelSource, dtype: Any) -> tuple[Any, Any]:
     with _quiet_tqdm():  # the GGUF de-quantisation bar says nothing the caller's own status line doesn't
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=load_dtype, **kwargs)
     if load_dtype != dtype:
-        model = model.to(dtype)
-        model.config.dtype = model.dtype
+        # the parameters only, as from_pretrained(dtype=...) stores them: its buffers (the rotary frequencies) stay
+        # float32; model.to(dtype) would round RoPE's inv_freq to bfloat16 and change every position's angles
+        with torch.no_grad():
+            for param in model.parameters():
+                param.data = param.data.to(dtype)
+        model.config.dtype = dtype
     return model, tokenizer
 
 

@@ -219,3 +219,7 @@ def test_the_default_gguf_loads_in_bfloat16_as_float32_cast_without_the_packed_k
     assert bf16.dtype == bf16.config.dtype == torch.bfloat16 and fp32.dtype == torch.float32
     a, b = bf16.state_dict(), fp32.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k].to(torch.bfloat16)) for k in a)
+    # buffers (RoPE's inv_freq; not in the state dict) stay float32, as from_pretrained(dtype=bfloat16) keeps them
+    bufs, fp32_bufs = dict(bf16.named_buffers()), dict(fp32.named_buffers())
+    assert bufs.keys() == fp32_bufs.keys() and any("inv_freq" in k for k in bufs)
+    assert all(b.dtype == torch.float32 and torch.equal(b, fp32_bufs[k]) for k, b in bufs.items())
