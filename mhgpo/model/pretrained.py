@@ -244,6 +244,26 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
     return tokenizer
 
 
+def stored_as(model: Any, dtype: Any) -> Any:
+    """``model`` with its floating-point parameters stored in ``dtype``, each value rounded once, as
+    ``from_pretrained(..., dtype=dtype)`` stores a float32 checkpoint: the modules the model keeps in float32 stay
+    float32, and buffers (the rotary frequencies) keep their dtype. Tied parameters stay tied."""
+    import torch
+
+    keep: set[str] = set()
+    if dtype in (torch.float16, torch.bfloat16):
+        keep |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    if dtype == torch.float16:
+        keep |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.is_floating_point() and param.dtype != dtype and not keep.intersection(name.split(".")):
+                param.data = param.data.to(dtype)
+    if getattr(model, "config", None) is not None:
+        model.config.dtype = dtype
+    return model
+
+
 def _from_pretrained(source: ModelSource, dtype: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -260,13 +280,8 @@ def _from_pretrained(source: ModelSource, dtype: Any) -> tuple[Any, Any]:
     load_dtype = torch.float32 if source.kind == "gguf" else dtype  # (`dtype`: a torch dtype, device_and_dtype)
     with _quiet_tqdm():  # the GGUF de-quantisation bar says nothing the caller's own status line doesn't
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=load_dtype, **kwargs)
-    if load_dtype != dtype:
-        # the parameters only, as from_pretrained(dtype=...) stores them: its buffers (the rotary frequencies) stay
-        # float32; model.to(dtype) would round RoPE's inv_freq to bfloat16 and change every position's angles
-        with torch.no_grad():
-            for param in model.parameters():
-                param.data = param.data.to(dtype)
-        model.config.dtype = dtype
+    if load_dtype != dtype:  # not model.to(dtype): that would round RoPE's inv_freq and move every position's angle
+        model = stored_as(model, dtype)
     return model, tokenizer
 
 

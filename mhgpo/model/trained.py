@@ -50,6 +50,7 @@ from mhgpo.model.pretrained import (
     device_and_dtype,
     load_pretrained,
     resolve_model,
+    stored_as,
 )
 
 WEIGHTS = "model.safetensors"
@@ -299,24 +300,6 @@ def load_model(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = None,
     if source.kind == AGENTS_KIND:
         return load_agents(Path(source.location), device, dtype)
     return load_pretrained(spec, device, dtype)
-
-
-def stored_as(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """``model`` with its floating-point parameters stored in ``dtype``, each value rounded once, as
-    ``from_pretrained(..., dtype=dtype)`` stores a float32 checkpoint: the modules the model keeps in float32 stay
-    float32, and buffers (the rotary frequencies) keep their dtype. Tied parameters stay tied."""
-    keep: set[str] = set()
-    if dtype in (torch.float16, torch.bfloat16):
-        keep |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
-    if dtype == torch.float16:
-        keep |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.is_floating_point() and param.dtype != dtype and not keep.intersection(name.split(".")):
-                param.data = param.data.to(dtype)
-    if getattr(model, "config", None) is not None:
-        model.config.dtype = dtype
-    return model
 
 
 def merged_model(spec: TrainedSpec, device: Any = None, dtype: Any = None) -> LoadedModel:
