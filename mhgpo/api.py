@@ -22,7 +22,16 @@ from mhgpo.errors import InputError
 def _load(cls: type, config: Any, overrides: list[str] | tuple[str, ...], workflow: Any) -> Any:
     """`config` (object, dict, YAML path or None) as a checked `cls`; a given workflow names `system` before the
     checks, so that the defaults that depend on it (the sampler) are the workflow's."""
-    from mhgpo.config import load_config, to_dict
+    from mhgpo.config import load_config
+
+    return load_config(cls, *_parts(cls, config, overrides, workflow))
+
+
+def _parts(
+    cls: type, config: Any, overrides: list[str] | tuple[str, ...], workflow: Any
+) -> tuple[Any, list[str], dict[str, Any] | None]:
+    """`load_config`'s YAML path, overrides and base for `config` (see :func:`_load`)."""
+    from mhgpo.config import to_dict
     from mhgpo.team.loader import system_spec
     from mhgpo.team.workflow import Workflow
 
@@ -41,7 +50,7 @@ def _load(cls: type, config: Any, overrides: list[str] | tuple[str, ...], workfl
         extra.append(f"system={json.dumps(spec)}")
     elif isinstance(workflow, str):
         extra.append(f"system={json.dumps(workflow)}")
-    return load_config(cls, path, extra, base)
+    return path, extra, base
 
 
 def train(
@@ -72,16 +81,19 @@ def evaluate(
     resume: bool = False,
 ) -> Any:
     """Greedy evaluation of a team on `data` (the first `limit` questions); returns an `EvalResult`: `.metrics`
-    (n, acc, em, f1 in percent, seconds, per-agent behaviour) and `.predictions` (one dict per question). With
+    (n, acc, em, f1 in percent, seconds, per-agent behaviour) and `.predictions` (one dict per question). A trained
+    run as `model` is evaluated with the team settings it was trained with (`system`, `team`, `search`,
+    `max_prompt_tokens` from its config.yaml) where a dict or YAML `config` and `overrides` do not set them. With
     `output_dir` set, eval_config.yaml and each finished batch of predictions.jsonl are written there as they finish,
     and metrics.json at the end; a folder that already holds an evaluation is refused unless `resume=True`, which
     continues it with its saved config (the given config may repeat it, not change it). Ctrl-C raises
     `mhgpo.run.evaluate.EvalInterrupted` (a KeyboardInterrupt) after what finished is saved. A question whose
     rollout fails in the workflow stops the evaluation with a `WorkflowError` naming file, class and method."""
-    from mhgpo.config import EvalConfig, to_dict
-    from mhgpo.run.evaluate import resumed_config, run_evaluation
+    from mhgpo.config import EvalConfig, load_config, to_dict
+    from mhgpo.run.evaluate import eval_config, resumed_config, run_evaluation
 
-    cfg = _load(EvalConfig, config, overrides, workflow)
+    parts = _parts(EvalConfig, config, overrides, workflow)
+    cfg = load_config(EvalConfig, *parts) if resume else eval_config(*parts)[0]
     if resume:
         if not cfg.output_dir:
             raise InputError("output_dir: resume=True continues the evaluation saved in output_dir; none is set")

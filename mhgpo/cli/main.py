@@ -97,7 +97,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
     import numpy as np
     from rich.markup import escape
 
-    from mhgpo.config import EvalConfig, load_config
     from mhgpo.data.records import Example
     from mhgpo.errors import printable
     from mhgpo.rl.rollout import run_rollouts
@@ -114,11 +113,14 @@ def cmd_ask(args: argparse.Namespace) -> int:
             "system": "system",
         },
     )
-    job = settle(load_config(EvalConfig, args.config, overrides + list(args.overrides)))
+    cfg, note = _trained_team_config(args.config, overrides + list(args.overrides))
+    job = settle(cfg)
     cfg = job.cfg
     console = _console()
     with console.status(f"loading {cfg.model} ..."):
         gen = build_generation(job)
+    if note:
+        console.print(note)
     workflow, generator, encode = gen.workflow, gen.generator, gen.encode
     example = Example(id="ask", question=args.question, answers=tuple(args.gold or ()))
     batch = run_rollouts(
@@ -175,9 +177,8 @@ EVAL_FLAGS = {
 
 
 def _eval_config(args: argparse.Namespace):
-    """The evaluation's config; with `--resume DIR`, the saved one, which the command line may repeat but not
-    change (the first differing key is named)."""
-    from mhgpo.config import EvalConfig, load_config
+    """The evaluation's config and a line to show about it; with `--resume DIR`, the saved one, which the command
+    line may repeat but not change (the first differing key is named)."""
     from mhgpo.errors import InputError
     from mhgpo.run.evaluate import resumed_config
 
@@ -185,11 +186,22 @@ def _eval_config(args: argparse.Namespace):
     if args.oracle is not None:
         overrides.append(f"oracle=[{args.oracle}]")
     if not args.resume:
-        return _row_eval_config(args, overrides) or load_config(EvalConfig, args.config, overrides)
+        row = _row_eval_config(args, overrides)
+        return (row, None) if row is not None else _trained_team_config(args.config, overrides)
     folder = Path(args.resume)
     if args.output_dir and Path(args.output_dir).resolve() != folder.resolve():
         raise InputError(f"--output-dir: {args.output_dir} is not the folder being continued ({folder})")
-    return resumed_config(folder, args.config, overrides, trust_code=args.trust_code)
+    return resumed_config(folder, args.config, overrides, trust_code=args.trust_code), None
+
+
+def _trained_team_config(path: str | None, overrides: list[str]):
+    """The config with a trained run's team settings under it (:func:`mhgpo.run.evaluate.eval_config`), and a line
+    that says so (None when the model is not a run)."""
+    from mhgpo.run.evaluate import TEAM_KEYS, eval_config
+
+    cfg, origin = eval_config(path, overrides)
+    note = None if origin is None else f"the team as trained: {', '.join(TEAM_KEYS)} from {origin} unless set here"
+    return cfg, note
 
 
 def _row_eval_config(args: argparse.Namespace, overrides: list[str]):
@@ -212,10 +224,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mhgpo.rl.evaluation import METRICS, PREDICTIONS, metrics_table
     from mhgpo.run.evaluate import EvalInterrupted, run_evaluation
 
-    cfg = _eval_config(args)
+    cfg, note = _eval_config(args)
     console = _console()
+    notes = [note] if note else []
+
+    def say(text: str) -> None:  # the note after the model loaded: a run that fails to load prints one error line
+        while notes:
+            console.print(notes.pop())
+        console.print(text)
+
     try:
-        result = run_evaluation(cfg, resume=bool(args.resume), say=console.print, status=console.status)
+        result = run_evaluation(cfg, resume=bool(args.resume), say=say, status=console.status)
     except EvalInterrupted as e:
         print(f"mhgpo: {e.message}", file=sys.stderr)
         return 130

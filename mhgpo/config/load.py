@@ -119,7 +119,7 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
             # a partial section starts from this field's own default (its default_factory may differ from the
             # section class's defaults: `search.reranker.top_p=0.95` keeps the Reranker's max_new_tokens)
             defaults = cls() if defaults is None else defaults
-            value = _merge(to_dict(getattr(defaults, name)), value)
+            value = merge_trees(to_dict(getattr(defaults, name)), value)
         kwargs[name] = _coerce(value, hints[name], prefix + name)
     obj = cls(**kwargs)
     resolved = getattr(obj, "resolved", None)  # defaults that depend on other keys, filled before the checks
@@ -165,11 +165,12 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_trees(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra`'s keys over it, nested mappings merged key by key (neither is changed)."""
     out = dict(base)
     for k, v in extra.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
+            out[k] = merge_trees(out[k], v)
         else:
             out[k] = v
     return out
@@ -195,7 +196,7 @@ def load_config(
             raise InputError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
         if not isinstance(loaded, dict):
             raise InputError(f"{p}: a config file must be a mapping of keys to values")
-        tree = _merge(tree, loaded)
+        tree = merge_trees(tree, loaded)
         try:
             from_dict(cls, tree)
         except InputError as e:

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from mhgpo.config import EvalConfig, dump_config, load_config, to_dict
-from mhgpo.config.load import first_difference, lookup, names_key
+from mhgpo.config.eval import is_custom
+from mhgpo.config.load import first_difference, lookup, merge_trees, names_key
 from mhgpo.errors import InputError
 from mhgpo.io import append_jsonl, read_json, read_jsonl
-from mhgpo.model.trained import model_record
+from mhgpo.model.pretrained import RUN_CONFIG, TRAINED_KINDS, resolve_model
+from mhgpo.model.trained import model_record, resolve_trained
 from mhgpo.rl.evaluation import (
     CONFIG,
     METRICS,
@@ -40,6 +42,42 @@ class EvalInterrupted(KeyboardInterrupt):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+TEAM_KEYS = ("system", "team", "search", "max_prompt_tokens")  # what makes a trained team's prompts and behaviour
+
+
+def trained_team(model: str) -> tuple[dict[str, Any], Path] | None:
+    """The team settings (:data:`TEAM_KEYS`) that the trained run `model` (a run directory or checkpoint) was trained
+    with, read from its config.yaml, and that file; None for a model that is not a run. A workflow class
+    (`system: PATH.py:Class`) is not taken from the file (code is imported only when the command line names it), nor
+    its `team:` section."""
+    source = resolve_model(model)
+    if source.kind not in TRAINED_KINDS:
+        return None
+    stage = resolve_trained(Path(source.location), source.kind).last
+    keys = [k for k in TEAM_KEYS if k in stage.config]
+    if is_custom(str(stage.config.get("system", ""))):
+        keys = [k for k in keys if k not in ("system", "team")]
+    return {k: stage.config[k] for k in keys}, stage.run_dir / RUN_CONFIG
+
+
+def eval_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any] | None = None
+) -> tuple[EvalConfig, Path | None]:
+    """An evaluation's config (defaults ← `base` ← YAML `path` ← `overrides`). When its `model` is a trained run, the
+    team settings it was trained with (:func:`trained_team`) come first, under the rest: the team is evaluated as it
+    was trained unless the caller says otherwise. Also returns the run's config.yaml (None when no setting came from
+    one)."""
+    cfg = load_config(EvalConfig, path, overrides, base=base)
+    found = trained_team(cfg.model)
+    if found is None:
+        return cfg, None
+    team, origin = found
+    try:
+        return load_config(EvalConfig, path, overrides, base=merge_trees(team, base or {})), origin
+    except InputError as err:
+        raise InputError(f"{origin}: {err}") from None
 
 
 def resumed_config(

@@ -146,9 +146,13 @@ def test_training_free_rows_are_validations(name: str) -> None:
     from mhgpo.cli.main import _eval_config, build_parser
 
     args = build_parser().parse_args(["eval", "--config", f"{ROWS_FILE}:{name}", "--scale", "demo", "limit=7"])
-    cfg = _eval_config(args)
+    cfg, note = _eval_config(args)
     train = TABLE.config(name, "demo")
-    assert isinstance(cfg, EvalConfig) and (cfg.data, cfg.limit, cfg.system) == (train.val_data, 7, train.system)
+    assert (
+        note is None
+        and isinstance(cfg, EvalConfig)
+        and (cfg.data, cfg.limit, cfg.system) == (train.val_data, 7, train.system)
+    )
     assert cfg.search == train.search and cfg.model == "smollm2-135m"
 
 

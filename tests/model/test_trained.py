@@ -514,3 +514,22 @@ def test_bad_run_directories_give_one_line_and_exit_2(case, run, tiny_model_dir,
         assert len(stderr.strip().splitlines()) == 1 and stderr.startswith("mhgpo: error: "), stderr
         assert re.search(ERRORS[case], stderr), stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_eval_of_a_run_uses_the_team_settings_it_was_trained_with(lora_run, world, cli, tmp_path) -> None:
+    import yaml
+
+    copy = shutil.copytree(lora_run.path, tmp_path / "run")
+    tree = yaml.safe_load((copy / "config.yaml").read_text())
+    tree["search"]["snippet_words"] = 11
+    (copy / "config.yaml").write_text(yaml.safe_dump(tree))
+    args = ["--data", f"hotpotqa:{world / 'dev.jsonl'}", "--corpus", world / "corpus.jsonl", "--limit", 1]
+    for name, extra, words in (("as-trained", [], 11), ("overridden", ["search.snippet_words=13"], 13)):
+        code, stdout, stderr = cli("eval", "--model", copy, "--output-dir", tmp_path / name, *args, *extra)
+        assert code == 0, stderr
+        assert "the team as trained: system, team, search, max_prompt_tokens from" in " ".join(stdout.split())
+        saved = yaml.safe_load((tmp_path / name / "eval_config.yaml").read_text())
+        assert saved["search"]["snippet_words"] == words
+        assert {k: v for k, v in saved["search"].items() if k != "snippet_words"} == {
+            k: v for k, v in tree["search"].items() if k != "snippet_words"
+        }
