@@ -18,7 +18,7 @@ from mhgpo.config.eval import is_custom
 from mhgpo.config.load import first_difference, lookup, merge_trees, names_key
 from mhgpo.errors import InputError
 from mhgpo.io import append_jsonl, read_json, read_jsonl
-from mhgpo.model.pretrained import RUN_CONFIG, TRAINED_KINDS, resolve_model
+from mhgpo.model.pretrained import RUN_CONFIG, TRAINED_KINDS, ModelNotFoundError, resolve_model
 from mhgpo.model.trained import model_record, resolve_trained
 from mhgpo.rl.evaluation import (
     CONFIG,
@@ -49,13 +49,17 @@ TEAM_KEYS = ("system", "team", "search", "max_prompt_tokens")  # what makes a tr
 
 def trained_team(model: str) -> tuple[dict[str, Any], Path] | None:
     """The team settings (:data:`TEAM_KEYS`) that the trained run `model` (a run directory or checkpoint) was trained
-    with, read from its config.yaml, and that file; None for a model that is not a run. A workflow class
+    with, read from its config.yaml, and that file; None for a model that is not a run (or cannot be found or
+    resolved: loading it says why). A workflow class
     (`system: PATH.py:Class`) is not taken from the file (code is imported only when the command line names it), nor
     its `team:` section."""
-    source = resolve_model(model)
-    if source.kind not in TRAINED_KINDS:
+    try:
+        source = resolve_model(model)
+        if source.kind not in TRAINED_KINDS:
+            return None
+        stage = resolve_trained(Path(source.location), source.kind).last
+    except ModelNotFoundError:  # told where the model loads, after the cheaper checks of the data and the output
         return None
-    stage = resolve_trained(Path(source.location), source.kind).last
     keys = [k for k in TEAM_KEYS if k in stage.config]
     if is_custom(str(stage.config.get("system", ""))):
         keys = [k for k in keys if k not in ("system", "team")]

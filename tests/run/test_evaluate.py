@@ -67,3 +67,10 @@ def test_a_run_config_this_version_cannot_read_is_named(tmp_path, tiny_model_dir
     run = fake_run(tmp_path / "run", tiny_model_dir, search={"snippet_wrds": 17})
     with pytest.raises(InputError, match=rf"^{run / 'config.yaml'}: .*snippet_wrds"):
         eval_config(None, [f"model={run}"])
+
+
+def test_a_model_that_cannot_be_resolved_is_left_to_the_load_to_report(tmp_path, tiny_model_dir) -> None:
+    assert trained_team(str(tmp_path / "no-such-model")) is None
+    (tmp_path / "run").mkdir()  # a run directory without a checkpoint: loading it names what is missing
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({"model": str(tiny_model_dir)}), encoding="utf-8")
+    assert trained_team(str(tmp_path / "run")) is None
