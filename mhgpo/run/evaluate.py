@@ -18,7 +18,7 @@ from mhgpo.config.eval import is_custom
 from mhgpo.config.load import first_difference, lookup, merge_trees, names_key
 from mhgpo.errors import InputError
 from mhgpo.io import append_jsonl, read_json, read_jsonl
-from mhgpo.model.pretrained import RUN_CONFIG, TRAINED_KINDS, ModelNotFoundError, resolve_model
+from mhgpo.model.pretrained import AGENTS_KIND, RUN_CONFIG, TRAINED_KINDS, ModelNotFoundError, resolve_model
 from mhgpo.model.trained import model_record, resolve_trained
 from mhgpo.rl.evaluation import (
     CONFIG,
@@ -45,25 +45,44 @@ class EvalInterrupted(KeyboardInterrupt):
 
 
 TEAM_KEYS = ("system", "team", "search", "max_prompt_tokens")  # what makes a trained team's prompts and behaviour
+TEAM_FILE = "mhgpo_team.yaml"  # an export's copy of its run's team settings
+EXPORT_KINDS = ("directory", AGENTS_KIND)  # the folders `mhgpo export` writes
+
+
+def team_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`TEAM_KEYS` of a run's config tree. A workflow class (`system: PATH.py:Class`) is left out, with its
+    `team:` section: code is imported only when the command line names it."""
+    keys = [k for k in TEAM_KEYS if k in config]
+    if is_custom(str(config.get("system", ""))):
+        keys = [k for k in keys if k not in ("system", "team")]
+    return {k: config[k] for k in keys}
 
 
 def trained_team(model: str) -> tuple[dict[str, Any], Path] | None:
-    """The team settings (:data:`TEAM_KEYS`) that the trained run `model` (a run directory or checkpoint) was trained
-    with, read from its config.yaml, and that file; None for a model that is not a run (or cannot be found or
-    resolved: loading it says why). A workflow class
-    (`system: PATH.py:Class`) is not taken from the file (code is imported only when the command line names it), nor
-    its `team:` section."""
+    """The team settings (:func:`team_settings`) that the trained `model` was trained with, and the file they were
+    read from: a run directory's or checkpoint's config.yaml, or an export's :data:`TEAM_FILE`. None for any other
+    model (or one that cannot be found or resolved: loading it says why)."""
     try:
         source = resolve_model(model)
         if source.kind not in TRAINED_KINDS:
-            return None
+            file = Path(source.location) / TEAM_FILE
+            return (team_settings(_team_file(file)), file) if source.kind in EXPORT_KINDS and file.is_file() else None
         stage = resolve_trained(Path(source.location), source.kind).last
     except ModelNotFoundError:  # told where the model loads, after the cheaper checks of the data and the output
         return None
-    keys = [k for k in TEAM_KEYS if k in stage.config]
-    if is_custom(str(stage.config.get("system", ""))):
-        keys = [k for k in keys if k not in ("system", "team")]
-    return {k: stage.config[k] for k in keys}, stage.run_dir / RUN_CONFIG
+    return team_settings(stage.config), stage.run_dir / RUN_CONFIG
+
+
+def _team_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not readable YAML ({type(err).__name__})") from None
+    if not isinstance(tree, dict):
+        raise InputError(f"{path}: expected a mapping of team settings ({', '.join(TEAM_KEYS)})")
+    return tree
 
 
 def eval_config(

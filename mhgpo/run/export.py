@@ -2,7 +2,8 @@
 
 The merged folder holds `config.json`, `model.safetensors` (LoRA merged into the base weights; tied embeddings stay
 tied), `generation_config.json` (token ids only: no sampling settings that would change how the model decodes when
-it is loaded back), the tokenizer with the chat template the agents use, and a `README.md` model card. It loads with
+it is loaded back), the tokenizer with the chat template the agents use, a `README.md` model card and
+`mhgpo_team.yaml` (the run's team settings: `mhgpo eval --model DIR` evaluates the team as the run did). It loads with
 `AutoModelForCausalLM.from_pretrained` without mhgpo. A model read from a GGUF file is flagged as quantized by
 transformers, which then refuses to save it: the export builds a plain model from the config without the
 quantization entry and loads the merged weights into it. `lora_only` writes `adapter_config.json` and
@@ -27,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from mhgpo.config.tables import algo_label
 from mhgpo.errors import InputError
 from mhgpo.io import atomic_write_text, remove_stale_temps, temp_path, usual_permissions
 from mhgpo.model.pretrained import SHARED_FOLDER, TRAINED_KINDS, LoadedModel, resolve_model, stop_token_ids
 from mhgpo.model.trained import RUN_CONFIG, TrainedSpec, load_model, read_weights, resolve_trained, with_adapter
+from mhgpo.run.evaluate import TEAM_FILE, team_settings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}  # what the packaged default derives from
@@ -57,6 +60,8 @@ def export(spec: str, out: Path, dtype: str = "float32", lora_only: bool = False
             loaded = _write_merged(spec, tmp, out, DTYPES[dtype])
         _save_tokenizer(loaded.tokenizer, tmp)
         atomic_write_text(tmp / "README.md", model_card(spec, out.name, trained, dtype, lora_only))
+        if trained is not None and not lora_only:  # `--model out` evaluates the team as the run does
+            atomic_write_text(tmp / TEAM_FILE, yaml.safe_dump(team_settings(trained.last.config), sort_keys=False))
         for f in tmp.rglob("*"):  # some writers make 0600 files; give the usual permissions
             if f.is_file():
                 usual_permissions(f)

@@ -153,11 +153,17 @@ def test_export_writes_a_plain_model_folder_with_a_card(run, exported, tiny_mode
         "chat_template.jinja",
         "config.json",
         "generation_config.json",
+        "mhgpo_team.yaml",
         "model.safetensors",
         "tokenizer.json",
         "tokenizer_config.json",
     ]
     assert not list(exported.parent.glob(".*tmp*"))
+    import yaml
+
+    tree = yaml.safe_load((run.path / "config.yaml").read_text())
+    team = yaml.safe_load((exported / "mhgpo_team.yaml").read_text())
+    assert team == {k: tree[k] for k in ("system", "team", "search", "max_prompt_tokens")}
     config = json.loads((exported / "config.json").read_text())
     assert "quantization_config" not in config and config["architectures"] == ["LlamaForCausalLM"]
     generation = json.loads((exported / "generation_config.json").read_text())
@@ -524,8 +530,10 @@ def test_eval_of_a_run_uses_the_team_settings_it_was_trained_with(lora_run, worl
     tree["search"]["snippet_words"] = 11
     (copy / "config.yaml").write_text(yaml.safe_dump(tree))
     args = ["--data", f"hotpotqa:{world / 'dev.jsonl'}", "--corpus", world / "corpus.jsonl", "--limit", 1]
-    for name, extra, words in (("as-trained", [], 11), ("overridden", ["search.snippet_words=13"], 13)):
-        code, stdout, stderr = cli("eval", "--model", copy, "--output-dir", tmp_path / name, *args, *extra)
+    assert main(["export", str(copy), "--out", str(tmp_path / "export")]) == 0
+    cases = [("as-trained", copy, [], 11), ("overridden", copy, ["search.snippet_words=13"], 13)]
+    for name, model, extra, words in [*cases, ("export", tmp_path / "export", [], 11)]:
+        code, stdout, stderr = cli("eval", "--model", model, "--output-dir", tmp_path / name, *args, *extra)
         assert code == 0, stderr
         assert "the team as trained: system, team, search, max_prompt_tokens from" in " ".join(stdout.split())
         saved = yaml.safe_load((tmp_path / name / "eval_config.yaml").read_text())

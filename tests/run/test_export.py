@@ -48,10 +48,14 @@ def full_tensors(model_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
     return {n: p.detach() + torch.randn(p.shape, generator=gen) * 0.01 for n, p in base.named_parameters()}
 
 
-def write_run(folder: Path, model: str, lora: dict, checkpoints: dict[int, dict[str, torch.Tensor]]) -> Path:
-    """A run directory as `mhgpo train` leaves it, as far as loading it is concerned."""
+def write_run(
+    folder: Path, model: str, lora: dict, checkpoints: dict[int, dict[str, torch.Tensor]], **keys: object
+) -> Path:
+    """A run directory as `mhgpo train` leaves it, as far as loading it (and evaluating its team: `keys`) is
+    concerned."""
     folder.mkdir(parents=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump({"model": model, "lora": lora}), encoding="utf-8")
+    tree = {"model": model, "lora": lora, **keys}
+    (folder / "config.yaml").write_text(yaml.safe_dump(tree), encoding="utf-8")
     for step, tensors in checkpoints.items():
         (folder / "checkpoints" / f"step_{step}").mkdir(parents=True)
         save_file(tensors, str(folder / "checkpoints" / f"step_{step}" / "model.safetensors"))
@@ -72,7 +76,11 @@ def runs(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     full = write_run(root / "full", str(tiny_model_dir), {"enabled": False}, {1: full_tensors(tiny_model_dir)})
     chain = write_run(root / "chain", "full", LORA, {1: lora_tensors(tiny_model_dir, seed=3)})
     roles = write_run(
-        root / "roles", "full", {**LORA, "per_role": True}, {1: lora_tensors(tiny_model_dir, adapters=AGENTS, seed=4)}
+        root / "roles",
+        "full",
+        {**LORA, "per_role": True},
+        {1: lora_tensors(tiny_model_dir, adapters=AGENTS, seed=4)},
+        search={"snippet_words": 21},
     )
     return {
         "lora": lora,
@@ -156,6 +164,12 @@ def test_a_per_role_run_and_its_export_are_the_same_team(runs, exports, precisio
     beneath, rounded once) and each agent's adapter; `--model` loads both as the same team, agent by agent."""
     run_spec, exp_spec = runs["per-role-on-full"], exports["per-role-on-full"]
     assert sorted(p.name for p in exp_spec.iterdir() if p.is_dir()) == sorted(["base", *AGENTS])
+    import yaml
+
+    from mhgpo.run.evaluate import TEAM_FILE, team_settings, trained_team
+
+    saved = team_settings(yaml.safe_load((Path(run_spec) / "config.yaml").read_text()))
+    assert trained_team(str(exp_spec)) == (saved, exp_spec / TEAM_FILE) and saved == {"search": {"snippet_words": 21}}
     dtype = weight_dtype(precision, trainable=False)
     run, run_gen, run_encode = load_generator(str(run_spec), 4, 0, precision)
     exp, exp_gen, exp_encode = load_generator(str(exp_spec), 4, 0, precision)
