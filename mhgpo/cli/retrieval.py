@@ -89,13 +89,14 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
     """Recall@k of the gold paragraphs with the raw question or the Rewriter's sub-queries."""
     from rich.console import Console
 
-    from mhgpo.config import RetrievalEvalConfig, dump_config, load_config
+    from mhgpo.config import RetrievalEvalConfig, dump_config
     from mhgpo.io import atomic_write_json, atomic_write_jsonl, check_output_dir
+    from mhgpo.run.evaluate import eval_config
     from mhgpo.run.setup import load_generator, settle_precision
     from mhgpo.team.build import build_retriever, load_examples
     from mhgpo.team.retrieval_eval import evaluate_retrieval, recall_table, rewriter_queries
 
-    cfg = load_config(RetrievalEvalConfig, args.config, _overrides(args, EVAL_FLAGS))
+    cfg, origin = eval_config(args.config, _overrides(args, EVAL_FLAGS), cls=RetrievalEvalConfig)
     _local_only(cfg.retrieval.retriever, "eval-retrieval")  # recall needs the corpus (a service's is unknown)
     if cfg.output_dir:
         check_output_dir(Path(cfg.output_dir))
@@ -110,6 +111,8 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
         cfg, reason = settle_precision(cfg)
         with console.status(f"loading {cfg.model} ..."):
             _, generator, encode = load_generator(cfg, reason)
+        if origin is not None:
+            console.print(f"the Rewriter as trained: search, max_prompt_tokens from {origin} unless set here")
         queries = rewriter_queries(examples, generator, encode, cfg.search, max_prompt_tokens=cfg.max_prompt_tokens)
         depth = cfg.search.top_k
     result = evaluate_retrieval(examples, retriever, cfg.ks, queries=queries, depth=depth)

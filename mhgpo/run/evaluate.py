@@ -9,6 +9,7 @@ saved config, and a value that differs from it is refused, naming the key.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,19 +87,24 @@ def _team_file(path: Path) -> dict[str, Any]:
 
 
 def eval_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), base: dict[str, Any] | None = None
-) -> tuple[EvalConfig, Path | None]:
-    """An evaluation's config (defaults ← `base` ← YAML `path` ← `overrides`). When its `model` is a trained run, the
-    team settings it was trained with (:func:`trained_team`) come first, under the rest: the team is evaluated as it
-    was trained unless the caller says otherwise. Also returns the run's config.yaml (None when no setting came from
-    one)."""
-    cfg = load_config(EvalConfig, path, overrides, base=base)
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    base: dict[str, Any] | None = None,
+    cls: type = EvalConfig,
+) -> tuple[Any, Path | None]:
+    """An evaluation's config, a `cls` (defaults ← `base` ← YAML `path` ← `overrides`). When its `model` is a trained
+    run, the team settings it was trained with (:func:`trained_team`, those that `cls` has) come first, under the
+    rest: the team is evaluated as it was trained unless the caller says otherwise. Also returns the file they were
+    read from (None when no setting came from one)."""
+    cfg = load_config(cls, path, overrides, base=base)
     found = trained_team(cfg.model)
     if found is None:
         return cfg, None
     team, origin = found
+    fields = {f.name for f in dataclasses.fields(cls)}
+    team = {k: v for k, v in team.items() if k in fields}
     try:
-        return load_config(EvalConfig, path, overrides, base=merge_trees(team, base or {})), origin
+        return load_config(cls, path, overrides, base=merge_trees(team, base or {})), origin
     except InputError as err:
         raise InputError(f"{origin}: {err}") from None
 

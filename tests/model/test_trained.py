@@ -541,3 +541,9 @@ def test_eval_of_a_run_uses_the_team_settings_it_was_trained_with(lora_run, worl
         assert {k: v for k, v in saved["search"].items() if k != "snippet_words"} == {
             k: v for k, v in tree["search"].items() if k != "snippet_words"
         }
+    code, stdout, stderr = cli("ask", "Who founded the harbour company?", "--model", copy, *args[2:4])
+    assert code == 0 and "the team as trained" in stdout and "answerer" in stdout, stderr
+    out = tmp_path / "recall"
+    code, stdout, stderr = cli("eval-retrieval", *args, "--query", "rewriter", "--model", copy, "--output-dir", out)
+    assert code == 0 and "the Rewriter as trained: search, max_prompt_tokens from" in " ".join(stdout.split()), stderr
+    assert yaml.safe_load((out / "eval_retrieval_config.yaml").read_text())["search"]["snippet_words"] == 11
