@@ -176,6 +176,22 @@ def merge_trees(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """The YAML file `path` as a mapping (empty for an empty file); a missing file, invalid YAML (with its line) or
+    another top level is an InputError naming the file."""
+    try:
+        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(tree, dict):
+        raise InputError(f"{path}: expected a mapping of keys to values")
+    return tree
+
+
 def load_config(
     cls: type[T],
     path: str | Path | None = None,

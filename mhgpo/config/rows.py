@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from mhgpo.config.load import from_dict, load_config, lookup, set_key, to_dict
+from mhgpo.config.load import from_dict, load_config, lookup, read_mapping, set_key, to_dict
 from mhgpo.config.tables import algo_label
 from mhgpo.config.train import TrainConfig
 from mhgpo.errors import InputError
@@ -73,7 +73,7 @@ class RowTable:
         """The row's config as a nested dict: the base, the scale's keys, the row's overrides; its run folder
         `runs/ROW` (`runs/ROW-SCALE` at a scale)."""
         row, sc = self.row(name), self.scale(scale)
-        tree = _read_yaml(self.base)
+        tree = read_mapping(self.base)
         if sc is not None:
             small = to_dict(load_config(TrainConfig, sc.config))
             for key in sc.keys:
@@ -113,20 +113,6 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
-    if not isinstance(tree, dict):
-        raise InputError(f"{path}: expected a mapping of keys to values")
-    return tree
-
-
 def is_row_table(path: Path) -> bool:
     """Whether the YAML file `path` is a table of rows (its top level has `base` and `rows`)."""
     try:
@@ -139,7 +125,7 @@ def is_row_table(path: Path) -> bool:
 def load_rows(path: str | Path) -> RowTable:
     """The table of rows in `path`; a malformed entry raises InputError naming the file and the entry."""
     path = Path(path)
-    tree = _read_yaml(path)
+    tree = read_mapping(path)
     unknown = [k for k in tree if k not in TABLE_KEYS]
     if unknown or "base" not in tree or not isinstance(tree.get("rows"), dict):
         what = f"unknown key {unknown[0]!r}" if unknown else "expected `base` and a mapping of `rows`"

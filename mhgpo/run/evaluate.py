@@ -16,7 +16,7 @@ from typing import Any
 
 from mhgpo.config import EvalConfig, dump_config, load_config, to_dict
 from mhgpo.config.eval import is_custom
-from mhgpo.config.load import first_difference, lookup, merge_trees, names_key
+from mhgpo.config.load import first_difference, lookup, merge_trees, names_key, read_mapping
 from mhgpo.errors import InputError
 from mhgpo.io import append_jsonl, read_json, read_jsonl
 from mhgpo.model.pretrained import AGENTS_KIND, RUN_CONFIG, TRAINED_KINDS, ModelNotFoundError, resolve_model
@@ -67,23 +67,11 @@ def trained_team(model: str) -> tuple[dict[str, Any], Path] | None:
         source = resolve_model(model)
         if source.kind not in TRAINED_KINDS:
             file = Path(source.location) / TEAM_FILE
-            return (team_settings(_team_file(file)), file) if source.kind in EXPORT_KINDS and file.is_file() else None
+            return (team_settings(read_mapping(file)), file) if source.kind in EXPORT_KINDS and file.is_file() else None
         stage = resolve_trained(Path(source.location), source.kind).last
     except ModelNotFoundError:  # told where the model loads, after the cheaper checks of the data and the output
         return None
     return team_settings(stage.config), stage.run_dir / RUN_CONFIG
-
-
-def _team_file(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: not readable YAML ({type(err).__name__})") from None
-    if not isinstance(tree, dict):
-        raise InputError(f"{path}: expected a mapping of team settings ({', '.join(TEAM_KEYS)})")
-    return tree
 
 
 def eval_config(
