@@ -9,7 +9,7 @@ from pathlib import Path
 from mhgpo.experiments.claims import ORACLE_TABLE, TABLES
 
 ROWS_FILE = "experiments/rows.yaml"
-DEFAULT_OUT = "runs/reproduce"
+DEFAULT_OUT = "experiments/results"  # beside the table of rows: the results (not the runs) are kept with the project
 
 
 def _seeds(text: str) -> list[int]:
