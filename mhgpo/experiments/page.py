@@ -27,8 +27,8 @@ from mhgpo.experiments.claims import (
 from mhgpo.experiments.results import collect, data_folders, data_specs
 from mhgpo.experiments.stats import (
     Results,
-    average_f1,
     fmt,
+    ood_f1,
     paired,
     per_question,
     resolution,
@@ -189,7 +189,9 @@ def _table_body(table: Table, by_row: Results, out: str, rows: RowTable | None) 
     )
     lines = _part(found, settings, seeds, command(table.name, settings, seeds, out, evals), budget)
     extra = [header for header, _ in table.columns] + [f"{name} F1" for name in evals]
-    extra += ["avg F1 (val + " + ", ".join(evals) + ")"] if evals else []
+    if evals:  # the paper's OOD average beside the validation (ID) F1, and its paired difference
+        extra += [f"OOD avg F1 ({', '.join(evals)})"] if len(evals) > 1 else []
+        extra += [f"Δ OOD F1 vs {table.reference} (paired)"]
     lines += [
         "",
         f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
@@ -215,6 +217,11 @@ def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:
     def values(f) -> list[float]:
         return [v for v in map(f, rs) if v is not None]
 
+    def ood(r: dict) -> float | None:
+        return ood_f1(r, evals)
+
+    ood_delta = "—" if row == table.reference or not evals else fmt(paired(by_row, row, table.reference, ood))
+
     cells = [
         f"`{row}`",
         str(len(rs)),
@@ -228,7 +235,8 @@ def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:
         fmt(values(lambda r: per_question(r, "samples")), 2),
         *(fmt(values(lambda r, key=key: per_question(r, key)), 2) for _, key in table.columns),
         *(fmt(values(lambda r, n=n: ((r.get("ood") or {}).get(n) or {}).get("f1"))) for n in evals),
-        *([fmt(values(lambda r: average_f1(r, evals)))] if evals else []),
+        *([fmt(values(ood))] if len(evals) > 1 else []),
+        *([ood_delta] if evals else []),
     ]
     return "| " + " | ".join(cells) + " |"
 

@@ -8,6 +8,8 @@ within noise; one seed gives no noise estimate (`n/a`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from mhgpo.experiments.claims import AGREES, Claim
@@ -52,10 +54,12 @@ def metric(result: dict, key: str) -> float | None:
     return per_question(result, "llm_calls") if key == "llm_calls" else result.get(key)
 
 
-def paired(by_row: Results, row: str, than: str, key: str = "val_f1") -> list[float]:
-    """row − than on `key`, per seed that both have (same seed: same warm start and data order)."""
+def paired(by_row: Results, row: str, than: str, key: str | Callable[[dict], float | None] = "val_f1") -> list[float]:
+    """row − than on `key` (a claim's metric, or a function of a result), per seed that both have (same seed: same
+    warm start and data order)."""
+    of = key if callable(key) else (lambda result: metric(result, key))
     a, b = by_row.get(row, {}), by_row.get(than, {})
-    diffs = [(metric(a[s], key), metric(b[s], key)) for s in sorted(set(a) & set(b))]
+    diffs = [(of(a[s]), of(b[s])) for s in sorted(set(a) & set(b))]
     return [x - y for x, y in diffs if x is not None and y is not None]
 
 
@@ -80,9 +84,10 @@ def verdict(direction: str, diffs: list[float], resolution: float = 0.0) -> str:
     return "within noise" if ours == "≈" else "disagrees"
 
 
-def average_f1(result: dict, names: list[str]) -> float | None:
-    """The mean F1 over the validation set and the evaluation sets `names` (None unless the result has all)."""
+def ood_f1(result: dict, names: list[str]) -> float | None:
+    """The mean F1 over the other (out-of-domain) data sets `names` the run was evaluated on, as the paper's OOD
+    average (None unless the result has all of them)."""
     ood = result.get("ood") or {}
-    if any(name not in ood for name in names):
+    if not names or any(name not in ood for name in names):
         return None
-    return float(np.mean([result["val_f1"], *(ood[name]["f1"] for name in names)]))
+    return float(np.mean([ood[name]["f1"] for name in names]))

@@ -166,27 +166,39 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
 
 def test_a_row_with_a_budget_of_its_own_and_other_data_sets(tmp_path):
     folder = _synthetic(tmp_path / "out")
-    ood = {"2wiki": {"data": "2wiki:val.jsonl", "limit": 4, "f1": 10.0, "em": 0.0, "acc": 0.0, "n": 4}}
-    for row, f1 in (
-        ("warm", [20.0, 24.0]),
-        ("warm_rr", [22.0, 25.0]),
-        (claims.RERANKER_RECIPE, [26.0, 30.0]),
-        (claims.RECIPE_CONTROL, [23.0, 28.0]),
+
+    def ood(wiki: float, musique: float) -> dict:
+        return {
+            name: {"data": f"{name}:val.jsonl", "limit": 4, "f1": f1, "em": 0.0, "acc": 0.0, "n": 4}
+            for name, f1 in (("2wiki", wiki), ("musique", musique))
+        }
+
+    same = [ood(10.0, 4.0), ood(12.0, 6.0)]  # OOD averages 7 and 9
+    for row, f1, other in (
+        ("warm", [20.0, 24.0], same),
+        ("warm_rr", [22.0, 25.0], same),
+        (claims.RERANKER_RECIPE, [26.0, 30.0], [ood(14.0, 6.0), ood(12.0, 8.0)]),  # 10 and 10
+        (claims.RECIPE_CONTROL, [23.0, 28.0], same),
     ):
         for seed, v in enumerate(f1):
-            atomic_write_json(result_path(folder, row, seed), _result(row, seed, v, ood=ood))
+            atomic_write_json(result_path(folder, row, seed), _result(row, seed, v, ood=other[seed]))
     text = page(tmp_path / "out", "runs/reproduce", TABLE)
     recipes = text.split("## recipes:")[1].split("\n## ")[0]
     assert (
         f"Budget: 0.5 cpu minutes of training per row (`{claims.RERANKER_RECIPE}`: 30; `{claims.RECIPE_CONTROL}`: "
         "30), 4 validation"
     ) in recipes
-    assert "--out runs/reproduce --eval 2wiki=2wiki:val.jsonl`" in recipes
-    # recipe − warm: 6, 6 → 6 ± 0 (>: agrees); F1 on 2wiki 10; the average of 26 and 10, 30 and 10: 19 ± 2.8
-    assert "| 2wiki F1 | avg F1 (val + 2wiki) |" in recipes
+    assert "--out runs/reproduce --eval 2wiki=2wiki:val.jsonl --eval musique=musique:val.jsonl`" in recipes
+    # recipe − warm: 6, 6 → 6 ± 0 (>: agrees); 2wiki 14, 12; MuSiQue 6, 8; their (OOD) average 10, 10 against the
+    # warm start's 7, 9: 3, 1 → 2 ± 1.4
+    assert "| 2wiki F1 | musique F1 | OOD avg F1 (2wiki, musique) | Δ OOD F1 vs warm (paired) |" in recipes
     assert (
         f"| `{claims.RERANKER_RECIPE}` | 2 | 0.0 ± 0.0 | 28.0 ± 2.8 | 50.0 ± 0.0 | 6.0 ± 0.0 | — | 1000 ± 0 | — | — | "
-        "10.0 ± 0.0 | 19.0 ± 1.4 |"
+        "13.0 ± 1.4 | 7.0 ± 1.4 | 10.0 ± 0.0 | 2.0 ± 1.4 |"
+    ) in recipes
+    assert (
+        "| `warm` | 2 | 0.0 ± 0.0 | 22.0 ± 2.8 | 50.0 ± 0.0 | — | — | 1000 ± 0 | — | — | 11.0 ± 1.4 | 5.0 ± 1.4 | "
+        "8.0 ± 1.4 | — |"
     ) in recipes
     assert f"`{claims.RERANKER_RECIPE}` > `warm_rr` (val F1) | 4.50 ± 0.71 | agrees |" in recipes
     assert f"`{claims.RERANKER_RECIPE}` > `{claims.RECIPE_CONTROL}` (val F1) | 2.50 ± 0.71 | agrees |" in recipes
