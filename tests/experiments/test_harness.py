@@ -158,7 +158,7 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
         assert "**Not run.**" in other and "±" not in other and f"--table {name} --seeds 0,1,2" in other
     assert [claims.own_rows(claims.TABLES[n]) for n in ("reward", "recipes", "steps")] == [
         ["warm_rr_final_only", "warm_mappo_final_only"],
-        [claims.RERANKER_RECIPE, claims.RECIPE_CONTROL],
+        [claims.RERANKER_RECIPE, claims.RECIPE_CONTROL, "warm_rr_30min~warm_rr_reranker_30min"],
         ["warm_mappo~warm_rr", "warm_mappo~warm_is"],  # MAPPO for the steps of each sampler it is set against
     ]
     assert set(collect(folder)) == {"warm_rr", "warm_rr_aggr_max", "warm_rr_aggr_min", "warm_rr_aggr_rand"}
