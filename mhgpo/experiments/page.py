@@ -220,8 +220,6 @@ def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:
     def ood(r: dict) -> float | None:
         return ood_f1(r, evals)
 
-    ood_delta = "—" if row == table.reference or not evals else fmt(paired(by_row, row, table.reference, ood))
-
     cells = [
         f"`{row}`",
         str(len(rs)),
@@ -236,7 +234,7 @@ def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:
         *(fmt(values(lambda r, key=key: per_question(r, key)), 2) for _, key in table.columns),
         *(fmt(values(lambda r, n=n: ((r.get("ood") or {}).get(n) or {}).get("f1"))) for n in evals),
         *([fmt(values(ood))] if len(evals) > 1 else []),
-        *([ood_delta] if evals else []),
+        *(["—" if row == table.reference else fmt(paired(by_row, row, table.reference, ood))] if evals else []),
     ]
     return "| " + " | ".join(cells) + " |"
 
