@@ -52,13 +52,15 @@ class Job:
     settings: dict
     evals: dict = dataclasses.field(default_factory=dict)  # NAME -> data spec: evaluations on other data sets
     steps: int | None = None  # ROW~OTHER: the steps OTHER reached on this seed
+    after: tuple[str, ...] = ()  # the names of the jobs (its warm start) that must finish before it starts
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> Job:
-        return cls(**json.loads(text))
+        tree = json.loads(text)
+        return cls(**{**tree, "after": tuple(tree.get("after", ()))})
 
     @property
     def name(self) -> str:

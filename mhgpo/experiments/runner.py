@@ -1,10 +1,12 @@
-"""What is still to run, and the processes that run it: the warm starts first, then the (row, seed) jobs and the
-oracles, then the rows that take another row's steps (`ROW~OTHER`), `parallel` processes at a time, one thread
-each, each with its log in OUT/DATA/logs/. A job that fails does not stop the others; the run then ends with an
-error naming the jobs and their logs, and what finished is kept for the next run."""
+"""What is still to run, and the processes that run it: the warm starts, the (row, seed) jobs and the oracles, each
+of these as soon as its warm start is trained, then the rows that take another row's steps (`ROW~OTHER`),
+`parallel` processes at a time, one thread each, each with its log in OUT/DATA/logs/. A job that fails does not stop
+the others (those that start from a warm start that failed are not started); the run then ends with an error naming
+the jobs and their logs, and what finished is kept for the next run."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -23,13 +25,27 @@ from mhgpo.run.rundir import refuse_links
 Runner = Callable[[list[Job], int, Path], list[Job]]  # (jobs, parallel, logs folder) -> the jobs that failed
 
 
+def next_job(pending: list[Job], running: list[Job], failed: list[Job]) -> Job | None:
+    """The first of `pending` whose `after` jobs are neither pending, running nor failed, taken out of `pending`;
+    those after a failed job are moved to `failed` (not started). None when every pending job waits."""
+    for job in list(pending):
+        if any(j.name in job.after for j in failed):
+            pending.remove(job)
+            failed.append(job)
+            print(f"not started: {job.kind} {job.key} seed {job.seed} (its warm start failed)", flush=True)
+        elif not any(j.name in job.after for j in pending + running):
+            pending.remove(job)
+            return job
+    return None
+
+
 def subprocesses(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:
-    """Run `jobs` as `python -m mhgpo.experiments.jobs`, `parallel` at a time; the jobs that failed."""
+    """Run `jobs` as `python -m mhgpo.experiments.jobs`, `parallel` at a time, each once its `after` jobs have
+    finished; the jobs that failed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     pending, running, failed = list(jobs), [], []
     while pending or running:
-        while pending and len(running) < max(parallel, 1):
-            job = pending.pop(0)
+        while len(running) < max(parallel, 1) and (job := next_job(pending, [j for j, _ in running], failed)):
             with open_log(logs / f"{job.name}.log") as log:
                 cmd = [sys.executable, "-m", "mhgpo.experiments.jobs", job.to_json()]
                 running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
@@ -46,7 +62,8 @@ def subprocesses(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:
 
 
 def in_process(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:
-    """Run `jobs` one after the other in this process (tests; a job's error is raised)."""
+    """Run `jobs` one after the other in this process, in their order (each after its `after` jobs; tests; a job's
+    error is raised)."""
     for job in jobs:
         run_job(job)
     return []
@@ -57,10 +74,18 @@ class Plan:
 
     def __init__(self, table: RowTable, folder: Path, settings: dict, evals: dict[str, str]):
         self.table, self.folder, self.settings, self.evals = table, folder, settings, evals
+        self.training: dict[Path, str] = {}  # warm start folder -> the name of the job that trains it
 
     def job(self, kind: str, key: str, seed: int, steps: int | None = None) -> Job:
+        """The job; a row's or an oracle's starts after the job training its warm start, if one does."""
         evals = self.evals if kind == "row" else {}
-        return Job(kind, str(self.table.path), str(self.folder), key, seed, self.settings, evals, steps)
+        job = Job(kind, str(self.table.path), str(self.folder), key, seed, self.settings, evals, steps)
+        if kind == "warm" or not self.training:
+            return job
+        row = ORACLE_ROW if kind == "oracle" else split_key(key)[0]
+        cfg = row_config(self.table, job, row, "x")
+        warm = self.training.get(warm_start_folder(cfg, self.folder)) if cfg.warm_start.enabled else None
+        return dataclasses.replace(job, after=(warm,)) if warm else job
 
     def todo(self, key: str, seed: int) -> bool:
         """Whether (key, seed) has no result, or lacks an evaluation asked for."""
@@ -72,7 +97,7 @@ class Plan:
 
     def warm_starts(self, keys: list[str], seeds: list[int]) -> list[Job]:
         """One job per warm start that an unfinished row (or an oracle) starts from and that is not trained."""
-        jobs, seen = [], set()
+        jobs = []
         for key in keys:
             row = ORACLE_ROW if key.startswith(oracle_key("")) else split_key(key)[0]
             for seed in seeds:
@@ -81,8 +106,8 @@ class Plan:
                 if not cfg.warm_start.enabled or not (key.startswith(oracle_key("")) or self.todo(key, seed)):
                     continue
                 folder = warm_start_folder(cfg, self.folder)
-                if folder not in seen and not finished(folder):
-                    seen.add(folder)
+                if folder not in self.training and not finished(folder):
+                    self.training[folder] = job.name
                     jobs.append(job)
         return jobs
 
@@ -144,13 +169,12 @@ def run_rows(
     if done:
         print(f"{done} finished results in {folder} reused", flush=True)
     logs = folder / "logs"
-    failed = runner(warm, parallel, logs)
-    failed += runner(plan.rows(plain, seeds) + (plan.oracles(seeds) if oracles else []), parallel, logs)
+    failed = runner(warm + plan.rows(plain, seeds) + (plan.oracles(seeds) if oracles else []), parallel, logs)
     failed += runner(plan.matched(matched, seeds), parallel, logs)
     results = {k: {s: r for s in seeds if (r := find_result(folder, k, s, settings))} for k in keys}
     missing = [f"{k} seed {s}" for k in keys for s in seeds if s not in results[k]]
     if failed or missing:
-        names = ", ".join(f"{logs / (j.name + '.log')}" for j in failed)
+        names = ", ".join(str(log) for j in failed if (log := logs / f"{j.name}.log").is_file())
         raise RunError(
             f"no result for {', '.join(missing) or 'some evaluations'}" + (f"; see {names}" if names else "")
         )

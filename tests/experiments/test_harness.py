@@ -266,20 +266,59 @@ def test_resumption_skips_finished_results_and_runs_the_rest(tmp_path):
     calls: list = []
     keys = ["untrained", "warm", "warm_rr", "warm_mappo~warm_rr"]
     results = runner.run_rows(TABLE, keys, [0], out, SETTINGS, 1, runner=_fake(out, calls))
-    warm, rows, matched = calls
-    assert [(j.kind, j.key) for j in warm] == [("warm", "warm_rr")]  # one warm start for every team row
-    assert [(j.kind, j.key) for j in rows] == [("row", "untrained"), ("row", "warm_rr")]
+    first, matched = calls  # the warm start and the rows in one queue, each row after its warm start
+    warm = "warm-warm_rr-seed0"  # one warm start for every team row
+    assert [(j.kind, j.key, j.after) for j in first] == [
+        ("warm", "warm_rr", ()),
+        ("row", "untrained", ()),
+        ("row", "warm_rr", (warm,)),
+    ]
+    assert first[0].name == warm
     assert [(j.key, j.steps) for j in matched] == [("warm_mappo~warm_rr", 3)]  # warm_rr's steps on seed 0
     assert {k: r[0]["val_f1"] for k, r in results.items()} == {k: 33.0 if k == "warm" else 11.0 for k in keys}
     calls.clear()  # everything finished now: nothing runs again
     assert runner.run_rows(TABLE, keys, [0], out, SETTINGS, 1, runner=_fake(out, calls)) == results
-    assert calls == [[], [], []]
+    assert calls == [[], []]
     calls.clear()  # a row of the single agent: its own warm start
     runner.run_rows(TABLE, ["warm_grpo"], [0], out, SETTINGS, 1, runner=_fake(out, calls))
-    assert [[(j.kind, j.key) for j in jobs] for jobs in calls] == [[("warm", "warm_grpo")], [("row", "warm_grpo")], []]
-    calls.clear()  # an evaluation on another data set asked for: the finished rows run again (for it alone)
+    assert [[(j.kind, j.key, j.after) for j in jobs] for jobs in calls] == [
+        [("warm", "warm_grpo", ()), ("row", "warm_grpo", ("warm-warm_grpo-seed0",))],
+        [],
+    ]
+    calls.clear()  # an evaluation on another data set asked for: the finished rows run again (for it alone), their
+    # warm start trained already: no job to wait for
     runner.run_rows(TABLE, ["warm_rr"], [0], out, SETTINGS, 1, {"2wiki": "2wiki:x"}, runner=_fake(out, calls))
-    assert [[(j.key, j.evals) for j in jobs] for jobs in calls] == [[], [("warm_rr", {"2wiki": "2wiki:x"})], []]
+    assert [[(j.key, j.evals, j.after) for j in jobs] for jobs in calls] == [
+        [("warm_rr", {"2wiki": "2wiki:x"}, ())],
+        [],
+    ]
+
+
+def _job(kind: str, key: str, seed: int, after: tuple[str, ...] = ()) -> Job:
+    return Job(kind, "rows.yaml", "out", key, seed, SETTINGS, after=after)
+
+
+def test_a_job_starts_once_its_warm_start_has_finished_and_others_go_first(capsys):
+    w0, w1 = _job("warm", "warm_rr", 0), _job("warm", "warm_rr", 1)
+    r0, r1 = _job("row", "warm_rr", 0, (w0.name,)), _job("row", "warm_rr", 1, (w1.name,))
+    plain = _job("row", "untrained", 0)
+    pending, failed = [w0, w1, r0, r1, plain], []
+    assert runner.next_job(pending, [], failed) == w0
+    assert runner.next_job(pending, [w0], failed) == w1
+    assert runner.next_job(pending, [w0, w1], failed) == plain  # r0 and r1 wait for their warm starts
+    assert runner.next_job(pending, [w0, w1], failed) is None and pending == [r0, r1]
+    assert runner.next_job(pending, [w0], failed) == r1  # w1 finished: r1 goes before r0
+    failed.append(w0)  # w0 failed: r0 is not started, and counts as failed
+    assert runner.next_job(pending, [r1], failed) is None
+    assert pending == [] and failed == [w0, r0]
+    assert "not started: row warm_rr seed 0 (its warm start failed)" in capsys.readouterr().out
+    # a job after one that is not in this queue (trained by an earlier run) starts at once
+    assert runner.next_job([r0], [], []) == r0
+
+
+def test_a_job_keeps_what_it_waits_for_through_json():
+    job = _job("row", "warm_rr", 2, ("warm-warm_rr-seed2",))
+    assert Job.from_json(job.to_json()) == job
 
 
 def test_results_under_other_settings_or_of_a_changed_row_are_refused(tmp_path):
@@ -290,7 +329,7 @@ def test_results_under_other_settings_or_of_a_changed_row_are_refused(tmp_path):
         runner.run_rows(TABLE, ["warm"], [0], out, {**SETTINGS, "minutes": 10.0}, 1, runner=_fake(out, []))
     calls: list = []
     runner.run_rows(TABLE, ["untrained"], [0], out, SETTINGS, 1, runner=_fake(out, calls))  # OUT pinned to SETTINGS
-    assert json.loads((out / "settings.json").read_text()) == SETTINGS and len(calls[1]) == 1
+    assert json.loads((out / "settings.json").read_text()) == SETTINGS and len(calls[0]) == 1
     with pytest.raises(InputError, match="use another --out"):  # a row not run yet, under another budget
         runner.run_rows(TABLE, ["warm_mappo"], [0], out, {**SETTINGS, "val_limit": 8}, 1, runner=_fake(out, calls))
     changed = _result("warm_rr", 0, 20.0, overrides={"reward.aggr": "max"})
