@@ -42,6 +42,23 @@ def test_table_rows_are_rows_of_the_table_and_load(tmp_path, name):
         assert cfg.warm_start.enabled == key.startswith("warm")
 
 
+def test_rows_that_fitted_more_steps_than_their_reference_also_run_for_its_steps():
+    roles, groups = claims.TABLES["roles"], claims.TABLES["groups"]
+    matched = ["only_rewriter", "only_reranker", "only_answerer", "freeze_reranker"]
+    assert [k for k in roles.rows if "~" in k] == [f"warm_fof_{r}~warm_fof" for r in matched]
+    assert [(c.row, c.direction, c.than, c.paper) for c in roles.claims[-5:]] == [
+        ("warm_fof", "≥", "warm_fof_freeze_answerer", "all roles ≥ answerer frozen"),
+        *(
+            ("warm_fof", "≥", f"warm_fof_{r}~warm_fof", f"(not the paper's) all roles ≥ {role} {how} at equal steps")
+            for r, role, how in zip(
+                matched, ["rewriter", "reranker", "answerer", "reranker"], ["alone"] * 3 + ["frozen"], strict=True
+            )
+        ),
+    ]
+    assert groups.rows[-1] == "warm_rr_groups_prompt_agent_turn~warm_rr"
+    assert groups.claims[-1].than == groups.rows[-1] and groups.claims[-1].paper.endswith("at equal steps")
+
+
 def test_a_row_runs_from_its_warm_start_until_its_budget_or_for_anothers_steps(tmp_path):
     warm = warm_start_folder(row_config(TABLE, job("warm_rr", folder=tmp_path), "warm_rr", "x"), tmp_path)
     (warm / MARKER).parent.mkdir()
