@@ -1,8 +1,9 @@
 """What is still to run, and the processes that run it: the warm starts, the (row, seed) jobs and the oracles, each
-of these as soon as its warm start is trained, then the rows that take another row's steps (`ROW~OTHER`),
-`parallel` processes at a time, one thread each, each with its log in OUT/DATA/logs/. A job that fails does not stop
-the others (those that start from a warm start that failed are not started); the run then ends with an error naming
-the jobs and their logs, and what finished is kept for the next run."""
+of these as soon as its warm start is trained, and the rows that take another row's steps (`ROW~OTHER`): with them
+where that row's result is there already, after them where it is not; `parallel` processes at a time, one thread
+each, each with its log in OUT/DATA/logs/. A job that fails does not stop the others (those that start from a warm
+start that failed are not started); the run then ends with an error naming the jobs and their logs, and what
+finished is kept for the next run."""
 
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ def run_rows(
     """Every (key, seed) result under `settings` in the data folder `folder` (and, with `oracles`, each oracle's
     validation of each seed's warm start): the finished ones read, the others run by `runner` (default
     :func:`subprocesses`), `parallel` at a time. `evals`: NAME -> data spec of the evaluations on other data sets
-    each result gets. A row `ROW~OTHER` runs OTHER too."""
+    each result gets. A row `ROW~OTHER` runs OTHER too, and itself for the steps OTHER made on the seed: in the first
+    queue where OTHER's result is there already, after every other job where it is not."""
     runner = runner or subprocesses
     evals = evals or {}
     for key in keys:
@@ -169,8 +171,11 @@ def run_rows(
     if done:
         print(f"{done} finished results in {folder} reused", flush=True)
     logs = folder / "logs"
-    failed = runner(warm + plan.rows(plain, seeds) + (plan.oracles(seeds) if oracles else []), parallel, logs)
-    failed += runner(plan.matched(matched, seeds), parallel, logs)
+    ready = plan.matched(matched, seeds)  # their reference's result is there: no need to wait for the rest
+    first = warm + plan.rows(plain, seeds) + (plan.oracles(seeds) if oracles else []) + ready
+    failed = runner(first, parallel, logs)
+    names = {j.name for j in ready}
+    failed += runner([j for j in plan.matched(matched, seeds) if j.name not in names], parallel, logs)
     results = {k: {s: r for s in seeds if (r := find_result(folder, k, s, settings))} for k in keys}
     missing = [f"{k} seed {s}" for k in keys for s in seeds if s not in results[k]]
     if failed or missing:

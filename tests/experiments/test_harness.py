@@ -311,6 +311,24 @@ def test_resumption_skips_finished_results_and_runs_the_rest(tmp_path):
     ]
 
 
+def test_a_matched_row_whose_reference_is_finished_goes_in_the_first_queue(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    steps = [{"llm_calls": 1.0}] * 5
+    atomic_write_json(result_path(out, "warm_rr", 0), _result("warm_rr", 0, 20.0, steps=steps))  # seed 0 finished
+    calls: list = []
+    keys = ["warm_rr", "warm_mappo~warm_rr"]
+    runner.run_rows(TABLE, keys, [0, 1], out, SETTINGS, 2, runner=_fake(out, calls))
+    first, second = calls
+    assert [(j.kind, j.key, j.seed, j.steps, j.after) for j in first] == [
+        ("warm", "warm_rr", 1, None, ()),
+        ("warm", "warm_mappo", 0, None, ()),  # the same warm start as warm_rr's: only the matched row needs it
+        ("row", "warm_rr", 1, None, ("warm-warm_rr-seed1",)),
+        ("row", "warm_mappo~warm_rr", 0, 5, ("warm-warm_mappo-seed0",)),  # warm_rr's 5 steps on seed 0
+    ]
+    assert [(j.key, j.seed, j.steps) for j in second] == [("warm_mappo~warm_rr", 1, 3)]  # after warm_rr's seed 1
+
+
 def _job(kind: str, key: str, seed: int, after: tuple[str, ...] = ()) -> Job:
     return Job(kind, "rows.yaml", "out", key, seed, SETTINGS, after=after)
 
