@@ -141,7 +141,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=SPEC",
         help="also evaluate each row's kept run on this data set (e.g. 2wiki=2wiki:data/2wiki/val.jsonl)",
     )
-    p.add_argument("--parallel", type=int, default=2, help="processes at a time (one thread each; under --clock cpu at most one to a core)")
+    p.add_argument(
+        "--parallel", type=int, default=2, help="processes at a time (one thread each; under --clock cpu one to a core)"
+    )
     p.add_argument("--scale", default="demo", metavar="NAME", help="the scale of the table of rows (default demo)")
     p.add_argument("--rows-file", default=ROWS_FILE, metavar="FILE", help=f"the table of rows (default {ROWS_FILE})")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"the results' folder (default {DEFAULT_OUT})")
