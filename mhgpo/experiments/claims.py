@@ -84,7 +84,11 @@ def _role_claim(row: str) -> Claim:
     return Claim("warm_fof", "≥", row, f"(not the paper's) {paper} at equal steps" if other else paper)
 
 
-AGGREGATED_SAMPLERS = (("warm_rr", "RR"), ("warm_fof_os", "FoF(os)"))
+# The sampler whose aggregated rewards reach the loss at this scale: under RR only the prefix singletons upstream of a
+# fork carry one, and at 4 questions a step their pools (role, fork agent) seldom fill a group of 4, so RR trained no
+# aggregated sample in any of its steps here and its max and min rows repeat mean's (rand only shifts the random
+# stream); FoF(os) aggregates every prefix node. RR's rows (`warm_rr_aggr_*`) stay rows, for larger batches.
+AGGREGATED_SAMPLERS = (("warm_fof_os", "FoF(os)"),)
 AGGREGATORS = ("max", "min", "rand")
 
 
@@ -117,12 +121,10 @@ TABLES = {
                 Claim("warm_fof", "<", "warm_is", "... at lower cost", "llm_calls"),
             ),
         ),
-        # the paper's two branched samplers; under RR only prefix singletons carry an aggregated reward, and at 4
-        # questions a step they seldom fill a regrouped group, so FoF(os) (every prefix node aggregated) is the test
         Table(
             "aggregators",
-            "Aggr of backward reward propagation (MHGPO-RR and MHGPO-FoF(os)): mean against max, min, rand",
-            "warm_rr",
+            "Aggr of backward reward propagation (MHGPO-FoF(os)): mean against max, min, rand",
+            "warm_fof_os",
             tuple(r for s, _ in AGGREGATED_SAMPLERS for r in (s, *_aggregator_rows(s), *_aggregator_rows(s, s))),
             tuple(
                 Claim(s, "≥", row, f"mean aggr ≥ {a} ({name})" + (" at equal steps" if other else ""))

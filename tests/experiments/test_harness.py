@@ -121,10 +121,10 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
     them) give the page's numbers under the rows' names here."""
     folder = _synthetic(tmp_path / "out")
     f1 = {
-        "warm+rr": [40, 50, 45],
-        "warm+rr@reward.aggr=max": [30, 52, 41],
-        "warm+rr@reward.aggr=min": [20, 30, 25],
-        "warm+rr@reward.aggr=rand": [50, 60, 56],
+        "warm+fof_os": [40, 50, 45],
+        "warm+fof_os@reward.aggr=max": [30, 52, 41],
+        "warm+fof_os@reward.aggr=min": [20, 30, 25],
+        "warm+fof_os@reward.aggr=rand": [50, 60, 56],
     }
     for row, values in f1.items():
         for seed, v in enumerate(values):
@@ -132,7 +132,7 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
             result = _result(row, seed, v, 40.0 + seed, steps, peak_mb=1000.0 + 100 * seed)
             result_path(folder, row, seed).write_text(json.dumps(result))
     result_path(folder, "warm+fof", 0).write_text('{"row": "warm+fof", "seed": 0, "val_f')  # cut short
-    assert (folder / "warm+rr__reward.aggr=max-seed0.json").is_file()  # the earlier scripts' file names
+    assert (folder / "warm+fof_os__reward.aggr=max-seed0.json").is_file()  # the earlier scripts' file names
     text = write_page(tmp_path / "out", tmp_path / "doc.md", "runs/reproduce", TABLE)
     assert (tmp_path / "doc.md").read_text() == text
     section = text.split("## aggregators")[1].split("\n## ")[0]
@@ -147,46 +147,48 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
     # aggregated samples: (4 + 4) / 8 = 1 on the rand row; — on the rows whose steps never logged them
     assert "| trained samples / question | aggregated samples / question |" in section
     assert (
-        "| `warm_rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | "
+        "| `warm_fof_os` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | "
         "6.00 ± 0.00 | — |"
     ) in section
-    assert "| 8.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 |" in section.split("`warm_rr_aggr_rand`")[1]
+    assert "| 8.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 |" in section.split("`warm_fof_os_aggr_rand`")[1]
     # max − mean per seed: −10, 2, −4 → −4 ± 6; min: one filtered step of 12 questions: 60/12 = 5 calls, 20/12 samples
-    assert "| `warm_rr_aggr_max` | 3 | 2.0 ± 0.0 | 41.0 ± 11.0 | 41.0 ± 1.0 | -4.0 ± 6.0 |" in section
+    assert "| `warm_fof_os_aggr_max` | 3 | 2.0 ± 0.0 | 41.0 ± 11.0 | 41.0 ± 1.0 | -4.0 ± 6.0 |" in section
     assert (
-        "| `warm_rr_aggr_min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 | 6.0 ± 0.0 | "
+        "| `warm_fof_os_aggr_min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 | 6.0 ± 0.0 | "
         "1100 ± 100 | 5.00 ± 0.00 | 1.67 ± 0.00 |"
     ) in section
     # mean − max: 10, −2, 4 → 4 ± 6, |4| ≤ 6: within noise, which ≥ accepts; mean − min 20 ± 0: >, agrees;
     # mean − rand: −10, −10, −11 → −10.33 ± 0.58: <, disagrees
-    assert "| mean aggr ≥ max (RR) | `warm_rr` ≥ `warm_rr_aggr_max` (val F1) | 4.00 ± 6.00 | agrees |" in section
-    assert "| mean aggr ≥ min (RR) | `warm_rr` ≥ `warm_rr_aggr_min` (val F1) | 20.00 ± 0.00 | agrees |" in section
-    assert "| mean aggr ≥ rand (RR) | `warm_rr` ≥ `warm_rr_aggr_rand` (val F1) | -10.33 ± 0.58 | disagrees |" in section
+    aggr = "| mean aggr ≥ {} (FoF(os)) | `warm_fof_os` ≥ `warm_fof_os_aggr_{}` (val F1) | {} |"
+    assert aggr.format("max", "max", "4.00 ± 6.00 | agrees") in section
+    assert aggr.format("min", "min", "20.00 ± 0.00 | agrees") in section
+    assert aggr.format("rand", "rand", "-10.33 ± 0.58 | disagrees") in section
+    assert "(RR)" not in section  # RR trains no aggregated sample at 4 questions a step: not this table's test
     roles = text.split("## roles:")[1].split("\n## ")[0]  # no results (the cut-short warm+fof file is not one): not run
     assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
     assert "±" not in roles
-    algorithms = text.split("## algorithms:")[1].split("\n## ")[0]  # warm_rr is its own row: partial, the rest named
+    algorithms = text.split("## algorithms:")[1].split("\n## ")[0]  # warm_fof_os is its own row: partial
     assert "**Partial**: missing " in algorithms
     assert "warm_mappo seed 0, warm_mappo seed 1, warm_mappo seed 2" in algorithms
-    assert "| `warm_rr` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 |" in algorithms and "warm_rr seed" not in algorithms
-    assert "| MHGPO > MAPPO | `warm_rr` > `warm_mappo` (val F1) | — | not run |" in algorithms
-    for name in ("reward", "groups", "recipes", "steps"):  # they share warm_rr with an earlier table
+    assert "| `warm_fof_os` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 |" in algorithms and "warm_fof_os seed" not in algorithms
+    assert "| MHGPO > MAPPO | `warm_fof_os` > `warm_mappo` (val F1) | — | not run |" in algorithms
+    for name in ("reward", "groups", "recipes", "steps"):  # no row of theirs ran
         other = text.split(f"## {name}:")[1].split("\n## ")[0]
         assert "**Not run.**" in other and "±" not in other and f"--table {name} --seeds 0,1,2" in other
     assert [claims.own_rows(claims.TABLES[n]) for n in ("aggregators", "reward", "recipes", "steps")] == [
         [  # each aggregator in the same budget and for the mean's steps (a step's CPU time varies between machines)
-            *(
-                f"{s}_aggr_{a}" + m
-                for s in ("warm_rr", "warm_fof_os")
-                for m in ("", f"~{s}")
-                for a in ("max", "min", "rand")
-            )
+            *(f"{s}_aggr_{a}" + m for s in ("warm_fof_os",) for m in ("", f"~{s}") for a in ("max", "min", "rand"))
         ],
         ["warm_rr_final_only", "warm_mappo_final_only"],
         [claims.RERANKER_RECIPE, claims.RECIPE_CONTROL, "warm_rr_30min~warm_rr_reranker_30min"],
         ["warm_mappo~warm_rr", "warm_mappo~warm_is"],  # MAPPO for the steps of each sampler it is set against
     ]
-    assert set(collect(folder)) == {"warm_rr", "warm_rr_aggr_max", "warm_rr_aggr_min", "warm_rr_aggr_rand"}
+    assert set(collect(folder)) == {
+        "warm_fof_os",
+        "warm_fof_os_aggr_max",
+        "warm_fof_os_aggr_min",
+        "warm_fof_os_aggr_rand",
+    }
 
 
 def test_a_row_with_a_budget_of_its_own_and_other_data_sets(tmp_path):
@@ -257,7 +259,7 @@ def test_verdict_rule():
 
 def test_legacy_rows_are_rows_of_the_table(tmp_path):
     assert set(LEGACY_ROWS.values()) <= set(TABLE.rows)
-    assert claims.table_rows(["algorithms", "aggregators"]).count("warm_rr") == 1
+    assert claims.table_rows(["algorithms", "aggregators"]).count("warm_fof_os") == 1
     atomic_write_json(result_path(tmp_path, "warm+rr", 0), _result("warm+rr", 0, 1.0))
     atomic_write_json(result_path(tmp_path, "warm+rr", 1), _result("warm+rr", 1, 2.0))
     atomic_write_json(result_path(tmp_path, "warm_rr", 0), _result("warm_rr", 0, 3.0))  # its own name first
