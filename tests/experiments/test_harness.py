@@ -159,10 +159,10 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
     ) in section
     # mean − max: 10, −2, 4 → 4 ± 6, |4| ≤ 6: within noise, which ≥ accepts; mean − min 20 ± 0: >, agrees;
     # mean − rand: −10, −10, −11 → −10.33 ± 0.58: <, disagrees
-    aggr = "| mean aggr ≥ {} (FoF(os)) | `warm_fof_os` ≥ `warm_fof_os_aggr_{}` (val F1) | {} |"
-    assert aggr.format("max", "max", "4.00 ± 6.00 | agrees") in section
-    assert aggr.format("min", "min", "20.00 ± 0.00 | agrees") in section
-    assert aggr.format("rand", "rand", "-10.33 ± 0.58 | disagrees") in section
+    aggr = "| mean aggr ≥ {0} (FoF(os)) | `warm_fof_os` ≥ `warm_fof_os_aggr_{0}` (val F1) | {1} |"
+    assert aggr.format("max", "4.00 ± 6.00 | agrees") in section
+    assert aggr.format("min", "20.00 ± 0.00 | agrees") in section
+    assert aggr.format("rand", "-10.33 ± 0.58 | disagrees") in section
     assert "(RR)" not in section  # RR trains no aggregated sample at 4 questions a step: not this table's test
     roles = text.split("## roles:")[1].split("\n## ")[0]  # no results (the cut-short warm+fof file is not one): not run
     assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
