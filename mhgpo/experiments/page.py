@@ -39,7 +39,10 @@ from mhgpo.io import atomic_write_text
 
 DEFAULTS = {"seeds": "0,1,2", "minutes": 10.0, "clock": "cpu", "val_limit": 100, "parallel": 2}
 BLOCK = "<!-- block "
-CARRIED = "*Carried over from the page as it was: the results behind this part are not in the output folder.*"
+PARTIAL = "**Partial**"  # how the page marks a part run only in part (the block `partial`)
+CARRIED_FROM = "*Carried over from the page as it was: "
+CARRIED = CARRIED_FROM + "the results behind this part are not in the output folder.*"
+CARRIED_PARTIAL = CARRIED_FROM + "the output folder holds {found} of the {needed} results of a part of its own.*"
 
 
 def previous_parts(text: str | None) -> dict[str, dict[str, str]]:
@@ -51,7 +54,7 @@ def previous_parts(text: str | None) -> dict[str, dict[str, str]]:
 
     def close() -> None:
         if table is not None and title is not None:
-            body = "\n".join(line for line in lines if line != CARRIED).strip("\n")
+            body = "\n".join(line for line in lines if not line.startswith(CARRIED_FROM)).strip("\n")
             parts.setdefault(table, {})[title] = body
 
     for line in (text or "").splitlines():
@@ -132,18 +135,30 @@ def table_markdown(
     table: Table, by_data: list[Results], out: str, rows: RowTable | None = None, kept: dict[str, str] | None = None
 ) -> str:
     """One table's section: a part per data set that ran a row of its own; or "not run" and the command. `kept`:
-    the parts of an earlier page by data title, kept where no result here replaces them."""
+    the parts of an earlier page by data title, kept where no result here replaces them (results that fill a part
+    only in part do not replace a complete one)."""
     lines = [fill("heading", name=table.name, title=table.title), ""]
     own = own_rows(table)
-    ran = [by_row for by_row in by_data if any(by_row.get(r) for r in own)]
-    titles = {data_title(_settings(by_row)) for by_row in ran}
-    carried = {t: body for t, body in (kept or {}).items() if t not in titles and "Machine:" in body}
+    kept = {t: body for t, body in (kept or {}).items() if "Machine:" in body}
+    ran, titles, markers = [], set(), {}
+    for by_row in by_data:
+        if not any(by_row.get(r) for r in own):
+            continue
+        title = data_title(_settings(by_row))
+        titles.add(title)
+        found, needed = _coverage(table, by_row)
+        if found < needed and title in kept and PARTIAL not in kept[title]:
+            # a part run only in part does not replace the complete one the page had for its data set
+            markers[title] = CARRIED_PARTIAL.format(found=found, needed=needed)
+        else:
+            ran.append(by_row)
+    carried = {t: (markers.get(t, CARRIED), body) for t, body in kept.items() if t not in titles or t in markers}
     if not ran and not carried:
         directions = "; ".join(f"{c.paper} (`{c.row}` {c.direction} `{c.than}`)" for c in table.claims)
         lines += [fill("not_run", command=command(table.name, None, None, out), directions=directions), ""]
         return "\n".join(lines)
-    for title, body in carried.items():
-        lines += [f"### {title}", "", CARRIED, "", body, ""]
+    for title, (marker, body) in carried.items():
+        lines += [f"### {title}", "", marker, "", body, ""]
     for by_row in ran:
         lines += _table_body(table, by_row, out, rows)
     not_ran = [
@@ -172,11 +187,23 @@ def _evals(found: list[dict]) -> dict[str, str]:
     return names
 
 
+def _missing(table: Table, by_row: Results) -> list[str]:
+    """The (row, seed) results of `table` a data folder lacks, over the seeds it has any of the table's rows for."""
+    seeds = sorted({seed for r in table.rows for seed in by_row.get(r, {})})
+    return [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
+
+
+def _coverage(table: Table, by_row: Results) -> tuple[int, int]:
+    """How many of `table`'s (row, seed) results a data folder holds, of how many its part needs."""
+    found = sum(len(by_row.get(r, {})) for r in table.rows)
+    return found, found + len(_missing(table, by_row))
+
+
 def _table_body(table: Table, by_row: Results, out: str, rows: RowTable | None) -> list[str]:
     found = [res for r in table.rows for res in by_row.get(r, {}).values()]
     settings = found[0]["settings"]
     seeds = sorted({res["seed"] for res in found})
-    missing = [f"{r} seed {s}" for r in table.rows for s in seeds if s not in by_row.get(r, {})]
+    missing = _missing(table, by_row)
     budgets = [(r, b) for r in table.rows if (b := _own_budget(rows, r))]
     evals = _evals(found)
     budget = fill(

@@ -449,8 +449,9 @@ def test_a_page_keeps_the_parts_whose_results_are_not_in_the_output_folder(tmp_p
     from mhgpo.experiments.page import CARRIED
 
     folder = _synthetic(tmp_path / "out")
-    for seed, v in enumerate([40, 50, 45]):
-        result_path(folder, "warm_rr_final_only", seed).write_text(json.dumps(_result("warm_rr_final_only", seed, v)))
+    for row in claims.TABLES["reward"].rows:  # the reward table's every row and seed: its part is complete here
+        for seed, v in enumerate([40, 50, 45]):
+            result_path(folder, row, seed).write_text(json.dumps(_result(row, seed, v)))
     earlier = "\n".join(
         [
             "# Reproduction",
@@ -480,3 +481,48 @@ def test_a_page_keeps_the_parts_whose_results_are_not_in_the_output_folder(tmp_p
     reward = text.split("## reward:")[1].split("\n## ")[0]  # results here: written from them, not carried
     assert "99.9" not in reward and CARRIED not in reward and "Test CPU 9000" in reward
     assert write_page(tmp_path / "out", doc, "runs/reproduce", TABLE) == text  # written again: the same page
+
+
+def test_a_part_run_only_in_part_does_not_replace_a_complete_one(tmp_path):
+    """Results that fill a table's part only in part (rows it shares with another table, fewer seeds) leave the
+    earlier page's complete part for that data set as it was, marked with how many of its results are here; they
+    replace a part that was partial too, and a part they complete."""
+    from mhgpo.experiments.page import CARRIED_PARTIAL, PARTIAL
+
+    folder = _synthetic(tmp_path / "out")
+    for row in ("warm_rr", "warm_rr_groups_agent"):  # two of the groups table's 4 rows, one of them its own
+        for seed, v in enumerate([40, 50, 45]):
+            result_path(folder, row, seed).write_text(json.dumps(_result(row, seed, v)))
+    part = "### synthetic world (synthetic:train, validated on synthetic:dev)"
+    complete = "Machine: Old CPU, 2 cores. Seeds: 0, 1, 2.\n\n| `warm_rr_groups_agent` | 3 | 57.3 |"
+    doc = tmp_path / "doc.md"
+    doc.write_text("\n".join(["# Reproduction", "## groups: Advantage groups", part, "", complete]))
+    text = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE)
+    groups = text.split("## groups:")[1].split("\n## ")[0]
+    assert f"{part}\n\n{CARRIED_PARTIAL.format(found=6, needed=12)}\n\n{complete}\n" in groups
+    assert PARTIAL not in groups and "Test CPU 9000" not in groups
+    assert write_page(tmp_path / "out", doc, "runs/reproduce", TABLE) == text  # written again: the same page
+
+    doc.write_text("\n".join(["# Reproduction", "## groups: Advantage groups", part, "", f"{complete} {PARTIAL}"]))
+    groups = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE).split("## groups:")[1].split("\n## ")[0]
+    assert (
+        "57.3" not in groups and f"{PARTIAL}: missing warm_rr_groups_prompt_agent_turn seed 0" in groups
+    )  # partial for partial
+
+    doc.write_text("\n".join(["# Reproduction", "## groups: Advantage groups", part, "", complete]))
+    for row in claims.TABLES["groups"].rows:
+        for seed, v in enumerate([41, 51, 46]):
+            if row not in ("warm_rr", "warm_rr_groups_agent"):
+                result_path(folder, row, seed).write_text(json.dumps(_result(row, seed, v)))
+    groups = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE).split("## groups:")[1].split("\n## ")[0]
+    assert "57.3" not in groups and "Carried over" not in groups and PARTIAL not in groups
+    assert "Test CPU 9000" in groups  # complete here: written from the results
+
+
+def test_the_reproduction_page_is_what_the_harness_writes_from_the_kept_results():
+    """docs/reproduction.md is the page `mhgpo reproduce --doc-only --doc docs/reproduction.md` writes from
+    experiments/results (its parts without results there kept, and marked so): no figure on it is edited by hand."""
+    root = Path(__file__).resolve().parents[2]
+    committed = (root / "docs" / "reproduction.md").read_text(encoding="utf-8")
+    rows = load_rows(root / "experiments" / "rows.yaml")
+    assert page(root / "experiments" / "results", "experiments/results", rows, committed) == committed
