@@ -242,9 +242,11 @@ def policy_run(model_dir: Path, share: bool, lora: str, checkpointing: bool, pre
     "lora,checkpointing", [("lora", False), ("lora", True), ("per_role", True), ("full", False), ("full", True)]
 )
 def test_a_policy_update_is_the_same_with_shared_prompts(tiny_model_dir, lora, checkpointing) -> None:
-    """The first step's loss, statistics and every gradient equal the unshared computation to 1e-6 in fp32 (LoRA,
-    per-role LoRA, full fine-tuning); the two steps after it, taken from weights that already differ by the first
-    step's rounding, to 1e-5, and so do the weights at the end; the reference's log-probs to 1e-6."""
+    """The first step's loss and statistics equal the unshared computation to 1e-6 in fp32, and every gradient to
+    4e-6 of the largest (LoRA, per-role LoRA, full fine-tuning; measured at most 1.5e-6, per-role LoRA on a CPU with
+    AVX2 only, whose float32 kernels sum in another order: under 1e-6 with AVX-512); the two steps after it, taken
+    from weights that already differ by the first step's rounding, to 1e-5, and so do the weights at the end; the
+    reference's log-probs to 1e-6."""
     shared = policy_run(tiny_model_dir, True, lora, checkpointing)
     alone = policy_run(tiny_model_dir, False, lora, checkpointing)
     (stats, seen, ref, weights), (stats_alone, seen_alone, ref_alone, weights_alone) = shared, alone
@@ -252,7 +254,7 @@ def test_a_policy_update_is_the_same_with_shared_prompts(tiny_model_dir, lora, c
     assert_stats_close(stats[1], stats_alone[1], 1e-5)
     assert stats[1]["clip_fraction"] > 0 and stats[1]["kl"] > 0
     assert len(seen) == len(seen_alone) == 3
-    assert_grads_close(seen[0], seen_alone[0], 1e-6)
+    assert_grads_close(seen[0], seen_alone[0], 4e-6)
     for g, h in zip(seen[1:], seen_alone[1:]):
         assert_grads_close(g, h, 1e-5)
     for r, t in zip(ref, ref_alone):
@@ -264,17 +266,20 @@ def test_a_policy_update_is_the_same_with_shared_prompts(tiny_model_dir, lora, c
 @pytest.mark.parametrize("lora", ["lora", "full"])
 def test_a_bf16_mixed_update_agrees_within_bfloat16_rounding(tiny_model_dir, lora) -> None:
     """bf16-mixed (float32 master weights, bfloat16 autocast; a bfloat16 base under LoRA): the shared and unshared
-    rows multiply differently shaped matrices, so they round differently. The first step's gradients agree to 1e-2 of
-    the largest entry, its gradient norm to 1e-2 relative, its mean ratio to 2^-8 relative (one bfloat16 step), its
-    loss (a sum of terms of both signs, about 1e-2) to 2e-3. Measured at most: 4e-3, 2e-3, 1e-4, 7e-4 on a CPU with
-    AMX; the ratio 2.1e-3 on one with AVX-512 bfloat16 instructions only, whose kernels round otherwise."""
+    rows multiply differently shaped matrices, so they round differently, and how much depends on the CPU's bfloat16
+    kernels. The first step's gradients agree to 3e-2 of the largest entry, its gradient norm to 4e-2 relative, its
+    mean ratio to 2^-8 relative (one bfloat16 step), its loss (a sum of terms of both signs, about 1e-2) to 8e-3.
+    Measured at most: 4e-3, 2e-3, 1e-4, 7e-4 on a CPU with AMX; the ratio 2.1e-3 on one with AVX-512 bfloat16
+    instructions only; 8e-3, 2.0e-2, 1.9e-4, 4.0e-3 under full fine-tuning on one with AVX2 only, whose kernels are
+    the farthest from float32 (each of the two runs' gradients 1.6e-2 and 2.2e-2 of the largest entry from the
+    float32 update's). A packing error (a wrong mask or position) moves them by the order of the entries themselves."""
     (stats, seen, _, _), (stats_alone, seen_alone, _, _) = (
         policy_run(tiny_model_dir, share, lora, True, "bf16-mixed") for share in (True, False)
     )
-    assert stats[0]["loss"] == pytest.approx(stats_alone[0]["loss"], abs=2e-3)
-    assert stats[0]["grad_norm"] == pytest.approx(stats_alone[0]["grad_norm"], rel=1e-2)
+    assert stats[0]["loss"] == pytest.approx(stats_alone[0]["loss"], abs=8e-3)
+    assert stats[0]["grad_norm"] == pytest.approx(stats_alone[0]["grad_norm"], rel=4e-2)
     assert stats[0]["ratio"] == pytest.approx(stats_alone[0]["ratio"], rel=2**-8)
-    assert_grads_close(seen[0], seen_alone[0], 1e-2)
+    assert_grads_close(seen[0], seen_alone[0], 3e-2)
 
 
 def critic_run(model_dir: Path, share: bool, lora: bool):

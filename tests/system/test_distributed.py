@@ -132,10 +132,10 @@ def _same_update(name: str, cfg, extra: dict, one: dict, two: dict, out: Path, f
     for k, w in one["weights"].items():
         # Adam's first step moves each weight by about lr * g / (|g| + eps): where |g| is near eps the float sums'
         # order (micro-batches per rank, then the all-reduce) shows, at ~1e-6 against steps of lr = 1e-2; under full
-        # fine-tuning about one entry in a thousand of the whole model has such a gradient (seen up to 1.6e-4 apart):
-        # every entry within 3% of a step, and the weights on average within 1e-6
-        tol = 3e-4 if full_ft else 1e-5
-        torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=tol, msg=lambda m, k=k: f"{name} {k}: {m}")
+        # fine-tuning about one entry in a thousand of the whole model has such a gradient (seen up to 1.6e-4 apart),
+        # and one of MAPPO's critic's LoRA entries on a CPU with AVX2 only (2.2e-5): every entry within 3% of a step,
+        # and the weights on average within 1e-6
+        torch.testing.assert_close(two["weights"][k], w, rtol=1e-5, atol=3e-4, msg=lambda m, k=k: f"{name} {k}: {m}")
         assert float((two["weights"][k] - w).abs().mean()) < 1e-6, (name, k)
     assert any(
         not torch.equal(one["weights"][k], init[k]) for k in init if "lora_B" in k or "value_head" in k or full_ft
