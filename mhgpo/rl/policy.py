@@ -8,7 +8,9 @@ One update = `ppo_epochs` passes over the step's samples, each pass one optimise
 accumulated over micro-batches; the step-wide token weights make it independent of the micro-batch cut.
 
 Log-probabilities for the ratio, the reference and the critic are computed with dropout off
-(`mhgpo.model.modules.no_dropout`), as the sampler computed them, so that on-policy data gives a ratio of exactly 1.
+(`mhgpo.model.modules.no_dropout`), as the sampler computed them, so that on-policy data gives a ratio of 1 up to rounding: float32 rounding (the
+sampler's incremental decoding and the update's whole-sequence forward sum in other orders, about 1e-6) and bfloat16
+rounding under ``bf16-mixed`` / ``bf16`` (the `ratio` metric shows the gap; the clip absorbs it).
 Precision (`mhgpo.model.precision`): the trainable weights and the optimiser state are float32 except under
 ``bf16``; under ``bf16-mixed`` every forward runs under bfloat16 autocast (the reference's too, so that it matches
 the actor's at the start).
@@ -286,6 +288,7 @@ class Policy:
                 **({"engine_logp": sampler, "is_cap": cap} if cap is not None else {}),
             )
 
+        applied = self.scheduler.get_last_lr()[0]  # the lr of this update (the scheduler then moves to the next)
         totals = accumulated_steps(
             self.model,
             self.optimizer,
@@ -298,7 +301,7 @@ class Policy:
             ranks=ranks,
         )
         self.scheduler.step()
-        totals["lr"] = self.scheduler.get_last_lr()[0]
+        totals["lr"] = applied
         for key in ("is_weight", "is_clipped"):  # the engine's truncated importance weight: its mean, share capped
             if key in totals:
                 totals[f"engine/{key}"] = totals.pop(key)

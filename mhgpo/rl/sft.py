@@ -267,9 +267,10 @@ def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
                 nll.setdefault(s.agent, []).append(-float(logp[row, :n].sum()) / max(n, 1))
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.params, policy.cfg.max_grad_norm)
     check_finite(total, float(grad_norm))
+    applied = policy.scheduler.get_last_lr()[0]  # this step's lr (the scheduler then moves to the next)
     policy.optimizer.step()
     policy.scheduler.step()
-    out = {"loss": total, "grad_norm": float(grad_norm), "lr": policy.scheduler.get_last_lr()[0]}
+    out = {"loss": total, "grad_norm": float(grad_norm), "lr": applied}
     out.update({f"sft/{agent}/nll": float(np.mean(v)) for agent, v in nll.items()})
     out.update({f"sft/{agent}/samples": float(len(v)) for agent, v in nll.items()})
     return out

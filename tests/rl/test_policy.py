@@ -218,3 +218,19 @@ def test_warm_up_starts_below_the_lr_and_reaches_it():
     ]
     with pytest.raises(InputError, match=r"optim\.warmup_steps: must be >= 0"):
         load_config(TrainConfig, None, ["optim.warmup_steps=-1"])
+
+
+def test_the_logged_lr_is_the_one_the_update_applied(tiny_model_dir: Path) -> None:
+    """With one warm-up step the first update runs at lr / 2 and logs it (it once logged the next update's lr);
+    Adam's first step moves a weight by about lr, which tells the applied rate apart from the logged one."""
+    loaded = load_model(str(tiny_model_dir), device="cpu")
+    torch.manual_seed(0)
+    optim = OptimConfig(lr=1e-2, kl_beta=0.0, warmup_steps=1, gradient_checkpointing=False, micro_batch_tokens=10_000)
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=4), 10)
+    samples = sampled(policy, loaded, "answerer")
+    before = [p.detach().clone() for p in policy.params]
+    first = policy.update(samples)
+    moved = max(float((p.detach() - b).abs().max()) for p, b in zip(policy.params, before))
+    assert first["lr"] == pytest.approx(5e-3, rel=1e-12)
+    assert moved == pytest.approx(5e-3, rel=1e-3)  # Adam's first step: lr * sign(gradient)
+    assert policy.update(samples)["lr"] == pytest.approx(1e-2, rel=1e-12)
