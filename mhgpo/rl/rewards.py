@@ -68,6 +68,8 @@ def apply_role_switches(batch: RolloutBatch, train_roles: list[str] | None, froz
 
 
 def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
+    """The step's figures per agent (reward, penalty, |advantage|, trained samples, the sampled tokens' entropy, its
+    behaviour: formats, lengths) and the mean terminal reward."""
     llm = batch.llm_nodes()
     leaves = batch.leaves()
     out: dict[str, float] = {"reward/mean": float(np.mean([n.terminal for n in leaves])) if leaves else 0.0}
@@ -80,6 +82,9 @@ def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
         out[f"{agent}/penalty"] = float(np.mean([n.penalty for n in mine]))
         out[f"{agent}/advantage_abs"] = float(np.mean([abs(n.advantage) for n in trained])) if trained else 0.0
         out[f"{agent}/samples"] = float(len(trained))
+        tokens = [-lp for n in mine for lp in n.logprobs]
+        if tokens:  # the sampled tokens' mean -log π (at the sampling temperature, before top-p): the entropy's
+            out[f"{agent}/entropy"] = float(np.mean(tokens))  # Monte Carlo estimate along the sampled outputs
     out.update(agent_behaviour(llm, workflow))
     if leaves:  # the trained samples whose reward the aggregator (`reward.aggr`) decides
         parents = np.array([n.parent_id for n in batch.nodes], dtype=np.int64)  # (N,)
@@ -87,3 +92,23 @@ def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
         in_loss = np.array([n.kind == "llm" and n.trained for n in batch.nodes])  # (N,)
         out["aggregated_samples"] = float((aggregated(parents, terminal) & in_loss).sum())
     return out
+
+
+def question_rewards(batch: RolloutBatch) -> dict[str, float]:
+    """Each question's mean terminal reward over its tree's leaves, by question id."""
+    leaves: dict[int, list[float]] = {}
+    for n in batch.leaves():
+        leaves.setdefault(n.question_index, []).append(n.terminal)
+    return {batch.examples[q].id: float(np.mean(v)) for q, v in leaves.items()}
+
+
+def revisit_metrics(first: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """The epoch-paired train reward: over the step's questions seen in an earlier step, the mean of (reward now −
+    reward on the first visit), the same question's rollouts compared so that which questions a step drew drops out;
+    `first` (question id -> first reward) gains the questions seen for the first time. Nothing before a revisit."""
+    again = [now[q] - first[q] for q in now if q in first]
+    for q, r in now.items():
+        first.setdefault(q, r)
+    if not again:
+        return {}
+    return {"reward/revisit_delta": float(np.mean(again)), "reward/revisits": float(len(again))}

@@ -45,7 +45,14 @@ from mhgpo.rl.budget import Budget
 from mhgpo.rl.evaluation import evaluate_on_ranks
 from mhgpo.rl.grouping import assign_groups
 from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
-from mhgpo.rl.rewards import apply_role_switches, assign_rewards, assign_shared_rewards, step_metrics
+from mhgpo.rl.rewards import (
+    apply_role_switches,
+    assign_rewards,
+    assign_shared_rewards,
+    question_rewards,
+    revisit_metrics,
+    step_metrics,
+)
 from mhgpo.rl.rollout import run_rollouts
 from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
 from mhgpo.rl.stopguard import (
@@ -95,7 +102,9 @@ class Trainer:
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
         self.failures = 0  # questions whose rollout failed so far (training and validation)
-        self.val_history: list[dict[str, float]] = []
+        self.val_history: list[dict[str, float]] = []  # per validation: step, val/f1, val/em, val/acc, cpu_minutes
+        self.first_rewards: dict[str, float] = {}  # question id -> its mean reward on its first visit
+        self.cpu_seconds = 0.0  # the process's CPU time in the completed steps' rollouts and updates
         self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
         self._engine_synced = False  # whether a separate engine (vLLM) holds the policy's current weights
         # `budget_minutes` (the warm start's config has none): the steps' time, and whether it ended the run
@@ -133,6 +142,7 @@ class Trainer:
         if not self.ranks.is_main:
             return self.run_dir / "checkpoints" / f"step_{self.step}"
         state = {"position": self.position, "val_history": self.val_history, "failures": self.failures}
+        state.update(first_rewards=self.first_rewards, cpu_seconds=self.cpu_seconds)
         state["budget"] = self.budget.state()
         return save_checkpoint(
             self.run_dir,
@@ -162,6 +172,8 @@ class Trainer:
         self.step, self.position = int(state["step"]), int(state["position"])
         self.val_history = list(state.get("val_history", []))
         self.failures = int(state.get("failures", 0))
+        self.first_rewards = {str(k): float(v) for k, v in (state.get("first_rewards") or {}).items()}
+        self.cpu_seconds = float(state.get("cpu_seconds", 0.0))
         self.budget.restore(state.get("budget"))
 
     def _save_or_stop(self) -> Path:
@@ -442,7 +454,7 @@ class Trainer:
         (validation, rollout records, metrics) stops the run with the step saved. The budget counts the step's
         rollouts and update."""
         self.phase = "rollouts"
-        started = self.budget.now()
+        started, cpu = self.budget.now(), time.process_time()
         batch, samples, metrics = self.collect()
         if batch is not None:  # (the supervised warm start has no rollouts)
             self._failed(log, self.step + 1, "train", batch.failures)
@@ -456,6 +468,9 @@ class Trainer:
             except NotFinite as e:
                 raise not_finite(self, log, step, e) from None
             self.budget.spend(started, self.ranks)
+            self.cpu_seconds += time.process_time() - cpu
+            if batch is not None:  # (committed with the step: a step cut short leaves no first visits)
+                metrics.update(revisit_metrics(self.first_rewards, question_rewards(batch)))
             metrics.update(self.budget.metrics(stopping=step < self.cfg.steps and self._ends_at(step)))
             self.step = step  # the update is done: the step is complete, whatever happens to its records
             done.rng, done.position, done.failures = rng_states(self.rng), self.position, self.failures
@@ -489,7 +504,7 @@ class Trainer:
         self._failed(log, step, "val", res.failures, stop=False)
         self.last_eval = (step, res)
         scores = {f"val/{k}": res.metrics[k] for k in ("f1", "em", "acc")}
-        self.val_history.append({"step": step, **scores})
+        self.val_history.append({"step": step, **scores, "cpu_minutes": self.cpu_seconds / 60})
         return {**scores, "seconds/eval": time.perf_counter() - t}
 
     def _postfix(self, metrics: dict[str, float]) -> dict[str, str]:

@@ -19,7 +19,13 @@ from fakes import (
 )
 
 from mhgpo.config import SystemConfig
-from mhgpo.rl.rewards import apply_role_switches, assign_rewards, step_metrics
+from mhgpo.rl.rewards import (
+    apply_role_switches,
+    assign_rewards,
+    question_rewards,
+    revisit_metrics,
+    step_metrics,
+)
 from mhgpo.rl.rollout import run_rollouts
 from mhgpo.rl.tree import RolloutSpec
 from mhgpo.team.search_system import ANSWERER, RERANKER, REWRITER
@@ -131,6 +137,29 @@ def test_step_metrics_on_a_real_batch():
     # rewriter outputs cycle: block ok, no block, five queries -> 8 of 12 penalised
     assert m["rewriter/penalty_rate"] == 8 / 12
     assert m["aggregated_samples"] == 0.0  # FoF forks once per question: every sample has one leaf below it
+    for agent in AGENTS:  # the sampled tokens' mean -log-prob, over every token of the agent's outputs
+        logprobs = [lp for n in batch.llm_nodes() if n.agent == agent for lp in n.logprobs]
+        assert len(logprobs) > 0 and m[f"{agent}/entropy"] == pytest.approx(-sum(logprobs) / len(logprobs), rel=1e-12)
+
+
+def test_question_rewards_average_each_trees_leaves():
+    batch, _, _ = rollout("fof", n_questions=3)
+    got = question_rewards(batch)
+    assert list(got) == [e.id for e in batch.examples]
+    for q, e in enumerate(batch.examples):
+        leaves = [n.terminal for n in batch.leaves() if n.question_index == q]
+        assert len(leaves) == G and got[e.id] == pytest.approx(sum(leaves) / G, rel=1e-12)
+
+
+def test_revisit_delta_pairs_each_question_with_its_first_visit():
+    first: dict[str, float] = {}
+    assert revisit_metrics(first, {"a": 0.2, "b": 0.5}) == {}  # first visits: nothing to pair yet
+    assert first == {"a": 0.2, "b": 0.5}
+    got = revisit_metrics(first, {"a": 0.6, "c": 0.9})  # a again (+0.4); c new
+    assert got == {"reward/revisit_delta": pytest.approx(0.4, abs=1e-12), "reward/revisits": 1.0}
+    got = revisit_metrics(first, {"a": 0.1, "b": 0.7, "c": 0.9})  # against the first visit, not the last
+    assert got["reward/revisit_delta"] == pytest.approx((-0.1 + 0.2 + 0.0) / 3, abs=1e-12)
+    assert got["reward/revisits"] == 3.0 and first == {"a": 0.2, "b": 0.5, "c": 0.9}
 
 
 def test_aggregated_samples_count_the_trained_samples_above_differing_answers():
