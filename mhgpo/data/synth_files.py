@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from mhgpo.data.synth import DEFAULT_N_DEV, DEFAULT_N_TRAIN, FILES, VERSION, generate_world
+from mhgpo.data.synth import DEFAULT_MORE_DEV, DEFAULT_N_DEV, DEFAULT_N_TRAIN, FILES, VERSION, generate_world
 from mhgpo.errors import InputError
 from mhgpo.io import atomic_write_bytes, check_outputs
 from mhgpo.paths import world_dir
@@ -27,15 +27,16 @@ def write_world(
     n_dev: int = DEFAULT_N_DEV,
     n_entities: int | None = None,
     overwrite: bool = False,
+    more_dev: int = 0,
 ) -> dict[str, Path]:
     """Generate a world and write `corpus.jsonl`, `train.jsonl`, `dev.jsonl` and, last, `world.json` (the
-    seed and the counts) into `out_dir`; files already there are refused unless `overwrite`. Returns the paths by
-    name: corpus, train, dev, world."""
+    seed and the counts) into `out_dir` (`more_dev`: as for `generate_world`); files already there are refused
+    unless `overwrite`. Returns the paths by name: corpus, train, dev, world."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a folder")
     check_outputs([out / f"{name}.jsonl" for name in ("corpus", "train", "dev")] + [out / "world.json"], [], overwrite)
-    world = generate_world(seed=seed, n_train=n_train, n_dev=n_dev, n_entities=n_entities)
+    world = generate_world(seed=seed, n_train=n_train, n_dev=n_dev, n_entities=n_entities, more_dev=more_dev)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
         name: atomic_write_bytes(out / f"{name}.jsonl", _jsonl(rows))
@@ -74,7 +75,7 @@ def ensure_default_world() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        write_world(tmp, seed=0, n_train=DEFAULT_N_TRAIN, n_dev=DEFAULT_N_DEV)
+        write_world(tmp, seed=0, n_train=DEFAULT_N_TRAIN, n_dev=DEFAULT_N_DEV, more_dev=DEFAULT_MORE_DEV)
         if target.exists() and not _is_complete(target):
             shutil.rmtree(target)  # left incomplete by something else
         try:

@@ -3,6 +3,7 @@ sizes (its files: test_synth_files.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -278,3 +279,26 @@ def test_sizes_scale_and_bad_sizes_are_rejected() -> None:
             synth.generate_world(**kwargs)
     with pytest.raises(InputError, match="raise n_entities"):
         synth.generate_world(n_train=2000, n_dev=0, n_entities=60)
+
+
+def test_more_dev_questions_leave_the_rest_of_the_world_as_it_was():
+    """The default world's dev set grew from 200 to 500 questions this way: train, corpus and the first dev
+    questions are those of the world without them, and no added question is in train or twice in dev."""
+    small = synth.generate_world(seed=4, n_train=150, n_dev=20)
+    grown = synth.generate_world(seed=4, n_train=150, n_dev=20, more_dev=30)
+    assert (grown.train, grown.corpus, grown.dev[:20]) == (small.train, small.corpus, small.dev)
+    assert len(grown.dev) == 50
+    train = {r["question"] for r in grown.train}
+    assert not train & {r["question"] for r in grown.dev} and len({r["_id"] for r in grown.dev}) == 50
+    with pytest.raises(InputError, match="more_dev must be an integer >= 0"):
+        synth.generate_world(n_train=10, n_dev=2, more_dev=-1)
+
+
+def test_the_default_world_has_500_dev_questions(tmp_path, monkeypatch):
+    from mhgpo.data import synth_files
+
+    monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
+    folder = synth_files.ensure_default_world()
+    dev = (folder / "dev.jsonl").read_text().splitlines()
+    assert len(dev) == 500 and json.loads((folder / "world.json").read_text())["n_dev"] == 500
+    assert [json.loads(r) for r in dev[:200]] == synth.generate_world(seed=0).dev

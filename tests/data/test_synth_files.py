@@ -56,20 +56,24 @@ def test_write_world_refuses_a_file_as_folder(tmp_path: Path) -> None:
 
 def test_default_world_dir_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
-    assert synth_files.default_world_dir() == tmp_path / "world-seed0-v2"
+    assert synth_files.default_world_dir() == tmp_path / "world-seed0-v3"
     monkeypatch.delenv("MHGPO_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert synth_files.default_world_dir() == tmp_path / "home" / ".cache" / "mhgpo" / "world-seed0-v2"
+    assert synth_files.default_world_dir() == tmp_path / "home" / ".cache" / "mhgpo" / "world-seed0-v3"
 
 
 def test_ensure_default_world_creates_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path / "cache"))
     folder = synth_files.ensure_default_world()
-    assert folder == tmp_path / "cache" / "world-seed0-v2"
+    assert folder == tmp_path / "cache" / "world-seed0-v3"
     assert sorted(p.name for p in folder.iterdir()) == sorted(synth.FILES)
-    assert [p.name for p in folder.parent.iterdir()] == ["world-seed0-v2"]  # no temporary folder left
+    assert [p.name for p in folder.parent.iterdir()] == ["world-seed0-v3"]  # no temporary folder left
     meta = json.loads((folder / "world.json").read_text("utf-8"))
-    assert (meta["seed"], meta["n_train"], meta["n_dev"]) == (0, synth.DEFAULT_N_TRAIN, synth.DEFAULT_N_DEV)
+    assert (meta["seed"], meta["n_train"], meta["n_dev"]) == (
+        0,
+        synth.DEFAULT_N_TRAIN,
+        synth.DEFAULT_N_DEV + synth.DEFAULT_MORE_DEV,
+    )
     stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
 
     def fail(*args: object, **kwargs: object) -> None:
@@ -82,11 +86,11 @@ def test_ensure_default_world_creates_once_then_reuses(tmp_path: Path, monkeypat
 
 def test_ensure_default_world_replaces_a_partial_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MHGPO_CACHE", str(tmp_path))
-    partial = tmp_path / "world-seed0-v2"
+    partial = tmp_path / "world-seed0-v3"
     partial.mkdir()
     (partial / "corpus.jsonl").write_text('{"id": "w0", "ti')
     folder = synth_files.ensure_default_world()
     assert folder == partial
     assert sorted(p.name for p in folder.iterdir()) == sorted(synth.FILES)
-    assert len((folder / "dev.jsonl").read_text("utf-8").splitlines()) == synth.DEFAULT_N_DEV
-    assert [p.name for p in tmp_path.iterdir()] == ["world-seed0-v2"]
+    assert len((folder / "dev.jsonl").read_text("utf-8").splitlines()) == synth.DEFAULT_N_DEV + synth.DEFAULT_MORE_DEV
+    assert [p.name for p in tmp_path.iterdir()] == ["world-seed0-v3"]
