@@ -72,7 +72,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if not args.doc_only:
         keys, oracles = _keys(args)
         overrides = data_overrides(args.data, args.val_data) + list(args.overrides)
-        settings = settings_of(args.minutes, args.clock, args.val_limit, overrides, args.scale)
+        if args.val_every is not None and args.val_every < 1:
+            raise InputError(f"--val-every: expected a number of steps >= 1, got {args.val_every}")
+        settings = settings_of(args.minutes, args.clock, args.val_limit, overrides, args.scale, args.val_every)
         rows.scale(args.scale)
         if warning := oversubscribed(args.parallel, args.clock, _cores()):
             print(warning, file=sys.stderr)
@@ -133,6 +135,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, default=10.0, help="each row's training budget (budget_minutes)")
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="the budget's clock (budget_clock)")
     p.add_argument("--val-limit", type=int, default=100, help="validation questions per row")
+    p.add_argument(
+        "--val-every",
+        type=int,
+        metavar="N",
+        help="also validate each training row every N steps, from its starting model on (its learning curve)",
+    )
     p.add_argument("--data", default="synthetic", metavar="SPEC", help="training questions (a data SPEC)")
     p.add_argument("--val-data", metavar="SPEC", help="validation questions (with --data other than synthetic)")
     p.add_argument(

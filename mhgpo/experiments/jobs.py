@@ -9,6 +9,12 @@ validation; a row that does not train is `mhgpo eval` of its validation. Each ru
 this process, renamed to OUT/DATA/runs/ROW-seedS when finished; the run is kept, so that evaluations on other data
 sets (`--eval NAME=SPEC`: `mhgpo eval` of the run) can be added later without training again.
 
+With `--val-every N` (`val_every` in the settings) a training row is also validated every N steps on its run's own
+checkpoints, and its result keeps the curve (`val_curve`, `mhgpo.experiments.curves`) whose first point is the model
+it starts from. A row saves a checkpoint every `SAVE_EVERY` steps (and on SIGTERM or Ctrl-C) in OUT/DATA/runs/
+ROW-seedS.partial/, so a row stopped mid-run (a signal, a killed process, a machine shut down) continues from its last
+checkpoint when `mhgpo reproduce` runs it again, with the results of an uninterrupted row.
+
 A warm start is trained once per seed and warm start config (an `mhgpo sft` run, the config's hash in its folder's
 name) and shared by every row that starts from it; its time is not counted in the rows' budgets.
 """
@@ -28,6 +34,7 @@ from mhgpo.config import EvalConfig, TrainConfig, to_dict
 from mhgpo.config.rows import RowTable, load_rows
 from mhgpo.errors import InputError, RunError
 from mhgpo.experiments.claims import ORACLE_ROW, ORACLES, oracle_key, split_key
+from mhgpo.experiments.curves import curve, start_point
 from mhgpo.experiments.results import (
     MARKER,
     find_result,
@@ -40,6 +47,8 @@ from mhgpo.experiments.results import (
 from mhgpo.io import atomic_write_json, fsync_dir, read_json, remove_stale_temps, temp_path
 
 STEPS_CAP = 100_000  # the steps of a row with a budget: the budget ends it
+SAVE_EVERY = 5  # a row's checkpoints: what a row stopped mid-run continues from
+PARTIAL = ".partial"  # OUT/DATA/runs/ROW-seedS.partial: a row's run while it trains
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +97,7 @@ def run_config(table: RowTable, job: Job, row: str, run_dir: Path | str) -> Trai
     """:func:`row_config` as the row runs: until its budget ends it (or for `job.steps` steps, without one),
     validated and saved at its last step, and from its warm start (trained beforehand) when it has one."""
     plain = row_config(table, job, row, run_dir)
-    extra = [f"eval_every={STEPS_CAP}", f"save_every={STEPS_CAP}"]
+    extra = [f"eval_every={job.settings.get('val_every') or STEPS_CAP}", f"save_every={SAVE_EVERY}"]
     extra += [f"steps={job.steps}", "budget_minutes=null"] if job.steps else [f"steps={STEPS_CAP}"]
     if plain.warm_start.enabled:
         warm = warm_start_folder(plain, Path(job.folder))
@@ -146,6 +155,21 @@ def _make(final: Path, what: str, build: Any) -> dict:
     return record
 
 
+def _make_row(final: Path, build: Any) -> dict:
+    """Run `build(partial) -> record` in `final`'s partial folder (:data:`PARTIAL`: kept when the row stops, so
+    that the next run continues it), write the record into it and rename it to `final`. The caller holds the row's
+    lock."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(final.name + PARTIAL)
+    if partial.is_symlink():
+        raise InputError(f"{partial}: a link; the harness writes its runs itself (move it away)")
+    record = build(partial)
+    atomic_write_json(partial / MARKER, record)
+    os.rename(partial, final)
+    fsync_dir(final.parent)
+    return record
+
+
 def _clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
@@ -192,7 +216,7 @@ def run_row(job: Job) -> dict:
             if result is not None and result.get("settings") != job.settings:
                 raise InputError(f"{final}: ran with {json.dumps(result.get('settings'))}; use another --out")
             if result is None:
-                result = _make(final, "experiment", lambda tmp: _run(table, job, row, tmp, final))
+                result = _make_row(final, lambda partial: _run(table, job, row, partial, final))
             atomic_write_json(result_path(folder, job.key, job.seed), result)
         check_row(result, table, row, result_path(folder, job.key, job.seed))
         return evaluate_elsewhere(table, job, result, final)
@@ -214,22 +238,33 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
 
     cfg = run_config(table, job, row, tmp)
     since = _clock()
+    curve_of: dict[str, Any] = {}
     if table.row(row).train:
         from mhgpo.rl.runlog import read_metrics
-        from mhgpo.run.pipeline import train
 
-        trainer = train(cfg, progress=False)
-        res = trainer.last_eval[1]
+        start = start_point(cfg, Path(job.folder)) if job.settings.get("val_every") else None
+        trainer = _train_or_continue(cfg, tmp)
+        res = trainer.last_eval[1] if trainer.last_eval and trainer.last_eval[0] == trainer.step else None
+        if res is None:  # continued after its last step had been saved: validated again, the same greedy answers
+            res = trainer.validate()
         own = {
             "steps": trainer.step,
             "stopped_on_budget": trainer.stopped_on_budget,
             "budget_minutes_used": trainer.budget.used / 60,
+            "steps_cpu_minutes": trainer.cpu_seconds / 60,
             "steps_metrics": read_metrics(tmp),
         }
+        if start is not None:
+            curve_of = {
+                "val_curve": curve(start, trainer.val_history),
+                "start": {k: v for k, v in start.items() if k not in ("questions", "step", "cpu_minutes")},
+                "start_questions": start["questions"],
+            }
     else:
         from mhgpo.run.evaluate import run_evaluation
 
-        res = run_evaluation(_eval_config(cfg, cfg.model, tmp), progress=False, desc=job.key)
+        resumed = (tmp / "eval_config.yaml").is_file()  # an evaluation stopped mid-way continues
+        res = run_evaluation(_eval_config(cfg, cfg.model, tmp), resume=resumed, progress=False, desc=job.key)
         own = {"steps": 0, "steps_metrics": []}
     spent = _minutes(since)
     m = res.metrics
@@ -252,6 +287,7 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
         "overrides": table.row(row).overrides,
         "run": final.relative_to(Path(job.folder)).as_posix(),
         **{k: v for k, v in m.items() if "/" in k},
+        **curve_of,
         "steps_metrics": own["steps_metrics"],
         "val_questions": [{"id": p["id"], "f1": p["f1"], "acc": p["acc"]} for p in res.predictions],
         "ood": {},
@@ -259,6 +295,22 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
     if job.steps:
         record["steps_of"] = split_key(job.key)[1]
     return record
+
+
+def _train_or_continue(cfg: TrainConfig, run_dir: Path) -> Any:
+    """`mhgpo train` of `cfg` into `run_dir`, or, when `run_dir` holds a checkpoint of it (a row stopped mid-run),
+    `mhgpo train --resume` from there; a folder without one (stopped before its first checkpoint) is started again."""
+    import shutil
+
+    from mhgpo.model.checkpoint import list_checkpoints
+    from mhgpo.run.pipeline import resume, train
+
+    if run_dir.is_dir() and list_checkpoints(run_dir):
+        print(f"{run_dir}: continuing from {list_checkpoints(run_dir)[-1].name}", flush=True)
+        return resume(run_dir, progress=False)
+    if run_dir.exists() and not run_dir.is_symlink():
+        shutil.rmtree(run_dir)
+    return train(cfg, progress=False)
 
 
 def _eval_config(cfg: TrainConfig, model: str, out: Path, data: str | None = None) -> EvalConfig:

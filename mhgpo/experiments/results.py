@@ -48,10 +48,14 @@ LEGACY_ROWS = {
 }
 
 
-def settings_of(minutes: float, clock: str, val_limit: int, overrides: list[str], scale: str = "demo") -> dict:
+def settings_of(
+    minutes: float, clock: str, val_limit: int, overrides: list[str], scale: str = "demo", val_every: int | None = None
+) -> dict:
     """What a result depends on beyond its row and seed (a rerun may reuse it only under the same). The demo scale
-    is left out, as the earlier scripts' results (all at it) have it."""
+    and no `val_every` (a validation at the last step only) are left out, as the earlier results have them."""
     settings = {"minutes": minutes, "clock": clock, "val_limit": val_limit, "overrides": list(overrides)}
+    if val_every:
+        settings["val_every"] = val_every
     return settings if scale == "demo" else {**settings, "scale": scale}
 
 

@@ -115,3 +115,78 @@ def test_jobs_run_in_processes_of_their_own(world, tiny_model_dir, tmp_path, cap
     assert (folder / "logs" / "row-untrained-seed0.log").is_file()
     assert mhgpo(*args, "--minutes", "5", *small(world, tiny_model_dir)) == 2  # another budget, the same OUT
     assert "holds results run with" in capsys.readouterr().err
+
+
+def _budget_clock(monkeypatch, stop_at: int | None = None) -> dict:
+    """Each update advances the budget's clock 50 s; with `stop_at`, the update of that step raises Ctrl-C once
+    (before its weights change), as a signal would stop the row there."""
+    clock = {"t": 0.0, "stopped": False}
+    monkeypatch.setitem(budget_module.CLOCKS, "cpu", lambda: clock["t"])
+    learn = Trainer.learn
+
+    def timed_learn(self, samples, metrics):
+        if stop_at is not None and self.step + 1 == stop_at and not clock["stopped"]:
+            clock["stopped"] = True
+            raise KeyboardInterrupt
+        clock["t"] += 50.0
+        return learn(self, samples, metrics)
+
+    monkeypatch.setattr(Trainer, "learn", timed_learn)
+    monkeypatch.setattr(runner, "subprocesses", runner.in_process)
+    return clock
+
+
+def _curve_run(world: Path, model: Path, out: Path) -> int:
+    args = ["reproduce", "--rows", "warm_rr", "--seeds", "0", "--minutes", "3.5", "--val-limit", "2"]
+    return mhgpo(*args, "--val-every", "2", "--out", out, *small(world, model))
+
+
+def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tmp_path, monkeypatch) -> None:
+    _budget_clock(monkeypatch)
+    out = tmp_path / "out"
+    assert _curve_run(world, tiny_model_dir, out) == 0
+    [folder] = [p for p in out.iterdir() if p.is_dir()]
+    rr = collect(folder)["warm_rr"][0]
+    assert rr["steps"] == 4 and rr["settings"]["val_every"] == 2  # 4 × 50 s fill 3.5 minutes
+    curve = rr["val_curve"]
+    assert [p["step"] for p in curve] == [0, 2, 4] and set(curve[0]) == {"step", "cpu_minutes", "f1", "em", "acc"}
+    assert curve[0]["cpu_minutes"] == 0.0 < curve[1]["cpu_minutes"] < curve[2]["cpu_minutes"]
+    assert curve[2]["cpu_minutes"] == pytest.approx(rr["steps_cpu_minutes"], rel=1e-9)
+    assert (curve[-1]["f1"], curve[-1]["acc"], curve[-1]["em"]) == (rr["val_f1"], rr["val_acc"], rr["val_em"])
+    # step 0 is the warm start, validated once, kept in starts/ and shared by every row starting from it
+    [start_file] = (folder / "starts").iterdir()
+    start = json.loads(start_file.read_text())
+    assert start["model"].startswith("warm_start-seed0-") and start["n"] == 2
+    assert (curve[0]["f1"], curve[0]["acc"]) == (start["f1"], start["acc"])
+    assert rr["start_questions"] == start["questions"] and len(start["questions"]) == 2
+    assert rr["start"]["healthy"] == start["healthy"] and "reranker/invalid_rate" in rr["start"]["behaviour"]
+    # the warm start's own validation row gives the same figures (the same model, greedily, on the same questions)
+    assert mhgpo("reproduce", "--rows", "warm", "--seeds", "0", "--minutes", "3.5", "--val-limit", "2",
+                 "--val-every", "2", "--out", out, *small(world, tiny_model_dir)) == 0  # fmt: skip
+    warm = collect(folder)["warm"][0]
+    assert (warm["val_f1"], warm["val_acc"]) == (start["f1"], start["acc"]) and "val_curve" not in warm
+
+
+def test_a_row_stopped_mid_run_continues_to_the_same_result(world, tiny_model_dir, tmp_path, monkeypatch) -> None:
+    _budget_clock(monkeypatch)
+    whole = tmp_path / "whole"
+    assert _curve_run(world, tiny_model_dir, whole) == 0
+    _budget_clock(monkeypatch, stop_at=4)  # stopped in step 4: steps 1-3 done, step 3 saved on the way out
+    cut = tmp_path / "cut"
+    assert _curve_run(world, tiny_model_dir, cut) != 0
+    [folder] = [p for p in cut.iterdir() if p.is_dir()]
+    partial = run_folder(folder, "warm_rr", 0).with_name("warm_rr-seed0.partial")
+    assert [p.name for p in (partial / "checkpoints").iterdir()] == ["step_3"]
+    assert not result_path(folder, "warm_rr", 0).exists()
+    assert _curve_run(world, tiny_model_dir, cut) == 0  # run again: continues from step 3
+    assert not partial.exists()
+    a = collect(next(p for p in whole.iterdir() if p.is_dir()))["warm_rr"][0]
+    b = collect(folder)["warm_rr"][0]
+    timing = ("seconds/", "memory/")
+    for key in ("steps", "val_f1", "val_acc", "val_questions", "start_questions", "budget_minutes_used"):
+        assert a[key] == b[key], key
+    assert [{k: p[k] for k in ("step", "f1", "em", "acc")} for p in a["val_curve"]] == [
+        {k: p[k] for k in ("step", "f1", "em", "acc")} for p in b["val_curve"]
+    ]
+    strip = [{k: v for k, v in m.items() if not k.startswith(timing)} for m in a["steps_metrics"]]
+    assert strip == [{k: v for k, v in m.items() if not k.startswith(timing)} for m in b["steps_metrics"]]

@@ -1,0 +1,109 @@
+"""Learning curves of the harness's rows: the validation at step 0 (the model a row starts from, validated once per
+warm start and validation and shared by every row that starts from it), the row's own validations every
+`val_every` steps, and whether a warm start is healthy.
+
+A curve (`val_curve` in a result) is a list of points `{"step", "cpu_minutes", "f1", "em", "acc"}`: step 0 is the
+starting model (0 CPU minutes), each later point the run's checkpoint at that step, validated greedily on the same
+questions, with the CPU minutes its steps' rollouts and updates had taken (validation, loading and checkpoints left
+out: a row's machine time, comparable between rows). Its first point also carries the per-question F1 of the start,
+so that a row's end can be compared with its start question by question (`mhgpo.experiments.stats`).
+
+A warm start is *healthy* (:func:`healthy`) when its greedy team writes invalid Reranker ids on at most 5% of the
+validation questions and the Rewriter breaks its `### ... ###` format on at most 10% of them: RL from a broken
+format first repairs it, a gain of another kind, reported apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from mhgpo.config import TrainConfig, to_dict
+from mhgpo.experiments.results import waiting_lock
+from mhgpo.io import atomic_write_json
+
+STARTS = "starts"  # OUT/DATA/starts/: the step-0 validations, one per (starting model, validation)
+HEALTH = {"reranker/invalid_rate": 0.05, "rewriter/penalty_rate": 0.1}  # the most a healthy warm start shows
+SCORES = ("f1", "em", "acc")
+
+
+def healthy(metrics: dict[str, Any]) -> bool | None:
+    """Whether a validation's behaviour figures meet :data:`HEALTH`; None when it has none of them (a team without a
+    Reranker or a Rewriter: nothing to judge)."""
+    known = [(k, v) for k, v in HEALTH.items() if isinstance(metrics.get(k), (int, float))]
+    if not known:
+        return None
+    return all(float(metrics[k]) <= bound + 1e-12 for k, bound in known)
+
+
+def start_key(cfg: TrainConfig, folder: Path) -> str:
+    """The name of the step-0 validation of the row config `cfg`: its starting model (relative to the data folder
+    `folder` where it is inside it) and a hash of its validation's settings."""
+    from mhgpo.run.setup import validation_config
+
+    model = Path(cfg.model)
+    try:
+        shown = model.resolve().relative_to(Path(folder).resolve()).as_posix()
+    except ValueError:
+        shown = cfg.model
+    tree = to_dict(validation_config(cfg, shown))
+    tree.pop("output_dir", None)
+    digest = hashlib.sha1(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    tag = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(shown).name)[:60]
+    return f"{tag}-{digest}"
+
+
+def start_point(cfg: TrainConfig, folder: Path) -> dict:
+    """The step-0 validation of the row config `cfg` (its `model` as it starts, validated as the row validates):
+    read from OUT/DATA/starts/ when there, else run once (under a lock, so rows of one seed running at once share
+    it) and kept there."""
+    from mhgpo.run.evaluate import run_evaluation
+    from mhgpo.run.setup import validation_config
+
+    key = start_key(cfg, folder)
+    path = Path(folder) / STARTS / f"{key}.json"
+    with waiting_lock(folder, f"start-{key}"):
+        found = read_start(path)
+        if found is not None:
+            return found
+        out = Path(folder) / "runs" / f"start-{key}"
+        ev = dataclasses.replace(validation_config(cfg, cfg.model), output_dir=str(out))
+        res = run_evaluation(ev, resume=(out / "eval_config.yaml").is_file(), progress=False, desc="step 0")
+        m = res.metrics
+        point = {
+            "step": 0,
+            "cpu_minutes": 0.0,
+            **{k: float(m[k]) for k in SCORES},
+            "n": int(m["n"]),
+            "model": Path(cfg.model).name,
+            "behaviour": {k: float(v) for k, v in m.items() if "/" in k},
+            "healthy": healthy(m),
+            "questions": [{"id": p["id"], "f1": p["f1"]} for p in res.predictions],
+        }
+        atomic_write_json(path, point)
+        return point
+
+
+def read_start(path: Path) -> dict | None:
+    """A kept step-0 validation, or None when it is missing or unreadable (then it is run again)."""
+    try:
+        point = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(point, dict) or any(not isinstance(point.get(k), (int, float)) for k in SCORES):
+        return None
+    return point
+
+
+def curve(start: dict, history: list[dict]) -> list[dict]:
+    """A row's `val_curve`: its start (step 0, without the per-question figures) and a point per validation of its
+    run (`Trainer.val_history`)."""
+    first = {"step": 0, "cpu_minutes": 0.0, **{k: start[k] for k in SCORES}}
+    points = [
+        {"step": int(h["step"]), "cpu_minutes": float(h.get("cpu_minutes", 0.0)), **{k: h[f"val/{k}"] for k in SCORES}}
+        for h in history
+    ]
+    return [first, *points]
