@@ -160,6 +160,7 @@ def _make_row(final: Path, build: Any) -> dict:
     that the next run continues it), write the record into it and rename it to `final`. The caller holds the row's
     lock."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final, "experiment")  # (the temporary folders rows trained in before they had a partial one)
     partial = final.with_name(final.name + PARTIAL)
     if partial.is_symlink():
         raise InputError(f"{partial}: a link; the harness writes its runs itself (move it away)")

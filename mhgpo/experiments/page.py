@@ -24,6 +24,7 @@ from mhgpo.experiments.claims import (
     own_rows,
     split_key,
 )
+from mhgpo.experiments.curve_page import curves_markdown
 from mhgpo.experiments.results import collect, data_folders, data_specs
 from mhgpo.experiments.stats import (
     Results,
@@ -307,20 +308,32 @@ def oracle_markdown(by_data: list[Results], out: str, kept: dict[str, str] | Non
     return "\n".join(lines)
 
 
-def page(out: Path, out_text: str | None = None, rows: RowTable | None = None, previous: str | None = None) -> str:
+def page(
+    out: Path,
+    out_text: str | None = None,
+    rows: RowTable | None = None,
+    previous: str | None = None,
+    images: Path | None = None,
+    doc_dir: Path | None = None,
+) -> str:
     """The page's text from every finished result in OUT's data folders; `out_text`: how its commands name OUT;
-    `previous`: the page as it was, whose parts without results here are kept (:func:`previous_parts`)."""
-    by_data = [collect(folder) for folder in data_folders(out)]
+    `previous`: the page as it was, whose parts without results here are kept (:func:`previous_parts`); `images`:
+    the folder the learning curves' plots are written into (none without it), linked relative to `doc_dir`."""
+    folders = data_folders(out)
+    by_data = [collect(folder) for folder in folders]
     shown = out_text or str(out)
     kept = previous_parts(previous)
     sections = "\n".join(table_markdown(t, by_data, shown, rows, kept.get(t.name)) for t in TABLES.values())
-    return fill("page", sections=sections + "\n" + oracle_markdown(by_data, shown, kept.get(ORACLE_TABLE)))
+    named = [(f.name, data_title(s), r) for f, r in zip(folders, by_data) if (s := _settings(r)) is not None]
+    curves = curves_markdown(named, images, doc_dir)
+    oracles = oracle_markdown(by_data, shown, kept.get(ORACLE_TABLE))
+    return fill("page", sections=sections + "\n" + oracles + ("\n" + curves if curves else ""))
 
 
 def write_page(out: Path, doc: Path, out_text: str | None = None, rows: RowTable | None = None) -> str:
     """Write the page (:func:`page`) to `doc` atomically (a link there is replaced, not written through), keeping
-    the parts of the page already there that no result in OUT replaces."""
+    the parts of the page already there that no result in OUT replaces; the learning curves' plots beside it."""
     previous = doc.read_text(encoding="utf-8") if doc.is_file() and not doc.is_symlink() else None
-    text = page(out, out_text, rows, previous)
+    text = page(out, out_text, rows, previous, images=doc.parent / "images", doc_dir=doc.parent)
     atomic_write_text(doc, text)
     return text

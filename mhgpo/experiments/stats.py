@@ -91,3 +91,33 @@ def ood_f1(result: dict, names: list[str]) -> float | None:
     if not names or any(name not in ood for name in names):
         return None
     return float(np.mean([ood[name]["f1"] for name in names]))
+
+
+def paired_questions(after: list[dict], before: list[dict], key: str = "f1") -> list[float]:
+    """after − before on `key` per question both validated (matched by question id), in `after`'s order."""
+    earlier = {q["id"]: q[key] for q in before}
+    return [float(q[key]) - float(earlier[q["id"]]) for q in after if q["id"] in earlier]
+
+
+def paired_bootstrap(diffs: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The mean of per-question paired differences and its 95% percentile-bootstrap interval (questions resampled
+    with replacement `draws` times, seeded): (mean, low, high)."""
+    d = np.asarray(diffs, dtype=np.float64)  # (Q,)
+    if d.size == 0:
+        raise ValueError("no paired questions")
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(draws, d.size))].mean(axis=1)  # (draws,)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(d.mean()), float(low), float(high)
+
+
+def sign_test(diffs: list[float]) -> tuple[int, int, float]:
+    """Questions better and worse (ties left out) and the two-sided sign test's p-value (exact binomial, p = 1/2)."""
+    from math import comb
+
+    up, down = sum(x > 1e-9 for x in diffs), sum(x < -1e-9 for x in diffs)
+    n, k = up + down, min(up, down)
+    if n == 0:
+        return 0, 0, 1.0
+    p = sum(comb(n, i) for i in range(k + 1)) / 2**n
+    return up, down, min(1.0, 2 * p)

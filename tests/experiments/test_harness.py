@@ -70,7 +70,9 @@ def test_a_row_runs_from_its_warm_start_until_its_budget_or_for_anothers_steps(t
         100_000,
         0.5,
     )
-    assert (cfg.eval_every, cfg.save_every) == (100_000, 100_000)  # validated and saved at the last step only
+    assert (cfg.eval_every, cfg.save_every) == (100_000, 5)  # validated at the last step only, saved every 5 steps
+    curve = run_config(TABLE, job("warm_rr", folder=tmp_path, val_every=25), "warm_rr", tmp_path / "run")
+    assert (curve.eval_every, curve.save_every) == (25, 5)  # --val-every: its curve
     matched = Job("row", str(TABLE.path), str(tmp_path), "warm_mappo~warm_rr", 1, SETTINGS, {}, 7)
     cfg = run_config(TABLE, matched, "warm_mappo", tmp_path / "run")
     assert (cfg.algo, cfg.steps, cfg.budget_minutes, Path(cfg.model).resolve()) == ("mappo", 7, None, warm)
@@ -525,3 +527,42 @@ def test_the_reproduction_page_is_what_the_harness_writes_from_the_kept_results(
     committed = (root / "docs" / "reproduction.md").read_text(encoding="utf-8")
     rows = load_rows(root / "experiments" / "rows.yaml")
     assert page(root / "experiments" / "results", "experiments/results", rows, committed) == committed
+
+
+# ------------------------------------------------------------------------------------ per-question paired statistics
+
+
+def test_paired_questions_match_by_id():
+    from mhgpo.experiments.stats import paired_questions
+
+    before = [{"id": "a", "f1": 50.0}, {"id": "b", "f1": 0.0}, {"id": "c", "f1": 100.0}]
+    after = [{"id": "c", "f1": 100.0}, {"id": "a", "f1": 100.0}, {"id": "z", "f1": 10.0}]
+    assert paired_questions(after, before) == [0.0, 50.0]
+
+
+def test_paired_bootstrap_against_a_direct_computation():
+    import numpy as np
+
+    from mhgpo.experiments.stats import paired_bootstrap
+
+    diffs = [0.0, 100.0, -50.0, 0.0, 100.0, 0.0, 0.0, 25.0]
+    mean, low, high = paired_bootstrap(diffs, draws=500, seed=3)
+    rng = np.random.default_rng(3)
+    d = np.array(diffs)
+    means = [d[rng.integers(0, 8, size=8)].mean() for _ in range(500)]  # one draw of questions at a time
+    assert mean == 21.875
+    assert (low, high) == (float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)))
+    assert low < mean < high
+    assert paired_bootstrap([2.0] * 5) == (2.0, 2.0, 2.0)  # no spread: no interval
+    with pytest.raises(ValueError):
+        paired_bootstrap([])
+
+
+def test_sign_test_counts_and_exact_p():
+    from mhgpo.experiments.stats import sign_test
+
+    assert sign_test([1.0, 2.0, 0.0, -1.0]) == (2, 1, 1.0)
+    assert sign_test([5.0] * 6) == (6, 0, 2 / 64)  # 2 * (1/2)^6
+    up, down, p = sign_test([1.0] * 9 + [-1.0] * 1)
+    assert (up, down) == (9, 1) and p == pytest.approx(2 * 11 / 1024, rel=1e-12)
+    assert sign_test([0.0, 0.0]) == (0, 0, 1.0)

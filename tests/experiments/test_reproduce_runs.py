@@ -11,7 +11,7 @@ import pytest
 from helpers import write_echo_world
 
 from mhgpo.experiments import runner
-from mhgpo.experiments.results import collect, result_path, run_folder
+from mhgpo.experiments.results import collect, data_folders, result_path, run_folder
 from mhgpo.rl import budget as budget_module
 from mhgpo.rl.trainer import Trainer
 
@@ -77,7 +77,7 @@ def test_rows_from_a_shared_warm_start_for_a_budget(world, tiny_model_dir, tmp_p
     assert mhgpo(*args, "--eval", eval_spec, "--out", out, *small(world, tiny_model_dir)) == 0
     assert ran == [("warm", "warm"), *(("row", r) for r in rows)]  # one warm start, shared
     assert f"wrote {out / 'reproduction.md'}" in capsys.readouterr().out
-    [folder] = [p for p in out.iterdir() if p.is_dir()]
+    [folder] = data_folders(out)
     results = {k: v[0] for k, v in collect(folder).items()}
     assert set(results) == set(rows)
     rr, matched = results["warm_rr"], results["warm_mappo~warm_rr"]
@@ -110,7 +110,7 @@ def test_jobs_run_in_processes_of_their_own(world, tiny_model_dir, tmp_path, cap
     args = ["reproduce", "--rows", "untrained", "--seeds", "0", "--val-limit", "2", "--out", out]
     assert mhgpo(*args, *small(world, tiny_model_dir)) == 0
     assert "done: row untrained seed 0" in capsys.readouterr().out
-    [folder] = [p for p in out.iterdir() if p.is_dir()]
+    [folder] = data_folders(out)
     assert collect(folder)["untrained"][0]["val_n"] == 2
     assert (folder / "logs" / "row-untrained-seed0.log").is_file()
     assert mhgpo(*args, "--minutes", "5", *small(world, tiny_model_dir)) == 2  # another budget, the same OUT
@@ -145,7 +145,7 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
     _budget_clock(monkeypatch)
     out = tmp_path / "out"
     assert _curve_run(world, tiny_model_dir, out) == 0
-    [folder] = [p for p in out.iterdir() if p.is_dir()]
+    [folder] = data_folders(out)
     rr = collect(folder)["warm_rr"][0]
     assert rr["steps"] == 4 and rr["settings"]["val_every"] == 2  # 4 × 50 s fill 3.5 minutes
     curve = rr["val_curve"]
@@ -165,6 +165,15 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
                  "--val-every", "2", "--out", out, *small(world, tiny_model_dir)) == 0  # fmt: skip
     warm = collect(folder)["warm"][0]
     assert (warm["val_f1"], warm["val_acc"]) == (start["f1"], start["acc"]) and "val_curve" not in warm
+    # the page's curves part: the plot beside the page, the row's per-seed line with its paired change
+    page = (out / "reproduction.md").read_text()
+    assert "## Learning curves" in page and "![validation F1 by step and by CPU minutes](images/curves-" in page
+    assert [p.suffix for p in (out / "images").iterdir()] == [".png"]
+    head = "| seed | warm start healthy | step 0 | step 2 | step 4 | Δ F1 end − start [95% CI] | +/− (p) | CPU h |"
+    assert head in page
+    f1s = " | ".join(f"{p['f1']:.1f}" for p in curve)
+    health = {True: "yes", False: "no", None: "—"}[start["healthy"]]
+    assert f"| 0 | {health} | {f1s} | " in page
 
 
 def test_a_row_stopped_mid_run_continues_to_the_same_result(world, tiny_model_dir, tmp_path, monkeypatch) -> None:
@@ -174,13 +183,13 @@ def test_a_row_stopped_mid_run_continues_to_the_same_result(world, tiny_model_di
     _budget_clock(monkeypatch, stop_at=4)  # stopped in step 4: steps 1-3 done, step 3 saved on the way out
     cut = tmp_path / "cut"
     assert _curve_run(world, tiny_model_dir, cut) != 0
-    [folder] = [p for p in cut.iterdir() if p.is_dir()]
+    [folder] = data_folders(cut)
     partial = run_folder(folder, "warm_rr", 0).with_name("warm_rr-seed0.partial")
     assert [p.name for p in (partial / "checkpoints").iterdir()] == ["step_3"]
     assert not result_path(folder, "warm_rr", 0).exists()
     assert _curve_run(world, tiny_model_dir, cut) == 0  # run again: continues from step 3
     assert not partial.exists()
-    a = collect(next(p for p in whole.iterdir() if p.is_dir()))["warm_rr"][0]
+    a = collect(data_folders(whole)[0])["warm_rr"][0]
     b = collect(folder)["warm_rr"][0]
     timing = ("seconds/", "memory/")
     for key in ("steps", "val_f1", "val_acc", "val_questions", "start_questions", "budget_minutes_used"):

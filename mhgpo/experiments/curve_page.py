@@ -1,0 +1,128 @@
+"""The learning curves' part of the page: for each data set whose rows kept a curve (`mhgpo reproduce --val-every`),
+a plot of validation F1 against step and against CPU minutes (each row's mean over seeds, each seed thin, the warm
+start's band across seeds), and per row a table of its seeds: the warm start (healthy or not), F1 at each validated
+step, the paired change over its start question by question (mean, 95% bootstrap interval, sign test), and its CPU
+hours; then the verdict per row.
+
+Verdict (`curve_verdict`): a row *rises* when on every seed its end is above its start by more than the questions'
+noise (the paired bootstrap interval above 0), *falls* when below it on every seed, else *flat within noise*; a row
+on a broken warm start (`mhgpo.experiments.curves.healthy`) is named as a repair, not as learning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mhgpo.experiments.stats import Results, fmt, paired_bootstrap, paired_questions, sign_test
+
+
+def curve_rows(by_row: Results) -> dict[str, dict[int, dict]]:
+    """The rows whose results kept a curve (and their start's questions)."""
+    return {
+        row: found
+        for row, seeds in by_row.items()
+        if (found := {s: r for s, r in seeds.items() if r.get("val_curve") and r.get("start_questions")})
+    }
+
+
+def seed_change(result: dict) -> tuple[float, float, float, tuple[int, int, float]]:
+    """A result's end against its start, question by question: (mean Δ F1, low, high, (better, worse, p))."""
+    diffs = paired_questions(result["val_questions"], result["start_questions"])
+    return (*paired_bootstrap(diffs), sign_test(diffs))
+
+
+def curve_verdict(results: list[dict]) -> str:
+    """rises / falls / flat within noise over the seeds (see the module's docstring); `repair` where a start was
+    broken."""
+    changes = [seed_change(r) for r in results]
+    broken = any((r.get("start") or {}).get("healthy") is False for r in results)
+    if all(low > 0 for _, low, _, _ in changes):
+        word = "rises on every seed"
+    elif all(high < 0 for _, _, high, _ in changes):
+        word = "falls on every seed"
+    else:
+        word = "flat within noise"
+    return word + (" (from a broken warm start: a repair)" if broken else "")
+
+
+def _step_columns(found: dict[int, dict]) -> list[int]:
+    return sorted({p["step"] for r in found.values() for p in r["val_curve"]})
+
+
+def row_table(row: str, found: dict[int, dict]) -> list[str]:
+    """One row's per-seed table: start, F1 at each validated step, the paired change, CPU hours."""
+    steps = _step_columns(found)
+    head = ["seed", "warm start healthy", *(f"step {s}" for s in steps), "Δ F1 end − start [95% CI]", "+/− (p)"]
+    lines = [f"`{row}`: {curve_verdict(list(found.values()))}", "", "| " + " | ".join([*head, "CPU h"]) + " |"]
+    lines.append("|" + "---|" * (len(head) + 1))
+    for seed, r in sorted(found.items()):
+        at = {p["step"]: p["f1"] for p in r["val_curve"]}
+        mean, low, high, (up, down, p) = seed_change(r)
+        health = {True: "yes", False: "no", None: "—"}[(r.get("start") or {}).get("healthy")]
+        cells = [str(seed), health, *(f"{at[s]:.1f}" if s in at else "" for s in steps)]
+        cells += [f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]", f"{up}/{down} ({p:.2g})"]
+        cells.append(f"{r['val_curve'][-1]['cpu_minutes'] / 60:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    ends = [r["val_f1"] - r["val_curve"][0]["f1"] for r in found.values()]
+    lines += ["", f"Mean over seeds of end − start: {fmt(ends)} F1.", ""]
+    return lines
+
+
+def plot_curves(found_by_row: dict[str, dict[int, dict]], path: Path, title: str) -> Path:
+    """Validation F1 against step and against CPU minutes: per row its seeds (thin) and their mean (thick, at the
+    steps every seed validated), the warm start's band (min to max of step 0 over seeds) across both panels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    starts = [r["val_curve"][0]["f1"] for found in found_by_row.values() for r in found.values()]
+    for ax in axes:
+        ax.axhspan(min(starts), max(starts), color="0.85", label="warm start (seeds' range)")
+    for row, found in found_by_row.items():
+        color = None
+        for r in found.values():
+            xs = [p["step"] for p in r["val_curve"]]
+            line = axes[0].plot(xs, [p["f1"] for p in r["val_curve"]], lw=0.8, alpha=0.5, color=color)[0]
+            color = line.get_color()
+            axes[1].plot([p["cpu_minutes"] for p in r["val_curve"]], [p["f1"] for p in r["val_curve"]], lw=0.8,
+                         alpha=0.5, color=color)  # fmt: skip
+        common = sorted(set.intersection(*({p["step"] for p in r["val_curve"]} for r in found.values())))
+        mean = [float(np.mean([next(p["f1"] for p in r["val_curve"] if p["step"] == s) for r in found.values()]))
+                for s in common]  # fmt: skip
+        axes[0].plot(common, mean, lw=2.2, color=color, marker="o", label=f"{row} ({len(found)} seeds)")
+    axes[0].set(title=f"{title}: validation F1 by step", xlabel="RL step", ylabel="F1 (%)")
+    axes[1].set(title="by CPU minutes of training", xlabel="CPU minutes (rollouts and updates)", ylabel="F1 (%)")
+    axes[0].legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def curves_markdown(by_data: list[tuple[str, str, Results]], images: Path | None, doc_dir: Path | None) -> str:
+    """The page's curves part: per data set (`(folder name, title, results)`) with curves, the plot (written into
+    `images` when given, linked relative to `doc_dir`) and each row's table; empty when no result kept a curve."""
+    parts = []
+    for name, title, by_row in by_data:
+        found = curve_rows(by_row)
+        if not found:
+            continue
+        parts += [f"### {title}", ""]
+        if images is not None:
+            png = plot_curves(found, Path(images) / f"curves-{name}.png", title)
+            link = png.relative_to(doc_dir) if doc_dir is not None and png.is_relative_to(doc_dir) else png
+            parts += [f"![validation F1 by step and by CPU minutes]({Path(link).as_posix()})", ""]
+        for row, seeds in found.items():
+            parts += row_table(row, seeds)
+    if not parts:
+        return ""
+    intro = (
+        "## Learning curves\n\nEach row validated every few steps on its own checkpoints (`--val-every`), from the "
+        "warm start it starts from (step 0), on the same questions; Δ is the end against the start, paired by "
+        "question (95% bootstrap interval, sign test's better/worse and p).\n"
+    )
+    return intro + "\n" + "\n".join(parts)
