@@ -83,17 +83,23 @@ def algo_label(algo: str, sampler_name: str | None = None) -> str:
 class AdvantageScheme:
     """The groups advantages are normalised in. ``keys``: None keeps the sampler's group ids (MHGPO's heterogeneous
     groups); else ``"module:function"`` of ``keys(agents (N,), prompt_keys (N,), visits (N,)) -> (N, k)`` integer
-    keys, samples with equal keys forming one group (a group of one is not trained)."""
+    keys, samples with equal keys forming one group (a group of one is not trained). ``scale``: divide by the
+    group's std (paper Eq. adv); without it ``A = R - mean_g`` (Dr. GRPO), so that a group whose rewards differ by
+    0.05 F1 pushes 20× less than one whose rewards differ by 1."""
 
     name: str
     keys: str | None
     summary: str
+    scale: bool = True
 
 
 ADVANTAGE_SCHEMES: dict[str, AdvantageScheme] = {
     s.name: s
     for s in (
         AdvantageScheme("mhgpo", None, "the sampler's groups, heterogeneous downstream of the fork (paper Eq. adv)"),
+        AdvantageScheme(
+            "mhgpo_mean", None, "the sampler's groups, A = R - mean_g without the std (Dr. GRPO)", scale=False
+        ),
         AdvantageScheme("agent", "mhgpo.rl.advantages:agent_keys", "one group per agent across the step (Dr.MAS)"),
         AdvantageScheme(
             "prompt_agent_turn",

@@ -233,8 +233,9 @@ class TrainConfig:
     group_size: int = 4
     rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
     rr_regroup: str = "fork"  # RR's singletons pooled by: fork | role | all (see mhgpo/rl/advantages.py)
-    # The groups advantages are normalised in: mhgpo (the sampler's, heterogeneous), agent (one per agent across the
-    # step, as Dr.MAS), prompt_agent_turn (same prompt, agent and visit, as AT-GRPO; singletons untrained)
+    # The groups advantages are normalised in: mhgpo (the sampler's, heterogeneous), mhgpo_mean (the same, without
+    # the std: A = R - mean_g), agent (one per agent across the step, as Dr.MAS), prompt_agent_turn (same prompt,
+    # agent and visit, as AT-GRPO; singletons untrained)
     advantage: str = "mhgpo"
     # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py); the run's config.yaml records the resolved one
     precision: str = "auto"

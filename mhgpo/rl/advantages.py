@@ -147,8 +147,11 @@ def check_groups(rewards: np.ndarray, group_ids: np.ndarray) -> None:
         raise ValueError("rewards of trained samples must be finite")
 
 
-def group_advantages(rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e-6) -> tuple[np.ndarray, dict]:
-    """Group-relative advantage, paper Eq. (adv): ``A = (R - mean_g) / (std_g + eps)``.
+def group_advantages(
+    rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e-6, scale: bool = True
+) -> tuple[np.ndarray, dict]:
+    """Group-relative advantage, paper Eq. (adv): ``A = (R - mean_g) / (std_g + eps)``; with ``scale=False``
+    ``A = R - mean_g`` (Dr. GRPO's unscaled advantage: the push grows with the rewards' spread in the group).
 
     ``std_g`` is the unbiased sample standard deviation (``ddof=1``, as ``torch.std``) over the samples whose
     group id equals this sample's. Samples with group id -1 are not trained and get ``A = 0``. A group of size
@@ -182,7 +185,7 @@ def group_advantages(rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e
     np.maximum.at(r_max, inv, r)
     np.minimum.at(r_min, inv, r)
     constant = r_max == r_min  # (K,) zero-variance groups
-    adv[trained] = np.where(constant[inv], 0.0, dev / (std[inv] + eps))  # (M,)
+    adv[trained] = np.where(constant[inv], 0.0, dev / (std[inv] + eps) if scale else dev)  # (M,)
     stats["n_groups"] = int(uniq.shape[0])
     stats["n_zero_variance_groups"] = int(constant.sum())
     return adv, stats

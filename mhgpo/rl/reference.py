@@ -69,7 +69,7 @@ def propagate_rewards_reference(
 
 
 def group_advantages_reference(
-    rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e-6
+    rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e-6, scale: bool = True
 ) -> tuple[np.ndarray, dict]:
     """Loop version of :func:`group_advantages`, for the tests."""
     rewards = np.asarray(rewards, dtype=np.float64)
@@ -89,7 +89,7 @@ def group_advantages_reference(
         mean = sum(values) / len(values)
         std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
         for i, v in zip(members, values):
-            adv[i] = (v - mean) / (std + eps)
+            adv[i] = (v - mean) / (std + eps) if scale else v - mean
     return adv, stats
 
 

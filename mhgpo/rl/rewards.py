@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mhgpo.config.tables import ADVANTAGE_SCHEMES
 from mhgpo.rl.advantages import aggregated, group_advantages, propagate_rewards, scheme_groups, total_rewards
 from mhgpo.rl.behaviour import agent_behaviour
 from mhgpo.rl.tree import RolloutBatch
@@ -45,7 +46,7 @@ def assign_rewards(
             n.group_id = int(g)
         batch.stats["singletons_dropped"] = batch.stats.get("singletons_dropped", 0.0) + dropped
         batch.stats["samples"] = float((group_ids >= 0).sum())
-    advantages, stats = group_advantages(rewards, group_ids)  # (N,)
+    advantages, stats = group_advantages(rewards, group_ids, scale=ADVANTAGE_SCHEMES[scheme].scale)  # (N,)
     for n, a in zip(nodes, advantages):
         n.advantage = float(a)
     return {k: float(v) for k, v in stats.items()}

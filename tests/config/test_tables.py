@@ -104,7 +104,7 @@ def test_a_new_engine_is_one_table_entry(tiny_model_dir, world, tmp_path, monkey
 def test_tables_reject_unknown_names_naming_the_key(tiny_model_dir, world, tmp_path) -> None:
     for key, value, message in (
         ("algo", "dpo", r"^algo: expected mhgpo, grpo, mappo or ppo, got 'dpo'$"),
-        ("advantage", "x", r"^advantage: expected mhgpo, agent or prompt_agent_turn, got 'x'$"),
+        ("advantage", "x", r"^advantage: expected mhgpo, mhgpo_mean, agent or prompt_agent_turn, got 'x'$"),
         ("generation.engine", "x", r"^generation.engine: expected hf or vllm, got 'x'$"),
     ):
         with pytest.raises(InputError, match=message):

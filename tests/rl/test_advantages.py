@@ -207,10 +207,37 @@ def test_vectorised_advantages_match_reference():
             rewards = rng.choice([0.0, 0.25, 1.0], size=groups.shape[0])
         else:
             rewards = rng.normal(size=groups.shape[0])
-        fast, fast_stats = group_advantages(rewards, groups)
-        slow, slow_stats = group_advantages_reference(rewards, groups)
-        np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-12)
-        assert fast_stats == slow_stats
+        for scale in (True, False):  # the paper's Eq. adv, and the unscaled R - mean_g of `mhgpo_mean`
+            fast, fast_stats = group_advantages(rewards, groups, scale=scale)
+            slow, slow_stats = group_advantages_reference(rewards, groups, scale=scale)
+            np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-12)
+            assert fast_stats == slow_stats
+
+
+def test_unscaled_advantages_keep_the_rewards_spread():
+    """`mhgpo_mean`: a group whose rewards differ by 0.05 pushes 20x less than one whose differ by 1; the std
+    scaling gives both the same push."""
+    rewards = np.array([0.0, 0.05, 0.0, 1.0])
+    groups = np.array([0, 0, 1, 1])
+    unscaled, _ = group_advantages(rewards, groups, scale=False)
+    np.testing.assert_allclose(unscaled, [-0.025, 0.025, -0.5, 0.5], rtol=0, atol=1e-15)
+    scaled, _ = group_advantages(rewards, groups)
+    np.testing.assert_allclose(scaled[:2], scaled[2:], rtol=1e-4)  # (eps = 1e-6 against stds of 0.035 and 0.71)
+
+
+def test_the_mhgpo_mean_scheme_trains_the_samplers_groups_unscaled():
+    from fakes import rollout
+
+    from mhgpo.rl.rewards import assign_rewards
+
+    a, _, _ = rollout("fof", n_questions=3)
+    b, _, _ = rollout("fof", n_questions=3)
+    assign_rewards(a, "mean", True, np.random.default_rng(0))
+    assign_rewards(b, "mean", True, np.random.default_rng(0), scheme="mhgpo_mean")
+    assert [n.group_id for n in a.nodes] == [n.group_id for n in b.nodes]
+    ids = np.array([n.group_id for n in b.nodes])
+    expected, _ = group_advantages(np.array([n.reward for n in b.nodes]), ids, scale=False)
+    assert [n.advantage for n in b.nodes] == expected.tolist() and any(n.advantage != 0 for n in b.nodes)
 
 
 # --- regrouping (Round-Robin singletons) -------------------------------------------------------------------
