@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -259,10 +260,12 @@ class Policy:
         if is_sharded(self.model) and not mine:
             mine = [0]  # a rank without samples repeats sample 0 with weight 0 (accumulated_steps)
         ref: list[torch.Tensor | None] | None = None
-        if self.cfg.kl_beta != 0:
+        started = time.perf_counter()
+        if self.cfg.kl_beta != 0:  # (its cost: `seconds/reference`, a share of `seconds/train`)
             ref = [None] * len(samples)
             for i, r in zip(mine, self.reference_logprobs([samples[i] for i in mine])):
                 ref[i] = r
+        reference_seconds = time.perf_counter() - started
 
         cap = self.cfg.engine_is_cap
 
@@ -302,6 +305,7 @@ class Policy:
         )
         self.scheduler.step()
         totals["lr"] = applied
+        totals["seconds/reference"] = reference_seconds
         for key in ("is_weight", "is_clipped"):  # the engine's truncated importance weight: its mean, share capped
             if key in totals:
                 totals[f"engine/{key}"] = totals.pop(key)

@@ -469,6 +469,7 @@ class Trainer:
                 raise not_finite(self, log, step, e) from None
             self.budget.spend(started, self.ranks)
             self.cpu_seconds += time.process_time() - cpu
+            metrics["seconds/cpu_steps"] = self.cpu_seconds  # the steps' CPU time so far (a curve's x axis)
             if batch is not None:  # (committed with the step: a step cut short leaves no first visits)
                 metrics.update(revisit_metrics(self.first_rewards, question_rewards(batch)))
             metrics.update(self.budget.metrics(stopping=step < self.cfg.steps and self._ends_at(step)))

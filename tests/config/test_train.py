@@ -52,7 +52,9 @@ def test_advantage_scheme_is_checked():
 
     assert load_config(TrainConfig, None, []).advantage == "mhgpo"
     assert load_config(TrainConfig, None, ["advantage=prompt_agent_turn"]).advantage == "prompt_agent_turn"
-    with pytest.raises(InputError, match=r"^advantage: expected mhgpo, mhgpo_mean, agent or prompt_agent_turn, got 'dr'"):
+    with pytest.raises(
+        InputError, match=r"^advantage: expected mhgpo, mhgpo_mean, agent or prompt_agent_turn, got 'dr'"
+    ):
         load_config(TrainConfig, None, ["advantage=dr"])
     with pytest.raises(InputError, match=r"^advantage: mappo's advantages come from its critic"):
         load_config(TrainConfig, None, ["algo=mappo", "advantage=agent"])

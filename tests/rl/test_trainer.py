@@ -168,9 +168,13 @@ STEP_KEYS = [
     "tokens_generated",
     "seconds/rollout",
     "seconds/train",
+    "seconds/reference",
+    "seconds/cpu_steps",
     "memory/peak_mb",
 ]
-AGENT_KEYS = [f"{a}/{k}" for a in ("rewriter", "reranker", "answerer") for k in ("reward", "penalty", "advantage_abs")]
+AGENT_KEYS = [
+    f"{a}/{k}" for a in ("rewriter", "reranker", "answerer") for k in ("reward", "penalty", "advantage_abs", "entropy")
+]
 VAL_KEYS = ["val/f1", "val/em", "val/acc"]
 ROLLOUT_KEYS = [
     "question_id",
@@ -201,7 +205,13 @@ def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(refe
         has_val = [k in r for k in VAL_KEYS]
         assert has_val == [r["step"] % 2 == 0] * 3, f"step {r['step']}: val keys {has_val}"
     assert [h["step"] for h in trainer.val_history] == [2, 4]
-    assert trainer.val_history[-1] == {"step": 4, **{k: rows[-1][k] for k in VAL_KEYS}}
+    assert trainer.val_history[-1] == {
+        "step": 4,
+        **{k: rows[-1][k] for k in VAL_KEYS},
+        "cpu_minutes": rows[-1]["seconds/cpu_steps"] / 60,
+    }
+    assert 0 < rows[0]["seconds/cpu_steps"] < rows[1]["seconds/cpu_steps"] < rows[3]["seconds/cpu_steps"]
+    assert all(0 <= r["seconds/reference"] < r["seconds/train"] for r in rows)
     assert any(r[f"{a}/advantage_abs"] > 0 for r in rows for a in ("rewriter", "reranker", "answerer"))
     assert any(r["loss"] != 0 for r in rows)
 
