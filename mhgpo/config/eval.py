@@ -72,8 +72,9 @@ class GenerationConfig:
 
 
 @dataclasses.dataclass
-class SystemConfig:
-    """The built-in teams (`system: mas | llm`), section `search:`: retrieval sizes, format rules and penalties."""
+class SearchConfig:
+    """Section `search:`, the built-in teams' settings (`system: mas | llm`): retrieval sizes, format rules and
+    penalties."""
 
     top_k: int = 3  # passages retrieved per sub-query
     max_candidates: int = 10  # candidates shown to the Reranker after merging
@@ -220,7 +221,7 @@ class EvalConfig:
     seed: int = 0
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
-    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)  # engine: hf | vllm
     team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
     # Roles that give their gold output instead of calling the LLM (mhgpo/team/oracle.py): the team's roles but the
@@ -275,7 +276,7 @@ class RetrievalEvalConfig:
     seed: int = 0
     output_dir: str | None = None
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
-    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
 
     def validate(self) -> None:
         at_least(self, "max_prompt_tokens", 1)

@@ -20,7 +20,7 @@ from mhgpo.config.eval import (
     MAX_PROMPT_TOKENS,
     GenerationConfig,
     RetrievalConfig,
-    SystemConfig,
+    SearchConfig,
     check_precision,
     check_system,
 )
@@ -265,7 +265,7 @@ class TrainConfig:
     report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])
     warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
-    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
@@ -412,7 +412,7 @@ class SFTConfig:
     precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py)
     report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])  # as in TrainConfig
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
-    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
     optim: OptimConfig = dataclasses.field(default_factory=_sft_optim)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
