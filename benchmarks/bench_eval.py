@@ -24,7 +24,7 @@ import time
 def one(precision: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from mhgpo.config import EvalConfig, RetrievalConfig, SystemConfig
+    from mhgpo.config import EvalConfig, RetrievalConfig, SearchConfig
     from mhgpo.model.generation import HFGenerator
     from mhgpo.model.precision import resolve_precision
     from mhgpo.rl.evaluation import evaluate_examples
@@ -33,7 +33,7 @@ def one(precision: str, args: argparse.Namespace) -> dict:
 
     precision, reason = resolve_precision(precision)
     examples = load_examples("synthetic:dev", args.questions)
-    workflow = build_workflow("mas", "synthetic:dev", RetrievalConfig(), SystemConfig())
+    workflow = build_workflow("mas", "synthetic:dev", RetrievalConfig(), SearchConfig())
     loaded, _, encode = load_generator(EvalConfig(model=args.model, gen_batch_size=1, precision=precision), reason)
     out: dict = {"precision": precision, "threads": torch.get_num_threads()}
     results = {}

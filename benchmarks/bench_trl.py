@@ -108,7 +108,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     from mhgpo.config import LoraConfig as MhgpoLora
-    from mhgpo.config import SystemConfig
+    from mhgpo.config import SearchConfig
     from mhgpo.data.metrics import score
     from mhgpo.model.allocator import keep_freed_memory
     from mhgpo.model.precision import resolve_precision, weight_dtype
@@ -122,7 +122,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     precision, _ = resolve_precision("auto")
     questions = json.loads(Path(args.trl_side).read_text())  # mhgpo's questions, in the order it drew them
     examples = {e.question: e for e in load_examples("synthetic:dev")}
-    workflow = LLMOnly(SystemConfig())
+    workflow = LLMOnly(SearchConfig())
     loaded = load_model(args.model, dtype=weight_dtype(precision, trainable=False))
     if getattr(loaded.model, "hf_quantizer", None) is not None:
         # A GGUF checkpoint keeps its packed weights frozen under the adapters, as in mhgpo; the Trainer refuses a

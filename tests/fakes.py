@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mhgpo.config import SystemConfig
+from mhgpo.config import SearchConfig
 from mhgpo.data.records import Example, Passage
 from mhgpo.model.generation import Generation, SamplingParams
 from mhgpo.rl.rollout import run_rollouts
@@ -124,7 +124,7 @@ class RecordingSearch(SearchSystem):
 
 
 def search_system() -> RecordingSearch:
-    system = RecordingSearch(FakeRetriever(), SystemConfig())
+    system = RecordingSearch(FakeRetriever(), SearchConfig())
     system.tool_calls = []
     return system
 

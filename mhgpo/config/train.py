@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from mhgpo.config.choices import (
     AGGREGATORS,
@@ -16,14 +15,7 @@ from mhgpo.config.choices import (
     TRACKERS,
     one_of,
 )
-from mhgpo.config.eval import (
-    MAX_PROMPT_TOKENS,
-    GenerationConfig,
-    RetrievalConfig,
-    SystemConfig,
-    check_precision,
-    check_system,
-)
+from mhgpo.config.eval import GenerationConfig, TeamRunConfig
 from mhgpo.config.load import at_least, check_counts
 from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
 from mhgpo.config.samplers import group_samplers, train_samplers, trains_with
@@ -33,8 +25,12 @@ from mhgpo.errors import InputError
 
 @dataclasses.dataclass
 class RewardConfig:
-    aggr: str = "mean"  # Aggr of paper Eq. (aggr): mean | max | min | rand
-    penalties: bool = True  # False: final-only reward (no agent-specific penalties)
+    """Section `reward:`: how the team's rewards are formed."""
+
+    aggr: str = "mean"
+    """How an agent's reward aggregates the final rewards of the answers downstream of it (Aggr, paper Eq. aggr)."""
+    penalties: bool = True
+    """The agents' format penalties added to their rewards (false: the final reward only)."""
 
     def validate(self) -> None:
         if self.aggr not in AGGREGATORS:
@@ -43,36 +39,52 @@ class RewardConfig:
 
 @dataclasses.dataclass
 class OptimConfig:
+    """Section `optim:`: the policy's optimiser (AdamW), learning-rate schedule and objective."""
+
     lr: float = 1e-4
+    """The learning rate (of the actor)."""
     weight_decay: float = 0.0
+    """AdamW's weight decay."""
     # Linear warm-up: update t (0-based) runs at lr * (t + 1) / (warmup_steps + 1) for t < warmup_steps, then at
     # lr (or the cosine decay over the remaining updates); 0: no warm-up.
     warmup_steps: int = 0
-    schedule: str = "constant"  # constant | cosine (after warm-up)
+    """Updates of linear learning-rate warm-up (0: none)."""
+    schedule: str = "constant"
+    """The learning rate after the warm-up: constant, or a cosine decay to 0 over the remaining updates."""
     max_grad_norm: float = 1.0
+    """Gradients are clipped to this global norm."""
     ppo_epochs: int = 1
+    """Updates per step over the step's samples."""
     clip_eps: float = 0.2
+    """The ratio's clip range: [1 - clip_eps, 1 + clip_eps]."""
     kl_beta: float = 0.001
-    # prompt + output tokens per forward/backward (padding included; a prompt shared by several samples counted once)
+    """The weight of the KL term to the reference policy (0: none, and no reference pass)."""
     micro_batch_tokens: int = 4096
-    logprob_chunk: int = 256  # output positions per log-softmax chunk
+    """Prompt and output tokens per forward/backward (padding included; a shared prompt counted once)."""
+    logprob_chunk: int = 256
+    """Output positions per log-softmax chunk."""
     # Recompute each decoder layer's activations in the backward pass instead of keeping them (actor and critic):
     # the activation memory of a micro-batch falls to about one layer's, for a quarter to a third more update time.
     gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass: less memory, a slower update."""
     # Samples with identical prompts (a forked group) computed as one sequence: the prompt once, then each output
     # (mhgpo/model/packing.py), in the update, the reference pass and the critic; the same log-probs, values and gradients
     # as one row per sample, for a fraction of the tokens.
     share_prefix: bool = True
+    """Samples with one prompt computed as one sequence: the prompt once, then each output."""
     # The ratio's old log-probs: trainer (the policy's log-probs of the step's outputs, recomputed before the
     # update when another engine sampled them) or engine (the sampler's own, as it reported them: no extra pass)
     old_logprobs: str = "trainer"
+    """The ratio's old log-probs: the trainer's (recomputed) or the engine's (as it reported them)."""
     # The policy objective (mhgpo/config/tables.py POLICY_LOSSES): null, the algorithm's (the paper's clipped
     # objective with the k3 KL term)
     loss: str | None = None
+    """The policy objective (null: the algorithm's)."""
     # generation.engine=vllm with old_logprobs=trainer: each token's policy-gradient term is weighted by the
     # truncated importance weight min(exp(log p_trainer - log p_engine), engine_is_cap) on the engine / trainer
     # mismatch (TIS; docs/vllm.md); null: no weight
     engine_is_cap: float | None = None
+    """The cap of the truncated importance weight on the engine / trainer mismatch (TIS; null: no weight)."""
 
     def validate(self) -> None:
         if self.old_logprobs not in OLD_LOGPROBS:
@@ -95,17 +107,25 @@ class OptimConfig:
 
 @dataclasses.dataclass
 class LoraConfig:
+    """Section `lora:`: low-rank adapters on a frozen base, or full fine-tuning."""
+
     enabled: bool = True
+    """Train LoRA adapters (false: fine-tune every weight)."""
     r: int = 16
+    """The adapters' rank."""
     alpha: int = 32
+    """The adapters' scale alpha (their output times alpha / r)."""
     dropout: float = 0.0
+    """Dropout on the adapters' input."""
     # One adapter per agent on the shared frozen base: each agent generates with, and is trained through, its own
     # adapter (no role's updates reach another role's outputs); the reference stays the base. False: one adapter
     # shared by every agent (the paper's parameter sharing).
     per_role: bool = False
+    """One adapter per agent on the shared base (false: one adapter shared by every agent, as the paper)."""
     target_modules: list[str] = dataclasses.field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    """The linear layers that get adapters (their names in the model)."""
 
     def validate(self) -> None:
         at_least(self, "r", 1, "lora.")
@@ -129,14 +149,21 @@ class CriticConfig:
 
     # null: CRITIC_LR_FACTOR × optim.lr, the paper's ratio (critic 1e-6, actor 5e-7); a number sets it outright
     lr: float | None = None
-    warmup_steps: int = 0  # first steps in which only the critic learns (the actor is not updated)
-    gamma: float = 1.0  # GAE discount within an output
-    lam: float = 0.95  # GAE lambda
-    value_clip: float = 0.2  # clip range of the value loss around the rollout-time values
-    whiten: bool = True  # normalise the step's advantages to mean 0, std 1 over its trained tokens
+    """The critic's learning rate (null: 2 × optim.lr)."""
+    warmup_steps: int = 0
+    """First steps in which only the critic learns (the actor is not updated)."""
+    gamma: float = 1.0
+    """GAE's discount within an output."""
+    lam: float = 0.95
+    """GAE's lambda."""
+    value_clip: float = 0.2
+    """The clip range of the value loss around the rollout-time values."""
+    whiten: bool = True
+    """Normalise the step's advantages to mean 0, std 1 over its trained tokens."""
     # Under LoRA: false, the critic's decoder shares the actor's frozen base tensors (one model in memory); true, it
     # has a copy of its own, as the paper's MAPPO (actor and critic two models: the memory of one more model).
     own_base: bool = False
+    """Under LoRA: the critic has a copy of the base of its own (false: it shares the actor's frozen base)."""
 
     def validate(self) -> None:
         if self.lr is not None and self.lr <= 0:
@@ -156,18 +183,29 @@ class WarmStartConfig:
     `RUN/warm_start/` (an `mhgpo sft` run with the RL run's model, data, team, precision and LoRA settings)."""
 
     enabled: bool = False
-    # The model the warm start fine-tunes (null: the run's `model`). When a run starts, its `model` becomes the warm
-    # start's folder (RUN/warm_start, where RL starts from) and this key records what lies beneath.
+    """Run a supervised warm start before RL."""
+    # When a run starts, its `model` becomes the warm start's folder (RUN/warm_start, where RL starts from) and
+    # this key records what lies beneath.
     model: str | None = None
-    steps: int = 20  # optimiser steps
-    batch_size: int = 16  # demonstrations per step (all roles mixed)
+    """The model the warm start fine-tunes (null: the run's model)."""
+    steps: int = 20
+    """Optimiser steps."""
+    batch_size: int = 16
+    """Demonstrations per step (all roles mixed)."""
     lr: float = 5e-4
-    schedule: str = "constant"  # constant | cosine (from lr to 0 over the steps after the warm-up)
+    """The learning rate."""
+    schedule: str = "constant"
+    """The learning rate after the warm-up: constant, or a cosine decay to 0 over the remaining steps."""
     warmup_steps: int = 0
-    balance_roles: bool = False  # every batch holds the roles in equal shares (else drawn at random from all)
-    limit: int | None = None  # training questions to draw demonstrations from (None: all of `data`)
-    data: str | None = None  # None: the RL run's data
-    format_limit: int = 8  # held-out demonstrations per role for the logged format accuracy
+    """Steps of linear learning-rate warm-up (0: none)."""
+    balance_roles: bool = False
+    """Every batch holds the roles in equal shares (else drawn at random from all demonstrations)."""
+    limit: int | None = None
+    """Training questions to draw demonstrations from (null: all of data)."""
+    data: str | None = None
+    """The questions whose gold outputs are learnt (null: the RL run's data)."""
+    format_limit: int = 8
+    """Held-out demonstrations per role for the logged format accuracy."""
 
     def validate(self) -> None:
         if self.format_limit < 0:
@@ -215,64 +253,97 @@ def default_sampler(algo: str, system: str) -> str:
 
 
 @dataclasses.dataclass
-class TrainConfig:
-    model: str = "smollm2-135m"
+class TrainingRunConfig(TeamRunConfig):
+    """The keys RL training and the supervised warm start share (`TrainConfig`, `SFTConfig`) besides those of every
+    run of the team: a run's warm start takes them over from it (:func:`mhgpo.config.eval.carry_over`)."""
+
     data: str = "synthetic:train"
+    """The training questions: a data spec (docs/cli.md, "Data")."""
     val_data: str = "synthetic:dev"
-    system: str = "mas"
-    algo: str = "mhgpo"  # mhgpo | mappo (the team); grpo | ppo (system=llm)
-    sampler: str | None = None  # is | fof | rr | fof_os (MHGPO, GRPO); chains (MAPPO, PPO); None: default_sampler
-    steps: int = 20
-    # A time budget for the RL steps (mhgpo/rl/budget.py): a step starts only if the minutes used so far plus the
-    # mean step so far still fit; the run then validates and saves at the step it stops at, as at its last. `steps`
-    # still caps the run. null: no budget. `budget_clock`: cpu (the process's CPU time, fair when runs share a
-    # machine) or wall.
-    budget_minutes: float | None = None
-    budget_clock: str = "cpu"
-    questions_per_step: int = 8
-    group_size: int = 4
-    rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
-    rr_regroup: str = "fork"  # RR's singletons pooled by: fork | role | all (see mhgpo/rl/advantages.py)
-    # The groups advantages are normalised in: mhgpo (the sampler's, heterogeneous), mhgpo_mean (the same, without
-    # the std: A = R - mean_g), agent (one per agent across the step, as Dr.MAS), prompt_agent_turn (same prompt,
-    # agent and visit, as AT-GRPO; singletons untrained)
-    advantage: str = "mhgpo"
-    # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py); the run's config.yaml records the resolved one
-    precision: str = "auto"
-    # Untrain groups whose rewards are all equal and draw more questions until the step holds as many informative
-    # groups as a plain draw forms, at most `filter_max_questions` questions a step (None: 4 × questions_per_step).
-    filter_zero_variance: bool = False
-    filter_max_questions: int | None = None
-    seed: int = 0
-    output_dir: str = "runs/train"
-    eval_every: int = 10  # 0: never during training
-    val_limit: int = 50
+    """The validation questions: a data spec."""
     eval_batch_size: int = 32
-    gen_batch_size: int = 16
-    save_every: int = 10
-    keep_checkpoints: int = 2
-    max_rounds: int = 64  # safety bound on workflow steps per rollout
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer prompt fails its question (counted in max_failures)
+    """Validation questions per breadth-first batch."""
+    max_rounds: int = 64
+    """A safety bound on the workflow's steps per rollout."""
     # Questions whose rollout may fail in a workflow method (each skipped, logged with its traceback in the run
-    # directory's errors.jsonl) before the run stops; 0: stop at the first.
+    # directory's errors.jsonl) before the run stops.
     max_failures: int = 10
-    train_roles: list[str] | None = None  # None: every role trains
-    frozen_roles: list[str] = dataclasses.field(default_factory=list)
-    # The KL term's reference policy: init (the initial weights: `model`, a trained run's weights included) or base
-    # (the base model beneath a trained run given as `model`: what its own first run started from)
-    reference: str = "init"
-    # where the metrics and the config go besides metrics.jsonl: any of tensorboard, wandb, mlflow, trackio
-    # (mhgpo/rl/trackers.py; all but tensorboard are optional extras)
+    """Questions whose rollout may fail in a workflow method before the run stops (0: stop at the first)."""
     report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])
-    warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
-    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
-    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
-    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
-    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """Trackers the metrics and the config go to besides metrics.jsonl (all but tensorboard are optional extras)."""
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    """LoRA adapters or full fine-tuning."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_report_to(self.report_to)
+        if self.max_failures < 0:
+            raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
+        check_counts(self, ("eval_batch_size", "max_rounds"))
+
+
+@dataclasses.dataclass
+class TrainConfig(TrainingRunConfig):
+    """`mhgpo train` and `mhgpo demo`: reinforcement learning of the team, after an optional warm start."""
+
+    algo: str = "mhgpo"
+    """The algorithm: mhgpo or mappo (the team); grpo or ppo (the single-agent baseline, system=llm)."""
+    sampler: str | None = None
+    """The rollout sampler (mhgpo/config/samplers.py; null: the algorithm's default for the system)."""
+    steps: int = 20
+    """RL steps."""
+    # A step starts only if the minutes used so far plus the mean step so far still fit; the run then validates and
+    # saves at the step it stops at, as at its last. `steps` still caps the run.
+    budget_minutes: float | None = None
+    """A time budget for the RL steps, minutes (mhgpo/rl/budget.py; null: none)."""
+    budget_clock: str = "cpu"
+    """The budget's clock: the process's CPU time (fair when runs share a machine) or wall time."""
+    questions_per_step: int = 8
+    """Questions rolled out per step."""
+    group_size: int = 4
+    """G: samples per group (at the fork point), or independent chains per question (MAPPO, PPO)."""
+    rr_probs: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.1, 0.2])
+    """sampler=rr: the probability that each agent, in the team's order, is the fork point."""
+    rr_regroup: str = "fork"
+    """sampler=rr: what the singletons upstream of the fork are pooled by (mhgpo/rl/advantages.py)."""
+    # mhgpo: the sampler's, heterogeneous; mhgpo_mean: the same without the std (A = R - mean_g); agent: one per
+    # agent across the step, as Dr.MAS; prompt_agent_turn: same prompt, agent and visit, as AT-GRPO (singletons
+    # untrained)
+    advantage: str = "mhgpo"
+    """The groups advantages are normalised in (mhgpo/config/tables.py)."""
+    filter_zero_variance: bool = False
+    """Untrain groups whose rewards are all equal, drawing more questions until the step holds as many informative
+    groups as a plain draw forms."""
+    filter_max_questions: int | None = None
+    """filter_zero_variance: questions a step may draw at most (null: 4 × questions_per_step)."""
+    output_dir: str = "runs/train"
+    """The run directory (new or empty)."""
+    eval_every: int = 10
+    """Validation every this many steps (0: never during training)."""
+    val_limit: int = 50
+    """The first this many questions of val_data validate."""
+    save_every: int = 10
+    """A checkpoint every this many steps (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept, the latest (0: all)."""
+    train_roles: list[str] | None = None
+    """The roles that train (null: every role)."""
+    frozen_roles: list[str] = dataclasses.field(default_factory=list)
+    """Roles that do not train."""
+    # init: `model`, a trained run's weights included; base: the base model beneath a trained run given as `model`
+    # (what its own first run started from)
+    reference: str = "init"
+    """The KL term's reference policy: the initial weights (init) or the base model beneath a trained run (base)."""
+    warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
+    """The supervised warm start before RL."""
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    """The rewards."""
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """The policy's optimiser and objective."""
     critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    """The critic of MAPPO and PPO."""
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
-    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
+    """The engine that samples the rollouts."""
 
     def resolved(self) -> TrainConfig:
         """This config with the defaults that depend on other keys filled in (the loader calls it before
@@ -282,10 +353,7 @@ class TrainConfig:
         return dataclasses.replace(self, sampler=default_sampler(self.algo, self.system))
 
     def validate(self) -> None:
-        check_system(self.system, self.team)
-        check_report_to(self.report_to)
-        if self.max_failures < 0:
-            raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
+        super().validate()
         if self.reference not in REFERENCES:
             raise InputError(f"reference: expected {one_of(REFERENCES)}, got {self.reference!r}")
         if self.algo not in ALGORITHMS:
@@ -301,18 +369,7 @@ class TrainConfig:
         least = 1 if algo.critic else 2  # a group needs 2; chains per question need 1
         if self.group_size < least:
             raise InputError(f"group_size: must be at least {least}, got {self.group_size}")
-        check_counts(
-            self,
-            (
-                "steps",
-                "questions_per_step",
-                "val_limit",
-                "eval_batch_size",
-                "gen_batch_size",
-                "max_rounds",
-                "max_prompt_tokens",
-            ),
-        )
+        check_counts(self, ("steps", "questions_per_step", "val_limit"))
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise InputError(f"budget_minutes: must be positive (or null: no budget), got {self.budget_minutes:g}")
         if self.budget_clock not in BUDGET_CLOCKS:
@@ -336,7 +393,6 @@ class TrainConfig:
             )
         if self.rr_regroup not in RR_REGROUP:
             raise InputError(f"rr_regroup: expected {', '.join(RR_REGROUP)}, got {self.rr_regroup!r}")
-        check_precision(self.precision)
         if self.optim.loss is not None and self.optim.loss not in POLICY_LOSSES:
             raise InputError(f"optim.loss: expected {one_of(tuple(POLICY_LOSSES))} (or null), got {self.optim.loss!r}")
         check_engine_is_cap(self)
@@ -385,45 +441,40 @@ def _sft_optim() -> OptimConfig:
 
 
 @dataclasses.dataclass
-class SFTConfig:
+class SFTConfig(TrainingRunConfig):
     """`mhgpo sft`: supervised warm start of every role on its gold outputs (`mhgpo/rl/sft.py`). The `search` and
     `retrieval` sections must match the RL run's, so that the prompts are the same."""
 
-    model: str = "smollm2-135m"
-    data: str = "synthetic:train"
-    val_data: str = "synthetic:dev"
-    system: str = "mas"
-    roles: list[str] | None = None  # None: every role with demonstrations
+    roles: list[str] | None = None
+    """The roles that learn (null: every role with demonstrations)."""
     steps: int = 40
-    batch_size: int = 16  # demonstrations per optimiser step (all roles mixed)
-    balance_roles: bool = False  # every batch holds the roles in equal shares (else drawn at random from all)
-    limit: int | None = None  # training questions to draw demonstrations from (None: all)
-    seed: int = 0
+    """Optimiser steps."""
+    batch_size: int = 16
+    """Demonstrations per optimiser step (all roles mixed)."""
+    balance_roles: bool = False
+    """Every batch holds the roles in equal shares (else drawn at random from all demonstrations)."""
+    limit: int | None = None
+    """Training questions to draw demonstrations from (null: all)."""
     output_dir: str = "runs/sft"
-    eval_every: int = 0  # validation every N steps; 0: at the end only
-    val_limit: int = 40  # validation questions for the team's Acc / EM / F1 (0: none)
-    format_limit: int = 16  # held-out demonstrations per role for the format accuracy
+    """The run directory (new or empty)."""
+    eval_every: int = 0
+    """Validation every this many steps (0: at the end only)."""
+    val_limit: int = 40
+    """Validation questions for the team's Acc / EM / F1 (0: none)."""
+    format_limit: int = 16
+    """Held-out demonstrations per role for the format accuracy."""
     eval_batch_size: int = 40
-    gen_batch_size: int = 16
-    save_every: int = 0  # 0: at the end only
+    """Validation questions per breadth-first batch."""
+    save_every: int = 0
+    """A checkpoint every this many steps (0: at the end only)."""
     keep_checkpoints: int = 1
-    max_rounds: int = 64
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS  # a longer demonstration prompt is left out (counted, warned)
-    max_failures: int = 10  # validation questions whose rollout may fail in a workflow method (as in training)
-    precision: str = "auto"  # fp32 | bf16-mixed | bf16 | auto (see mhgpo/model/precision.py)
-    report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])  # as in TrainConfig
-    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
-    search: SystemConfig = dataclasses.field(default_factory=SystemConfig)
+    """Checkpoints kept, the latest (0: all)."""
     optim: OptimConfig = dataclasses.field(default_factory=_sft_optim)
-    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
-    team: dict[str, Any] = dataclasses.field(default_factory=dict)  # system=PATH.py:Class: its config (check_system)
+    """The optimiser and learning-rate schedule (defaults: lr 5e-4, no KL term, no warm-up, constant)."""
 
     def validate(self) -> None:
-        check_system(self.system, self.team)
-        check_report_to(self.report_to)
-        if self.max_failures < 0:
-            raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
-        for key in ("steps", "batch_size", "max_prompt_tokens"):
+        super().validate()
+        for key in ("steps", "batch_size"):
             if getattr(self, key) < 1:
                 raise InputError(f"{key}: must be at least 1, got {getattr(self, key)}")
         for key in ("eval_every", "val_limit", "format_limit", "save_every"):
@@ -436,4 +487,3 @@ class SFTConfig:
                 "lora.per_role: a warm start trains one shared adapter (merged into the base when an RL "
                 "run starts from it); set lora.per_role=true on the RL run instead"
             )
-        check_precision(self.precision)

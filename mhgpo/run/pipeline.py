@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mhgpo.config import OptimConfig, SFTConfig, TrainConfig, dump_config
+from mhgpo.config import OptimConfig, SFTConfig, TrainConfig, carry_over, dump_config
 from mhgpo.model.checkpoint import checkpoint_step, list_checkpoints
 from mhgpo.model.distributed import current
 from mhgpo.model.trained import run_model_spec
@@ -35,8 +35,8 @@ from mhgpo.run.warm_start import resume_sft, run_sft
 
 def warm_start_config(cfg: TrainConfig, out: Path) -> SFTConfig:
     """The warm start of the settled RL run `cfg`, written into `out`: the model beneath it (`warm_start.model`),
-    the run's data, team and precision, the `warm_start` section's size, learning-rate schedule and batch
-    composition."""
+    the keys RL and SFT share (`TrainingRunConfig`: the run's data, team, precision, sizes, trackers), the
+    `warm_start` section's size, learning-rate schedule and batch composition."""
     ws = cfg.warm_start
     optim = OptimConfig(
         lr=ws.lr,
@@ -48,29 +48,18 @@ def warm_start_config(cfg: TrainConfig, out: Path) -> SFTConfig:
         max_grad_norm=cfg.optim.max_grad_norm,
         gradient_checkpointing=cfg.optim.gradient_checkpointing,
     )
-    return SFTConfig(
+    return carry_over(
+        cfg,
+        SFTConfig,
         model=run_model_spec(cfg.warm_start.model or cfg.model, Path(cfg.output_dir)),
         data=ws.data or cfg.data,
-        val_data=cfg.val_data,
-        system=cfg.system,
         steps=ws.steps,
         batch_size=ws.batch_size,
         balance_roles=ws.balance_roles,
         limit=ws.limit,
-        seed=cfg.seed,
         output_dir=str(out),
         val_limit=0,
         format_limit=ws.format_limit,
-        eval_batch_size=cfg.eval_batch_size,
-        gen_batch_size=cfg.gen_batch_size,
-        max_rounds=cfg.max_rounds,
-        max_failures=cfg.max_failures,
-        precision=cfg.precision,
-        max_prompt_tokens=cfg.max_prompt_tokens,
-        report_to=list(cfg.report_to),
-        retrieval=cfg.retrieval,
-        search=cfg.search,
-        team=dict(cfg.team),
         optim=optim,
         lora=dataclasses.replace(cfg.lora, per_role=False),
     )

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhgpo.config import EvalConfig, SFTConfig, TrainConfig
+from mhgpo.config import EvalConfig, SFTConfig, TrainConfig, carry_over
 from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.config.tables import ALGORITHMS, ENGINES, POLICY_LOSSES, load_function
 from mhgpo.data.records import Example
@@ -168,19 +168,13 @@ def initial_model(cfg: TrainConfig) -> str:
 def validation_config(cfg: TrainConfig, model: str, oracle: tuple[str, ...] | list[str] = ()) -> EvalConfig:
     """The evaluation that a training run's validation is: `val_data` (its first `val_limit` questions) with the
     run's team, generation and precision settings, of `model` (a spec as given: resolved by the caller)."""
-    return EvalConfig(
+    return carry_over(
+        cfg,
+        EvalConfig,
         model=model,
         data=cfg.val_data,
         limit=cfg.val_limit,
         batch_size=cfg.eval_batch_size,
-        gen_batch_size=cfg.gen_batch_size,
-        seed=cfg.seed,
-        precision=cfg.precision,
-        max_prompt_tokens=cfg.max_prompt_tokens,
-        system=cfg.system,
-        team=dict(cfg.team),
-        retrieval=copy.deepcopy(cfg.retrieval),
-        search=copy.deepcopy(cfg.search),
         generation=copy.deepcopy(cfg.generation),
         oracle=list(oracle),
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mhgpo.config import BUILT_IN, RetrievalConfig, SystemConfig, is_custom
+from mhgpo.config import BUILT_IN, RetrievalConfig, SearchConfig, is_custom
 from mhgpo.config.choices import RETRIEVERS, is_retriever_url
 from mhgpo.data.formats import context_corpus, load_corpus_jsonl
 from mhgpo.data.records import Example, Passage
@@ -196,7 +196,7 @@ def open_service(retrieval: RetrievalConfig):
 
 
 def build_workflow(
-    system: Any, data_spec: str, retrieval: RetrievalConfig, search: SystemConfig, team: dict[str, Any] | None = None
+    system: Any, data_spec: str, retrieval: RetrievalConfig, search: SearchConfig, team: dict[str, Any] | None = None
 ) -> Workflow:
     """The team `system` names: `mas` (the default team over the data's corpus), `llm` (the model alone), a
     workflow class (`PATH.py:Class`, `module.path:Class`, or the class itself) built from its `team` section and,

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mhgpo.config import SystemConfig
+from mhgpo.config import SearchConfig
 from mhgpo.config.eval import MAX_PROMPT_TOKENS
 from mhgpo.data.records import Example, Passage
 from mhgpo.errors import InputError
@@ -83,7 +83,7 @@ def rewriter_queries(
     examples: Sequence[Example],
     generator: Any,
     encode: Callable[[list[dict[str, str]]], list[int]],
-    search: SystemConfig,
+    search: SearchConfig,
     chunk: int = 64,
     progress: bool = True,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from mhgpo.config import AgentSampling, SystemConfig
+from mhgpo.config import AgentSampling, SearchConfig
 from mhgpo.data.metrics import normalize_answer
 from mhgpo.data.records import Example, Passage
 from mhgpo.errors import InputError
@@ -216,11 +216,11 @@ class SearchSystem(Workflow):
     """Rewriter → Retriever → Reranker → Answerer, with the composite (format) rewards of the paper."""
 
     retriever: Retriever
-    config: SystemConfig = field(default_factory=SystemConfig)
+    config: SearchConfig = field(default_factory=SearchConfig)
 
     agents = (REWRITER, RERANKER, ANSWERER)
     tools = (RETRIEVER,)
-    config_class = SystemConfig
+    config_class = SearchConfig
     # The gold-context oracle (`oracle=[context]`, mhgpo/team/oracle.py): the tool it replaces and the roles whose
     # gold outputs pass the gold paragraphs through unchanged.
     retrieval_tool = RETRIEVER
@@ -375,10 +375,10 @@ class SearchSystem(Workflow):
 class LLMOnly(Workflow):
     """Single-agent baseline: the model answers the question directly, with no retrieval."""
 
-    config: SystemConfig = field(default_factory=SystemConfig)
+    config: SearchConfig = field(default_factory=SearchConfig)
 
     agents = (LLM,)
-    config_class = SystemConfig
+    config_class = SearchConfig
 
     def next_agent(self, state: State) -> str | None:
         return None if "answer" in state else LLM

@@ -18,7 +18,7 @@ from fakes import (
     search_system,
 )
 
-from mhgpo.config import SystemConfig
+from mhgpo.config import SearchConfig
 from mhgpo.rl.rewards import (
     apply_role_switches,
     assign_rewards,
@@ -182,7 +182,7 @@ def test_format_breaks_are_counted_when_their_penalty_is_zero():
     with every penalty set to 0 (no reward changes), the rates are those of the penalised run."""
     batch, system, _ = rollout("fof", n_questions=3)
     free, gen = search_system(), search_generator()
-    free.config = SystemConfig(rewriter_penalty=0.0, reranker_penalty=0.0, answerer_penalty=0.0)
+    free.config = SearchConfig(rewriter_penalty=0.0, reranker_penalty=0.0, answerer_penalty=0.0)
     spec = RolloutSpec(sampler="fof", group_size=G, rr_probs=(0.7, 0.1, 0.2))
     unpenalised = run_rollouts(EXAMPLES[:3], free, gen, encode, spec, np.random.default_rng(0))
     assert all(n.penalty == 0.0 for n in unpenalised.llm_nodes())

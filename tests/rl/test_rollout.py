@@ -28,7 +28,7 @@ from fakes import (
     rollout,
 )
 
-from mhgpo.config import SystemConfig
+from mhgpo.config import SearchConfig
 from mhgpo.model.generation import SamplingParams
 from mhgpo.rl.rewards import assign_rewards, assign_shared_rewards
 from mhgpo.rl.rollout import run_rollouts
@@ -261,7 +261,7 @@ def test_single_agent_grpo_groups_are_g_answers_to_one_prompt():
     gen = FakeGenerator(llm_only_agent_of, lambda agent, k, text: answers[k % len(answers)])
     batch = run_rollouts(
         EXAMPLES[:3],
-        LLMOnly(SystemConfig()),
+        LLMOnly(SearchConfig()),
         gen,
         encode,
         RolloutSpec(sampler="fof", group_size=G),

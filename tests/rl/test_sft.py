@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhgpo.config import RetrievalConfig, SFTConfig, SystemConfig, load_config
+from mhgpo.config import RetrievalConfig, SearchConfig, SFTConfig, load_config
 from mhgpo.data.formats import load_hotpotqa
 from mhgpo.errors import InputError
 from mhgpo.model.pretrained import encode_chat
@@ -63,7 +63,7 @@ def sft_config(model_dir: Path, world: Path, out: Path, **extra: object) -> SFTC
 
 def test_demonstrations_are_the_teams_prompts_with_gold_outputs(tiny_lm, world: Path) -> None:
     examples = load_hotpotqa(world / "train.jsonl")
-    workflow = build_workflow("mas", "hotpotqa:x", RetrievalConfig(corpus=str(world / "corpus.jsonl")), SystemConfig())
+    workflow = build_workflow("mas", "hotpotqa:x", RetrievalConfig(corpus=str(world / "corpus.jsonl")), SearchConfig())
     encode = lambda m: encode_chat(tiny_lm.tokenizer, m)  # noqa: E731
     to_ids = target_encoder(tiny_lm.tokenizer)
     demos, skipped = collect_demonstrations(examples, workflow, encode, to_ids)

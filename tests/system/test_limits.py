@@ -479,14 +479,14 @@ def test_eval_stops_at_a_100_kb_question_naming_it_and_keeps_the_finished_ones(
 def test_warm_start_leaves_out_demonstrations_with_too_long_prompts(tiny_lm, world, capsys) -> None:
     """The supervised warm start: a demonstration whose prompt is over max_prompt_tokens is left out, its chain
     stops there (counted in skipped/<agent>), and one warning names how many and the first question."""
-    from mhgpo.config import RetrievalConfig, SystemConfig
+    from mhgpo.config import RetrievalConfig, SearchConfig
     from mhgpo.data.formats import load_hotpotqa
     from mhgpo.model.pretrained import encode_chat
     from mhgpo.rl.sft import collect_demonstrations, target_encoder
     from mhgpo.team.build import build_workflow
 
     examples = load_hotpotqa(world / "train.jsonl")[:4]
-    workflow = build_workflow("mas", "hotpotqa:x", RetrievalConfig(corpus=str(world / "corpus.jsonl")), SystemConfig())
+    workflow = build_workflow("mas", "hotpotqa:x", RetrievalConfig(corpus=str(world / "corpus.jsonl")), SearchConfig())
     encode = lambda m: encode_chat(tiny_lm.tokenizer, m)  # noqa: E731
     to_ids = target_encoder(tiny_lm.tokenizer)
     demos, skipped = collect_demonstrations(examples, workflow, encode, to_ids)
@@ -507,7 +507,7 @@ def test_warm_start_leaves_out_demonstrations_with_too_long_prompts(tiny_lm, wor
 def test_eval_retrieval_refuses_a_rewriter_prompt_over_the_limit_before_generating() -> None:
     """`mhgpo eval-retrieval --query rewriter` builds the Rewriter's prompts itself: one over max_prompt_tokens is
     an InputError naming the question, and nothing is generated."""
-    from mhgpo.config import SystemConfig
+    from mhgpo.config import SearchConfig
     from mhgpo.data.records import Example
     from mhgpo.team.retrieval_eval import rewriter_queries
 
@@ -522,4 +522,4 @@ def test_eval_retrieval_refuses_a_rewriter_prompt_over_the_limit_before_generati
         match=r"^question huge: the Rewriter's prompt is \d+ tokens, more than "
         r"max_prompt_tokens=4096 \(a very long question\?\)$",
     ):
-        rewriter_queries(examples, Refusing(), encode, SystemConfig(), progress=False)
+        rewriter_queries(examples, Refusing(), encode, SearchConfig(), progress=False)

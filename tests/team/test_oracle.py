@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mhgpo.config import EvalConfig, SystemConfig, load_config
+from mhgpo.config import EvalConfig, SearchConfig, load_config
 from mhgpo.data.records import Example, Passage
 from mhgpo.errors import InputError
 from mhgpo.model.generation import Generation
@@ -76,7 +76,7 @@ class RoleGenerator:
 
 def evaluate(oracles):
     retriever = WordRetriever()
-    team = with_oracles(SearchSystem(retriever, SystemConfig(top_k=2, max_candidates=4)), oracles)
+    team = with_oracles(SearchSystem(retriever, SearchConfig(top_k=2, max_candidates=4)), oracles)
     generator = RoleGenerator()
     result = evaluate_examples([EXAMPLE], team, generator, encode, progress=False)
     [prediction] = result.predictions

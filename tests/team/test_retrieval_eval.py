@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from mhgpo.config import SystemConfig
+from mhgpo.config import SearchConfig
 from mhgpo.data.formats import context_corpus
 from mhgpo.data.records import Example, Passage
 from mhgpo.retrieval.bm25 import BM25Retriever
@@ -175,7 +175,7 @@ def test_rewriter_queries_use_the_team_prompt_greedy_decoding_and_parser() -> No
     generator = CannedGenerator(
         {MUSIQUE.question: "### Ostrava Mills region; seat of Lumen Valley ###", TWOWIKI.question: "no block here"}
     )
-    search = SystemConfig()
+    search = SearchConfig()
     queries = rewriter_queries([MUSIQUE, TWOWIKI], generator, encode, search, chunk=1, progress=False)
     assert queries == [("Ostrava Mills region", "seat of Lumen Valley"), (TWOWIKI.question,)]
     assert [(p.temperature, p.max_new_tokens) for p in generator.params] == [(0.0, 48), (0.0, 48)]

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mhgpo.config import SystemConfig
+from mhgpo.config import SearchConfig
 from mhgpo.data.records import Example, Passage
 from mhgpo.team.search_system import (
     ANSWERER,
@@ -139,7 +139,7 @@ def test_demonstrations_walk_the_pipeline_with_gold_outputs():
         Passage("b", "Beta", "Beta was born in Gam."),
         Passage("c", "Gamma", "gamma"),
     ]
-    system = SearchSystem(FakeRetriever(passages), SystemConfig(top_k=2))
+    system = SearchSystem(FakeRetriever(passages), SearchConfig(top_k=2))
     ex = Example(
         "q1",
         "Where was the director of Alpha born?",
@@ -227,7 +227,7 @@ class FakeRetriever:
 def test_search_system_runs_the_pipeline_by_hand():
     passages = [Passage("a", "Alpha", "alpha fact"), Passage("b", "Beta", "beta fact"), Passage("c", "Gamma", "gamma")]
     retriever = FakeRetriever(passages)
-    system = SearchSystem(retriever, SystemConfig(top_k=2))
+    system = SearchSystem(retriever, SearchConfig(top_k=2))
     ex = Example("q1", "alpha or beta?", ("alpha",))
     s = system.init_state(ex)
     assert system.next_agent(s) == REWRITER
@@ -256,7 +256,7 @@ def test_search_system_runs_the_pipeline_by_hand():
 
 
 def test_penalty_values_come_from_config():
-    system = SearchSystem(FakeRetriever([]), SystemConfig(rewriter_penalty=-0.25, answerer_penalty=-2.0))
+    system = SearchSystem(FakeRetriever([]), SearchConfig(rewriter_penalty=-0.25, answerer_penalty=-2.0))
     s = system.init_state(Example("q", "Q?", ("a",)))
     assert system.apply(s, REWRITER, "no block").penalty == -0.25
     assert system.apply(s, ANSWERER, " ".join(["w"] * 40)).penalty == -2.0
