@@ -245,6 +245,7 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
     agents = list(dict.fromkeys(a for r in trained for a in run_agents(r)))
     figures = {  # each drawn and saved in turn (one figure open at a time); None: nothing to plot
         "reward_and_val_f1": lambda: _plot_reward_and_val_f1(trained),
+        "learning": lambda: _plot_learning(trained),
         "penalties": lambda: _plot_penalties(trained, agents),
         "behaviour": lambda: _plot_behaviour(trained, agents),
         "intra_group_similarity": lambda: _plot_similarity(trained),
@@ -350,6 +351,31 @@ def budget_note(run: Run) -> str:
         else f"ended within its time budget at step {last['step']}"
     )
     return f" The run {what}: {last['budget/minutes_used']:.1f} of {minutes:g} {md_text(clock)} minutes used."
+
+
+def _plot_learning(trained: list[Run]):
+    """Validation F1 against the steps' CPU minutes (machine time, comparable between algorithms whose steps cost
+    differently), and the epoch-paired train reward: each revisited question's reward minus its first visit's, a
+    rise that which questions a step drew cannot fake (None for runs logged without either)."""
+    have = [r for r in trained if any("seconds/cpu_steps" in m for m in r.metrics)]
+    if not have:
+        return None
+    fig, (ax1, ax2) = _figure(2)
+    for r in have:
+        cpu = {m["step"]: m["seconds/cpu_steps"] / 60 for m in r.metrics if "seconds/cpu_steps" in m}
+        pts = [(cpu[m["step"]], m["val/f1"]) for m in r.metrics if "val/f1" in m and m["step"] in cpu]
+        ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=_plain(r.label))
+        ax2.plot(*_series(r, "reward/revisit_delta"), marker=".", label=_plain(r.label))
+    ax2.axhline(0.0, color="0.6", lw=0.8)
+    ax1.set(
+        title="validation F1 by CPU minutes of training", xlabel="CPU minutes (rollouts and updates)", ylabel="F1 (%)"
+    )
+    ax2.set(
+        title="train reward on a revisit minus the first visit", xlabel="RL step", ylabel="Δ reward (same questions)"
+    )
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+    return fig
 
 
 def _plot_penalties(trained: list[Run], agents: list[str]):
@@ -509,6 +535,7 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
             ]
     titles = {
         "reward_and_val_f1": "Training reward and validation F1",
+        "learning": "Validation F1 by CPU time, and the train reward on revisits",
         "penalties": "Format penalty per agent",
         "behaviour": "Agent behaviour",
         "intra_group_similarity": "Intra-group similarity",
