@@ -62,7 +62,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise InputError(f"{key}: expected a mapping of keys to values, got {value!r}")
-        return value
+        inner = typing.get_args(tp)[1] if len(typing.get_args(tp)) == 2 else Any
+        return {k: _coerce(v, inner, f"{key}.{k}") for k, v in value.items()}
     if origin in (list, tuple):
         (inner, *_) = typing.get_args(tp) or (Any,)
         if isinstance(value, str):

@@ -131,6 +131,7 @@ def valid_values() -> dict[type, dict[str, list[Valid]]]:
             "old_logprobs": [ch.OLD_LOGPROBS],
             "loss": [tuple(POLICY_LOSSES)],
             "engine_is_cap": [Bound(1), "with a separate engine (generation.engine=vllm) and old_logprobs=trainer"],
+            "role_lr": ["{role: lr}: the team's roles, each lr > 0; with lora.per_role (RL runs only)"],
         },
         c.LoraConfig: {"r": [AT_LEAST_1], "alpha": [POSITIVE], "dropout": [Bound(0, 1, open_high=True)]},
         c.CriticConfig: {

@@ -85,6 +85,10 @@ class OptimConfig:
     # mismatch (TIS; docs/vllm.md); null: no weight
     engine_is_cap: float | None = None
     """The cap of the truncated importance weight on the engine / trainer mismatch (TIS; null: no weight)."""
+    # e.g. {reranker: 3.0e-5}: each role's adapter in a parameter group of its own (roles not named: `lr`); the
+    # warm-up and schedule scale every group alike
+    role_lr: dict[str, float] = dataclasses.field(default_factory=dict)
+    """A learning rate per role, {role: lr} (one adapter per role: lora.per_role; roles not named train at lr)."""
 
     def validate(self) -> None:
         if self.old_logprobs not in OLD_LOGPROBS:
@@ -95,6 +99,9 @@ class OptimConfig:
             raise InputError(f"optim.schedule: expected {one_of(SCHEDULES)}, got {self.schedule!r}")
         if self.lr <= 0:
             raise InputError(f"optim.lr: must be positive, got {self.lr}")
+        for role, lr in self.role_lr.items():
+            if not lr > 0:
+                raise InputError(f"optim.role_lr.{role}: must be positive, got {lr}")
         for key in ("ppo_epochs", "micro_batch_tokens", "logprob_chunk"):
             at_least(self, key, 1, "optim.")
         for key in ("warmup_steps", "weight_decay", "kl_beta"):
@@ -396,6 +403,11 @@ class TrainConfig(TrainingRunConfig):
         if self.optim.loss is not None and self.optim.loss not in POLICY_LOSSES:
             raise InputError(f"optim.loss: expected {one_of(tuple(POLICY_LOSSES))} (or null), got {self.optim.loss!r}")
         check_engine_is_cap(self)
+        if self.optim.role_lr and not (self.lora.enabled and self.lora.per_role):
+            raise InputError(
+                "optim.role_lr: a learning rate per role needs an adapter per role (lora.enabled=true, "
+                "lora.per_role=true)"
+            )
         if self.filter_zero_variance and algo.critic:
             raise InputError(f"filter_zero_variance: {self.algo} forms no groups (its critic is the baseline)")
         if self.filter_max_questions is not None and self.filter_max_questions < self.questions_per_step:
@@ -482,6 +494,8 @@ class SFTConfig(TrainingRunConfig):
                 raise InputError(f"{key}: must be >= 0, got {getattr(self, key)}")
         if self.limit is not None and self.limit < 1:
             raise InputError(f"limit: must be at least 1, got {self.limit}")
+        if self.optim.role_lr:
+            raise InputError("optim.role_lr: a warm start trains one shared adapter; set it on the RL run instead")
         if self.lora.per_role:
             raise InputError(
                 "lora.per_role: a warm start trains one shared adapter (merged into the base when an RL "

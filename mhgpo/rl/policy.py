@@ -131,7 +131,18 @@ class Policy:
 
     def _make_optimizer(self) -> None:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        groups: list[dict[str, Any]] = [{"params": self.params}]
+        if self.cfg.role_lr:  # one parameter group per role's adapter, at its own lr (`optim.role_lr`)
+            if not self.roles:
+                raise ValueError("optim.role_lr needs one adapter per role (lora.per_role)")
+            named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+            groups = [
+                {"params": [p for n, p in named if f".{role}." in n], "lr": self.cfg.role_lr.get(role, self.cfg.lr)}
+                for role in self.roles
+            ]
+            if sum(len(g["params"]) for g in groups) != len(self.params):
+                raise ValueError("optim.role_lr: some trainable weights belong to no role's adapter")
+        self.optimizer = torch.optim.AdamW(groups, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(self.cfg, self.total_steps))
 
     def shard(self, device: torch.device, world: int) -> None:
@@ -291,7 +302,8 @@ class Policy:
                 **({"engine_logp": sampler, "is_cap": cap} if cap is not None else {}),
             )
 
-        applied = self.scheduler.get_last_lr()[0]  # the lr of this update (the scheduler then moves to the next)
+        applied_by_group = self.scheduler.get_last_lr()  # this update's rates (the scheduler then moves on)
+        applied = applied_by_group[0]
         totals = accumulated_steps(
             self.model,
             self.optimizer,
@@ -305,6 +317,8 @@ class Policy:
         )
         self.scheduler.step()
         totals["lr"] = applied
+        if self.cfg.role_lr:  # each role's own (applied) rate
+            totals.update({f"lr/{role}": lr for role, lr in zip(self.roles, applied_by_group)})
         totals["seconds/reference"] = reference_seconds
         for key in ("is_weight", "is_clipped"):  # the engine's truncated importance weight: its mean, share capped
             if key in totals:

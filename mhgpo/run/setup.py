@@ -122,6 +122,7 @@ def _check(cfg: Any, team: Team, ranks: Single) -> None:
     named = [("roles", roles or [])]
     if isinstance(cfg, TrainConfig):
         named += [("train_roles", cfg.train_roles or []), ("frozen_roles", cfg.frozen_roles)]
+        named += [("optim.role_lr", list(cfg.optim.role_lr))]
     for key, names in named:
         bad = [r for r in names if r not in agents]
         if bad:

@@ -234,3 +234,50 @@ def test_the_logged_lr_is_the_one_the_update_applied(tiny_model_dir: Path) -> No
     assert first["lr"] == pytest.approx(5e-3, rel=1e-12)
     assert moved == pytest.approx(5e-3, rel=1e-3)  # Adam's first step: lr * sign(gradient)
     assert policy.update(samples)["lr"] == pytest.approx(1e-2, rel=1e-12)
+
+
+def test_a_learning_rate_per_role_moves_each_adapter_at_its_own_rate(tiny_model_dir: Path) -> None:
+    """`optim.role_lr`: each role's adapter in its own parameter group; Adam's first step moves a weight by about
+    its group's lr, and each role's applied rate is logged."""
+    loaded = load_model(str(tiny_model_dir), device="cpu")
+    torch.manual_seed(0)
+    optim = OptimConfig(
+        lr=1e-2, kl_beta=0.0, gradient_checkpointing=False, micro_batch_tokens=10_000, role_lr={"answerer": 1e-3}
+    )
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=4, per_role=True), 10, roles=ROLES)
+    samples = sampled(policy, loaded, "reranker") + sampled(policy, loaded, "answerer")
+    before = {r: adapter_b(policy, r) for r in ROLES}
+    got = policy.update(samples)
+    moved = {r: max(float((a - b).abs().max()) for a, b in zip(adapter_b(policy, r), before[r])) for r in ROLES}
+    assert moved["reranker"] == pytest.approx(1e-2, rel=1e-3) and moved["answerer"] == pytest.approx(1e-3, rel=1e-3)
+    assert moved["rewriter"] == 0.0  # no sample of its own
+    assert (got["lr/rewriter"], got["lr/reranker"], got["lr/answerer"]) == (1e-2, 1e-2, 1e-3)
+    with pytest.raises(ValueError, match="one adapter per role"):
+        Policy(load_model(str(tiny_model_dir), device="cpu").model, 0, optim, LoraConfig(r=4), 10)
+
+
+def test_role_lr_is_refused_without_an_adapter_per_role():
+    from mhgpo.config import SFTConfig, TrainConfig
+
+    with pytest.raises(InputError, match=r"optim\.role_lr: a learning rate per role needs an adapter per role"):
+        load_config(TrainConfig, None, ["optim.role_lr.reranker=3e-5"])
+    cfg = load_config(TrainConfig, None, ["optim.role_lr.reranker=3e-5", "lora.per_role=true"])
+    assert cfg.optim.role_lr == {"reranker": 3e-5}
+    with pytest.raises(InputError, match=r"optim\.role_lr\.reranker: must be positive, got -1.0"):
+        load_config(TrainConfig, None, ["optim.role_lr.reranker=-1", "lora.per_role=true"])
+    with pytest.raises(InputError, match=r"optim\.role_lr\.reranker: expected a number, got 'x'"):
+        load_config(TrainConfig, None, ["optim.role_lr.reranker=x", "lora.per_role=true"])
+    with pytest.raises(InputError, match=r"optim\.role_lr: a warm start trains one shared adapter"):
+        load_config(SFTConfig, None, ["optim.role_lr.reranker=3e-5"])
+
+
+def test_role_lr_naming_no_role_of_the_team_is_refused_before_loading(tiny_model_dir: Path, world: Path, tmp_path):
+    from mhgpo.run.setup import settle
+
+    cfg = make_config(
+        tiny_model_dir, world, tmp_path / "r", **{"lora.per_role": "true", "optim.role_lr.critic": "1e-5"}
+    )
+    with pytest.raises(
+        InputError, match=r"optim\.role_lr: unknown role 'critic' \(roles: rewriter, reranker, answerer\)"
+    ):
+        settle(cfg)
