@@ -19,6 +19,7 @@ from mhgpo.experiments.claims import (
     ORACLE_TABLE,
     ORACLES,
     TABLES,
+    Claim,
     Table,
     oracle_key,
     own_rows,
@@ -32,6 +33,7 @@ from mhgpo.experiments.stats import (
     ood_f1,
     paired,
     per_question,
+    question_diffs,
     resolution,
     seconds_per_step,
     verdict,
@@ -233,9 +235,15 @@ def _table_body(table: Table, by_row: Results, out: str, rows: RowTable | None) 
         diffs = paired(by_row, c.row, c.than, c.metric)
         lines.append(
             f"| {c.paper} | `{c.row}` {c.direction} `{c.than}` ({METRICS[c.metric]}) | "
-            f"{fmt(diffs, 2)} | {verdict(c.direction, diffs, resolution(by_row, c))} |"
+            f"{fmt(diffs, 2)} | {verdict(c.direction, diffs, resolution(by_row, c), _questions(by_row, c))} |"
         )
     return lines + [""]
+
+
+def _questions(by_row: Results, claim: Claim) -> list[float] | None:
+    """A validation claim's per-(seed, question) differences (None for a cost claim)."""
+    key = {"val_f1": "f1", "val_acc": "acc"}.get(claim.metric)
+    return question_diffs(by_row, claim.row, claim.than, key) if key else None
 
 
 def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:

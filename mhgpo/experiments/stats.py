@@ -1,8 +1,9 @@
 """Numbers from results: mean ± std over seeds, per-question training figures, paired differences and the verdict.
 
 Verdict rule (`verdict`): per seed, d = row − compared row; with n ≥ 2 seeds, the difference is *within noise* when
-|mean d| ≤ std d (sample std) or ≤ what one validation question can move the metric (100 / questions validated),
-otherwise its sign is our direction; `>` / `<` agree with that sign, `≥` / `≤` also with within noise, `≈` only with
+|mean d| ≤ std d (sample std) or ≤ what one validation question can move the metric (100 / questions validated), or
+when the 95% bootstrap interval of the per-(seed, question) differences holds 0 (results that kept their questions'
+scores), otherwise its sign is our direction; `>` / `<` agree with that sign, `≥` / `≤` also with within noise, `≈` only with
 within noise; one seed gives no noise estimate (`n/a`).
 """
 
@@ -72,16 +73,31 @@ def resolution(by_row: Results, claim: Claim) -> float:
     return 100.0 / min(ns) if ns else 0.0
 
 
-def verdict(direction: str, diffs: list[float], resolution: float = 0.0) -> str:
+def verdict(direction: str, diffs: list[float], resolution: float = 0.0, questions: list[float] | None = None) -> str:
     """agrees / disagrees / within noise (|mean| ≤ the larger of the paired differences' std and `resolution`, the
-    most one validation question can move the metric) / n/a (fewer than 2 seeds)."""
+    most one validation question can move the metric; or, given the per-(seed, question) differences `questions`,
+    their 95% bootstrap interval holding 0) / n/a (fewer than 2 seeds)."""
     if len(diffs) < 2:
         return "n/a (1 seed)" if diffs else "not run"
     m, s = mean_std(diffs)
     ours = "≈" if abs(m) <= max(s, resolution) + 1e-9 else (">" if m > 0 else "<")  # F1s are sums of floats
+    if ours != "≈" and questions:
+        _, low, high = paired_bootstrap(questions)
+        ours = ours if (low > 0 if ours == ">" else high < 0) else "≈"
     if ours in AGREES[direction]:
         return "agrees"
     return "within noise" if ours == "≈" else "disagrees"
+
+
+def question_diffs(by_row: Results, row: str, than: str, key: str = "f1") -> list[float]:
+    """row − than per validation question, over the seeds both ran (same seed: same warm start, data order and
+    questions), for the results that kept their questions' scores."""
+    a, b = by_row.get(row, {}), by_row.get(than, {})
+    out: list[float] = []
+    for seed in sorted(set(a) & set(b)):
+        if a[seed].get("val_questions") and b[seed].get("val_questions"):
+            out += paired_questions(a[seed]["val_questions"], b[seed]["val_questions"], key)
+    return out
 
 
 def ood_f1(result: dict, names: list[str]) -> float | None:

@@ -253,6 +253,12 @@ def test_verdict_rule():
         17.333333333333336 - 19.333333333333332,
     ]
     assert verdict(">", diffs, resolution=1.0) == "within noise"
+    # the seeds agree, but over the questions the change is a few answers each way: within noise
+    few = [100.0, 100.0, 100.0, -100.0, -100.0] + [0.0] * 95
+    assert verdict(">", [3.0, 5.0], questions=few) == "within noise"
+    many = [100.0] * 12 + [0.0] * 88  # 12 better answers, none worse
+    assert verdict(">", [3.0, 5.0], questions=many) == "agrees"
+    assert verdict(">", [-3.0, -5.0], questions=[-x for x in many]) == "disagrees"
     claim = claims.Claim("a", ">", "b", "p")
     by_row = {"a": {0: {"val_n": 100}, 1: {"val_n": 100}}, "b": {0: {"val_n": 50}}}
     assert resolution(by_row, claim) == 2.0 and resolution({}, claim) == 0.0
@@ -566,3 +572,15 @@ def test_sign_test_counts_and_exact_p():
     up, down, p = sign_test([1.0] * 9 + [-1.0] * 1)
     assert (up, down) == (9, 1) and p == pytest.approx(2 * 11 / 1024, rel=1e-12)
     assert sign_test([0.0, 0.0]) == (0, 0, 1.0)
+
+
+def test_question_diffs_pair_by_seed_and_question():
+    from mhgpo.experiments.stats import question_diffs
+
+    q = lambda *f1s: [{"id": f"q{i}", "f1": f, "acc": f} for i, f in enumerate(f1s)]  # noqa: E731
+    by_row = {
+        "a": {0: {"val_questions": q(1.0, 0.5)}, 1: {"val_questions": q(0.0, 1.0)}, 2: {"val_questions": q(1.0)}},
+        "b": {0: {"val_questions": q(0.0, 0.5)}, 1: {"val_questions": q(1.0, 1.0)}, 3: {"val_questions": q(0.0)}},
+    }
+    assert question_diffs(by_row, "a", "b") == [1.0, 0.0, -1.0, 0.0]  # seeds 0 and 1 only
+    assert question_diffs({"a": {0: {}}, "b": {0: {}}}, "a", "b") == []  # results without their questions
