@@ -2,18 +2,18 @@
 (`python -m mhgpo.experiments.jobs JOB`, one thread) or in this one.
 
 A (row, seed) is its row's config at the harness's scale with, in this order, the harness's budget (unless the row
-has its own), the common `key=value` overrides, then the harness's keys: the seed, `val_limit`, validation and a
-checkpoint only at the last step, the warm start as the model. A training row is `mhgpo train`
-(`mhgpo.run.pipeline.train`) stopped by its budget (or, for `ROW~OTHER`, by OTHER's steps), with its final
-validation; a row that does not train is `mhgpo eval` of its validation. Each runs in a temporary folder named after
-this process, renamed to OUT/DATA/runs/ROW-seedS when finished; the run is kept, so that evaluations on other data
-sets (`--eval NAME=SPEC`: `mhgpo eval` of the run) can be added later without training again.
+has its own), the common `key=value` overrides, then the harness's keys: the seed, `val_limit`, validation at the
+last step (and every `val_every` steps), a checkpoint every `SAVE_EVERY` steps, the warm start as the model. A
+training row is `mhgpo train` (`mhgpo.run.pipeline.train`) stopped by its budget (or, for `ROW~OTHER`, by OTHER's
+steps), with its final validation; a row that does not train is `mhgpo eval` of its validation. Each runs in
+OUT/DATA/runs/ROW-seedS.partial/, renamed to OUT/DATA/runs/ROW-seedS when finished; the run is kept, so that
+evaluations on other data sets (`--eval NAME=SPEC`: `mhgpo eval` of the run) can be added later without training
+again. A row stopped mid-run (a signal, a killed process, a machine shut down) continues from the last checkpoint in
+its partial folder when `mhgpo reproduce` runs it again, with the results of an uninterrupted row.
 
 With `--val-every N` (`val_every` in the settings) a training row is also validated every N steps on its run's own
 checkpoints, and its result keeps the curve (`val_curve`, `mhgpo.experiments.curves`) whose first point is the model
-it starts from. A row saves a checkpoint every `SAVE_EVERY` steps (and on SIGTERM or Ctrl-C) in OUT/DATA/runs/
-ROW-seedS.partial/, so a row stopped mid-run (a signal, a killed process, a machine shut down) continues from its last
-checkpoint when `mhgpo reproduce` runs it again, with the results of an uninterrupted row.
+it starts from.
 
 A warm start is trained once per seed and warm start config (an `mhgpo sft` run, the config's hash in its folder's
 name) and shared by every row that starts from it; its time is not counted in the rows' budgets.
