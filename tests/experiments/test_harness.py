@@ -584,3 +584,13 @@ def test_question_diffs_pair_by_seed_and_question():
     }
     assert question_diffs(by_row, "a", "b") == [1.0, 0.0, -1.0, 0.0]  # seeds 0 and 1 only
     assert question_diffs({"a": {0: {}}, "b": {0: {}}}, "a", "b") == []  # results without their questions
+
+
+def test_a_healthy_warm_start_is_judged_on_both_formats():
+    from mhgpo.experiments.curves import healthy
+
+    assert healthy({"reranker/invalid_rate": 0.05, "rewriter/penalty_rate": 0.1}) is True  # the bounds themselves
+    assert healthy({"reranker/invalid_rate": 0.06, "rewriter/penalty_rate": 0.0}) is False
+    assert healthy({"reranker/invalid_rate": 0.0, "rewriter/penalty_rate": 0.11}) is False
+    assert healthy({"reranker/invalid_rate": 0.0}) is True  # a team without a Rewriter: the Reranker alone
+    assert healthy({"f1": 50.0}) is None  # neither role: nothing to judge

@@ -165,6 +165,11 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
                  "--val-every", "2", "--out", out, *small(world, tiny_model_dir)) == 0  # fmt: skip
     warm = collect(folder)["warm"][0]
     assert (warm["val_f1"], warm["val_acc"]) == (start["f1"], start["acc"]) and "val_curve" not in warm
+    assert (
+        warm["healthy"]
+        == start["healthy"]
+        == (warm["reranker/invalid_rate"] <= 0.05 and warm["rewriter/penalty_rate"] <= 0.1)
+    )
     # the page's curves part: the plot beside the page, the row's per-seed line with its paired change
     page = (out / "reproduction.md").read_text()
     assert "## Learning curves" in page and "![validation F1 by step and by CPU minutes](images/curves-" in page
