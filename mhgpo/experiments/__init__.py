@@ -13,6 +13,7 @@ data sets, nothing else. Its modules:
 | `runner` | what is still to run, and the processes that run it, several at a time |
 | `stats` | mean ± std over seeds, paired differences and the verdict rule |
 | `page` | the page (docs/reproduction.md) from the results, its prose in `page.md` |
+| `summary` | the README's results table from the results (a test holds the README's equal to it) |
 
 The harness writes only into its output folder, and there only what it made: a run is trained in a temporary folder
 named after its process and renamed when finished, a folder in its place that it did not make is refused, never

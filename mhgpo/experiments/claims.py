@@ -33,7 +33,7 @@ class Claim:
 @dataclasses.dataclass(frozen=True)
 class Table:
     name: str
-    title: str
+    title: str  # what the table asks, one sentence
     reference: str  # the row every other row's paired differences are taken against
     rows: tuple[str, ...]
     claims: tuple[Claim, ...]
@@ -109,7 +109,7 @@ TABLES = {
     for t in (
         Table(
             "algorithms",
-            "MHGPO (each sampler) against MAPPO and single-agent GRPO",
+            "Does RL improve on the warm start, and does MHGPO (with each sampler) beat MAPPO and single-agent GRPO?",
             "warm_mappo",
             ("untrained", "warm", *MHGPO_ROWS, "warm_mappo", "warm_llm", "warm_grpo"),
             (
@@ -123,7 +123,8 @@ TABLES = {
         ),
         Table(
             "aggregators",
-            "Aggr of backward reward propagation (MHGPO-FoF(os)): mean against max, min, rand",
+            "Does backward reward propagation aggregate best with the mean, against max, min and rand (under "
+            "MHGPO-FoF(os))?",
             "warm_fof_os",
             tuple(r for s, _ in AGGREGATED_SAMPLERS for r in (s, *_aggregator_rows(s), *_aggregator_rows(s, s))),
             tuple(
@@ -136,7 +137,7 @@ TABLES = {
         ),
         Table(
             "reward",
-            "Composite reward (final + agent-specific penalties) against the final reward alone",
+            "Does the composite reward (final + agent-specific penalties) beat the final reward alone?",
             "warm_rr",
             ("warm_rr", "warm_rr_final_only", "warm_mappo", "warm_mappo_final_only"),
             (
@@ -146,15 +147,16 @@ TABLES = {
         ),
         Table(
             "roles",
-            "Role-wise training (MHGPO-FoF): every role against one role alone or one role frozen",
+            "Does training every role (MHGPO-FoF) beat training one role alone or freezing one?",
             "warm_fof",
             ROLE_ROWS,
             tuple(_role_claim(r) for r in ROLE_ROWS[1:]),
         ),
         Table(
             "groups",
-            "Advantage groups on MHGPO-RR's rollouts: MHGPO's heterogeneous groups against two peer schemes "
-            "(agent-wise normalisation as Dr.MAS; (prompt, agent, turn) groups as AT-GRPO)",
+            "Do MHGPO's heterogeneous advantage groups beat two peer systems' schemes on MHGPO-RR's rollouts: "
+            "agent-wise normalisation (`advantage=agent`, as Dr.MAS) and (prompt, agent, turn) groups "
+            "(`advantage=prompt_agent_turn`, as AT-GRPO)? (not the paper's)",
             "warm_rr",
             ("warm_rr", "warm_rr_groups_agent", "warm_rr_groups_prompt_agent_turn", AT_GROUPS_AT_RR_STEPS),
             (
@@ -175,9 +177,9 @@ TABLES = {
         ),
         Table(
             "recipes",
-            "RL aimed at the role with the headroom (the oracles' Reranker): MHGPO-RR training the Reranker "
-            "alone for 30 CPU minutes, against the warm start, 10 or 30 minutes of every role and every role for "
-            "as many steps (not the paper's)",
+            "Does RL aimed at the role the oracles find the headroom in (MHGPO-RR training the Reranker alone for "
+            "30 CPU minutes) beat the warm start, and every role trained for 10 or 30 minutes or as many steps? "
+            "(not the paper's)",
             "warm",
             ("warm", "warm_rr", RERANKER_RECIPE, RECIPE_CONTROL, CONTROL_AT_RECIPE_STEPS),
             (
@@ -201,8 +203,8 @@ TABLES = {
         ),
         Table(
             "steps",
-            "MHGPO-RR and MHGPO-IS against MAPPO at equal steps: MAPPO trained for as many steps as each sampler "
-            "fitted in its budget, so that what a step learns is set apart from how many steps the budget holds "
+            "Do MHGPO-RR and MHGPO-IS beat MAPPO at equal steps (MAPPO trained for as many steps as each sampler "
+            "fitted in its budget), which sets what a step learns apart from how many steps the budget holds? "
             "(not the paper's)",
             "warm_rr",
             ("warm", "warm_rr", "warm_is", "warm_mappo", MAPPO_AT_RR_STEPS, MAPPO_AT_IS_STEPS),
@@ -217,6 +219,10 @@ TABLES = {
 }
 
 ORACLE_TABLE = "oracles"
+ORACLE_TITLE = (
+    "Where is the warm-started team's headroom: how much does each role add when it is replaced by its gold output? "
+    "(not the paper's)"
+)
 # name: (the oracle roles, what they mean)
 ORACLES = {
     "none": ((), "the warm-started team as it is"),

@@ -1,9 +1,10 @@
 """The page of the paper's comparisons (docs/reproduction.md) from the results in an output folder.
 
-Each table (`mhgpo.experiments.claims`) has a part per data set where a row of its own ran: its rows (mean ± std
-over seeds, paired differences against the reference), the paper's directions beside ours, and the command,
-machine, seeds and budget; a table that never ran is "not run" with the command that runs it. The prose is in
-`page.md` beside this module, one block per part with `$placeholders`; the tables' cells are made here.
+Each table (`mhgpo.experiments.claims`) has a heading of its name, what it asks, and a part per data set where a row
+of its own ran: the command, machine, seeds and budget, its rows (mean ± std over seeds, paired differences against the
+reference) in up to three tables (in domain, out of domain, cost), and the paper's directions beside ours; a table
+that never ran is "not run" with the command that runs it. How the tables are made is the page's last section. The
+prose is in `page.md` beside this module, one block per part with `$placeholders`; the tables' cells are made here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from mhgpo.config.rows import RowTable
 from mhgpo.experiments.claims import (
     METRICS,
     ORACLE_TABLE,
+    ORACLE_TITLE,
     ORACLES,
     TABLES,
     Claim,
@@ -87,6 +89,63 @@ def blocks() -> dict[str, string.Template]:
 def fill(block: str, **values: object) -> str:
     """The template's `block` with its placeholders filled in."""
     return blocks()[block].substitute({k: str(v) for k, v in values.items()})
+
+
+def contents() -> str:
+    """The page's list of its tables, each with what it asks."""
+    tables = [(t.name, t.title) for t in TABLES.values()] + [(ORACLE_TABLE, ORACLE_TITLE)]
+    return "\n".join(fill("contents", name=name, title=title) for name, title in tables)
+
+
+def _column_group(header: str) -> int:
+    """Which of a part's tables a row table's column is shown in: 0 in domain (the validation), 1 out of domain
+    (the other data sets), 2 cost (the rest)."""
+    if header in ("seeds", "steps", "val F1", "val Acc", "val EM") or header.startswith("Δ F1"):
+        return 0
+    if header.endswith(" F1") or header.startswith(("OOD avg", "Δ OOD")):
+        return 1
+    return 2
+
+
+def _line(cells) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().removeprefix("|").removesuffix("|").split("|")]
+
+
+def split_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A row table's columns as up to three tables (in domain, out of domain, cost: `_column_group`), each
+    starting with the row's name, one blank line between them."""
+    lines: list[str] = []
+    for group in range(3):
+        columns = [0, *(i for i in range(1, len(header)) if _column_group(header[i]) == group)]
+        if len(columns) > 1:
+            lines += ["", _line(header[i] for i in columns), "|" + "---|" * len(columns)]
+            lines += [_line(row[i] for i in columns) for row in rows]
+    return lines[1:]
+
+
+def relayout(body: str) -> str:
+    """A carried part's text with each row table that mixes the column groups (as the page had them in one table)
+    split as :func:`split_table` splits a part's own; its cells as they were."""
+    lines, out, i = body.split("\n"), [], 0
+    while i < len(lines):
+        if lines[i].startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            end = i + 2
+            while end < len(lines) and lines[end].startswith("|"):
+                end += 1
+            header = _cells(lines[i])
+            if header[0] in ("row", "oracle") and len({_column_group(h) for h in header[1:]}) > 1:
+                out += split_table(header, [_cells(line) for line in lines[i + 2 : end]])
+            else:
+                out += lines[i:end]
+            i = end
+        else:
+            out.append(lines[i])
+            i += 1
+    return "\n".join(out)
 
 
 def command(table: str, settings: dict | None, seeds: list[int] | None, out: str, evals: dict | None = None) -> str:
@@ -161,7 +220,7 @@ def table_markdown(
         lines += [fill("not_run", command=command(table.name, None, None, out), directions=directions), ""]
         return "\n".join(lines)
     for title, (marker, body) in carried.items():
-        lines += [f"### {title}", "", marker, "", body, ""]
+        lines += [f"### {title}", "", marker, "", relayout(body), ""]
     for by_row in ran:
         lines += _table_body(table, by_row, out, rows)
     not_ran = [
@@ -222,14 +281,9 @@ def _table_body(table: Table, by_row: Results, out: str, rows: RowTable | None) 
     if evals:  # the paper's OOD average beside the validation (ID) F1, and its paired difference
         extra += [f"OOD avg F1 ({', '.join(evals)})"] if len(evals) > 1 else []
         extra += [f"Δ OOD F1 vs {table.reference} (paired)"]
-    lines += [
-        "",
-        f"| row | seeds | steps | val F1 | val Acc | Δ F1 vs {table.reference} (paired) | s / step | "
-        "peak MB | LLM calls / question | trained samples / question |" + "".join(f" {h} |" for h in extra),
-        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(extra),
-    ]
-    for row in table.rows:
-        lines.append(_row_line(table, by_row, row, list(evals)))
+    header = ["row", "seeds", "steps", "val F1", "val Acc", f"Δ F1 vs {table.reference} (paired)", "s / step"]
+    header += ["peak MB", "LLM calls / question", "trained samples / question", *extra]
+    lines += ["", *split_table(header, [_row_cells(table, by_row, row, list(evals)) for row in table.rows])]
     lines += ["", "| paper | comparison | ours (paired, mean ± std) | verdict |", "|---|---|---|---|"]
     for c in table.claims:
         diffs = paired(by_row, c.row, c.than, c.metric)
@@ -246,7 +300,7 @@ def _questions(by_row: Results, claim: Claim) -> list[float] | None:
     return question_diffs(by_row, claim.row, claim.than, key) if key else None
 
 
-def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:
+def _row_cells(table: Table, by_row: Results, row: str, evals: list[str]) -> list[str]:
     rs = list(by_row.get(row, {}).values())
     delta = "—" if row == table.reference else fmt(paired(by_row, row, table.reference))
 
@@ -272,7 +326,7 @@ def _row_line(table: Table, by_row: Results, row: str, evals: list[str]) -> str:
         *([fmt(values(ood))] if len(evals) > 1 else []),
         *(["—" if row == table.reference else fmt(paired(by_row, row, table.reference, ood))] if evals else []),
     ]
-    return "| " + " | ".join(cells) + " |"
+    return cells
 
 
 def oracle_markdown(by_data: list[Results], out: str, kept: dict[str, str] | None = None) -> str:
@@ -280,12 +334,12 @@ def oracle_markdown(by_data: list[Results], out: str, kept: dict[str, str] | Non
     the team as it is, the gold paragraphs' recall in what was retrieved and in what the Answerer was shown. `kept`:
     an earlier page's parts, as for :func:`table_markdown`."""
     described = "; ".join(f"`{n}`: {text}" for n, (_, text) in ORACLES.items())
-    lines = [fill("oracles", oracles=described), ""]
+    lines = [fill("oracles", title=ORACLE_TITLE, oracles=described), ""]
     ran = [by_row for by_row in by_data if any(by_row.get(oracle_key(n)) for n in ORACLES)]
     titles = {data_title(_settings(by_row)) for by_row in ran}
     for title, body in (kept or {}).items():
         if title not in titles and "Machine:" in body:
-            lines += [f"### {title}", "", CARRIED, "", body, ""]
+            lines += [f"### {title}", "", CARRIED, "", relayout(body), ""]
     if not ran and len(lines) == 2:
         return "\n".join(lines + ["**Not run.** Command:", "", f"    {command(ORACLE_TABLE, None, None, out)}", ""])
     for by_row in ran:
@@ -294,12 +348,9 @@ def oracle_markdown(by_data: list[Results], out: str, kept: dict[str, str] | Non
         seeds = sorted({res["seed"] for res in found})
         budget = fill("oracle_budget", val_limit=settings["val_limit"])
         lines += _part(found, settings, seeds, command(ORACLE_TABLE, settings, seeds, out), budget)
-        lines += [
-            "",
-            "| oracle | seeds | val F1 | val Acc | val EM | Δ F1 vs none (paired) | gold recall, retrieved | "
-            "gold recall, shown | LLM calls / question |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
+        header = ["oracle", "seeds", "val F1", "val Acc", "val EM", "Δ F1 vs none (paired)"]
+        header += ["gold recall, retrieved", "gold recall, shown", "LLM calls / question"]
+        cells = []
         for name in ORACLES:
             rs = list(by_row.get(oracle_key(name), {}).values())
             delta = "—" if name == "none" else fmt(paired(by_row, oracle_key(name), oracle_key("none")))
@@ -307,11 +358,11 @@ def oracle_markdown(by_data: list[Results], out: str, kept: dict[str, str] | Non
             def values(key: str, rs=rs) -> list[float]:
                 return [r[key] for r in rs if r.get(key) is not None]
 
-            lines.append(
-                f"| `{name}` | {len(rs)} | {fmt(values('val_f1'))} | {fmt(values('val_acc'))} | "
-                f"{fmt(values('val_em'))} | {delta} | {fmt(values('recall_retrieved'))} | "
-                f"{fmt(values('recall_shown'))} | {fmt(values('llm_calls'), 2)} |"
+            cells.append(
+                [f"`{name}`", str(len(rs)), fmt(values("val_f1")), fmt(values("val_acc")), fmt(values("val_em"))]
+                + [delta, fmt(values("recall_retrieved")), fmt(values("recall_shown")), fmt(values("llm_calls"), 2)]
             )
+        lines += ["", *split_table(header, cells)]
         lines.append("")
     return "\n".join(lines)
 
@@ -335,7 +386,8 @@ def page(
     named = [(f.name, data_title(s), r) for f, r in zip(folders, by_data) if (s := _settings(r)) is not None]
     curves = curves_markdown(named, images, doc_dir)
     oracles = oracle_markdown(by_data, shown, kept.get(ORACLE_TABLE))
-    return fill("page", sections=sections + "\n" + oracles + ("\n" + curves if curves else ""))
+    body = sections + "\n" + oracles + ("\n" + curves if curves else "")
+    return fill("page", contents=contents(), sections=body)
 
 
 def write_page(out: Path, doc: Path, out_text: str | None = None, rows: RowTable | None = None) -> str:

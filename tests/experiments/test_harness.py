@@ -137,7 +137,7 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
     assert (folder / "warm+fof_os__reward.aggr=max-seed0.json").is_file()  # the earlier scripts' file names
     text = write_page(tmp_path / "out", tmp_path / "doc.md", "runs/reproduce", TABLE)
     assert (tmp_path / "doc.md").read_text() == text
-    section = text.split("## aggregators")[1].split("\n## ")[0]
+    section = text.split("## aggregators\n")[1].split("\n## ")[0]
     assert "### synthetic world (synthetic:train, validated on synthetic:dev)" in section
     assert (
         "Command: `mhgpo reproduce --table aggregators --seeds 0,1,2 --minutes 0.5 --clock cpu "
@@ -148,17 +148,14 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
     # LLM calls (40 + 24) / (2 steps × 4 questions) = 8, samples 48 / 8 = 6
     # aggregated samples: (4 + 4) / 8 = 1 on the rand row; — on the rows whose steps never logged them
     assert "| trained samples / question | aggregated samples / question |" in section
-    assert (
-        "| `warm_fof_os` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | "
-        "6.00 ± 0.00 | — |"
-    ) in section
-    assert "| 8.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 |" in section.split("`warm_fof_os_aggr_rand`")[1]
+    # a row's in-domain cells in one table, its cost's in another (the page's tables are not wider than that)
+    assert "| `warm_fof_os` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 | 41.0 ± 1.0 | — |" in section
+    assert "| `warm_fof_os` | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | 6.00 ± 0.00 | — |" in section
+    assert "| `warm_fof_os_aggr_rand` | 4.0 ± 0.0 | 1100 ± 100 | 8.00 ± 0.00 | 6.00 ± 0.00 | 1.00 ± 0.00 |" in section
     # max − mean per seed: −10, 2, −4 → −4 ± 6; min: one filtered step of 12 questions: 60/12 = 5 calls, 20/12 samples
     assert "| `warm_fof_os_aggr_max` | 3 | 2.0 ± 0.0 | 41.0 ± 11.0 | 41.0 ± 1.0 | -4.0 ± 6.0 |" in section
-    assert (
-        "| `warm_fof_os_aggr_min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 | 6.0 ± 0.0 | "
-        "1100 ± 100 | 5.00 ± 0.00 | 1.67 ± 0.00 |"
-    ) in section
+    assert "| `warm_fof_os_aggr_min` | 3 | 1.0 ± 0.0 | 25.0 ± 5.0 | 41.0 ± 1.0 | -20.0 ± 0.0 |" in section
+    assert "| `warm_fof_os_aggr_min` | 6.0 ± 0.0 | 1100 ± 100 | 5.00 ± 0.00 | 1.67 ± 0.00 |" in section
     # mean − max: 10, −2, 4 → 4 ± 6, |4| ≤ 6: within noise, which ≥ accepts; mean − min 20 ± 0: >, agrees;
     # mean − rand: −10, −10, −11 → −10.33 ± 0.58: <, disagrees
     aggr = "| mean aggr ≥ {0} (FoF(os)) | `warm_fof_os` ≥ `warm_fof_os_aggr_{0}` (val F1) | {1} |"
@@ -166,16 +163,18 @@ def test_page_numbers_from_the_earlier_scripts_results(tmp_path):
     assert aggr.format("min", "20.00 ± 0.00 | agrees") in section
     assert aggr.format("rand", "-10.33 ± 0.58 | disagrees") in section
     assert "(RR)" not in section  # RR trains no aggregated sample at 4 questions a step: not this table's test
-    roles = text.split("## roles:")[1].split("\n## ")[0]  # no results (the cut-short warm+fof file is not one): not run
+    roles = text.split("## roles\n")[1].split("\n## ")[
+        0
+    ]  # no results (the cut-short warm+fof file is not one): not run
     assert "**Not run.**" in roles and "--table roles --seeds 0,1,2 --minutes 10 --clock cpu --val-limit 100" in roles
     assert "±" not in roles
-    algorithms = text.split("## algorithms:")[1].split("\n## ")[0]  # warm_fof_os is its own row: partial
+    algorithms = text.split("## algorithms\n")[1].split("\n## ")[0]  # warm_fof_os is its own row: partial
     assert "**Partial**: missing " in algorithms
     assert "warm_mappo seed 0, warm_mappo seed 1, warm_mappo seed 2" in algorithms
     assert "| `warm_fof_os` | 3 | 2.0 ± 0.0 | 45.0 ± 5.0 |" in algorithms and "warm_fof_os seed" not in algorithms
     assert "| MHGPO > MAPPO | `warm_fof_os` > `warm_mappo` (val F1) | — | not run |" in algorithms
     for name in ("reward", "groups", "recipes", "steps"):  # no row of theirs ran
-        other = text.split(f"## {name}:")[1].split("\n## ")[0]
+        other = text.split(f"## {name}\n")[1].split("\n## ")[0]
         assert "**Not run.**" in other and "±" not in other and f"--table {name} --seeds 0,1,2" in other
     assert [claims.own_rows(claims.TABLES[n]) for n in ("aggregators", "reward", "recipes", "steps")] == [
         [  # each aggregator in the same budget and for the mean's steps (a step's CPU time varies between machines)
@@ -212,7 +211,7 @@ def test_a_row_with_a_budget_of_its_own_and_other_data_sets(tmp_path):
         for seed, v in enumerate(f1):
             atomic_write_json(result_path(folder, row, seed), _result(row, seed, v, ood=other[seed]))
     text = page(tmp_path / "out", "runs/reproduce", TABLE)
-    recipes = text.split("## recipes:")[1].split("\n## ")[0]
+    recipes = text.split("## recipes\n")[1].split("\n## ")[0]
     assert (
         f"Budget: 0.5 cpu minutes of training per row (`{claims.RERANKER_RECIPE}`: 30; `{claims.RECIPE_CONTROL}`: "
         "30), 4 validation"
@@ -220,15 +219,16 @@ def test_a_row_with_a_budget_of_its_own_and_other_data_sets(tmp_path):
     assert "--out runs/reproduce --eval 2wiki=2wiki:val.jsonl --eval musique=musique:val.jsonl`" in recipes
     # recipe − warm: 6, 6 → 6 ± 0 (>: agrees); 2wiki 14, 12; MuSiQue 6, 8; their (OOD) average 10, 10 against the
     # warm start's 7, 9: 3, 1 → 2 ± 1.4
-    assert "| 2wiki F1 | musique F1 | OOD avg F1 (2wiki, musique) | Δ OOD F1 vs warm (paired) |" in recipes
-    assert (
-        f"| `{claims.RERANKER_RECIPE}` | 2 | 0.0 ± 0.0 | 28.0 ± 2.8 | 50.0 ± 0.0 | 6.0 ± 0.0 | — | 1000 ± 0 | — | — | "
-        "13.0 ± 1.4 | 7.0 ± 1.4 | 10.0 ± 0.0 | 2.0 ± 1.4 |"
-    ) in recipes
-    assert (
-        "| `warm` | 2 | 0.0 ± 0.0 | 22.0 ± 2.8 | 50.0 ± 0.0 | — | — | 1000 ± 0 | — | — | 11.0 ± 1.4 | 5.0 ± 1.4 | "
-        "8.0 ± 1.4 | — |"
-    ) in recipes
+    assert "| row | 2wiki F1 | musique F1 | OOD avg F1 (2wiki, musique) | Δ OOD F1 vs warm (paired) |\n" in recipes
+    # in domain, out of domain and cost in three tables, each row's cells in each
+    recipe = f"| `{claims.RERANKER_RECIPE}` |"
+    assert f"{recipe} 2 | 0.0 ± 0.0 | 28.0 ± 2.8 | 50.0 ± 0.0 | 6.0 ± 0.0 |" in recipes
+    assert f"{recipe} 13.0 ± 1.4 | 7.0 ± 1.4 | 10.0 ± 0.0 | 2.0 ± 1.4 |" in recipes
+    assert f"{recipe} — | 1000 ± 0 | — | — |" in recipes
+    assert "| `warm` | 2 | 0.0 ± 0.0 | 22.0 ± 2.8 | 50.0 ± 0.0 | — |" in recipes
+    assert "| `warm` | 11.0 ± 1.4 | 5.0 ± 1.4 | 8.0 ± 1.4 | — |" in recipes
+    assert "| row | seeds | steps | val F1 | val Acc | Δ F1 vs warm (paired) |\n" in recipes
+    assert "| row | s / step | peak MB | LLM calls / question | trained samples / question |\n" in recipes
     assert f"`{claims.RERANKER_RECIPE}` > `warm_rr` (val F1) | 4.50 ± 0.71 | agrees |" in recipes
     assert f"`{claims.RERANKER_RECIPE}` > `{claims.RECIPE_CONTROL}` (val F1) | 2.50 ± 0.71 | agrees |" in recipes
     assert "Not run on" not in recipes
@@ -483,10 +483,10 @@ def test_a_page_keeps_the_parts_whose_results_are_not_in_the_output_folder(tmp_p
     doc = tmp_path / "doc.md"
     doc.write_text(earlier)
     text = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE)
-    roles = text.split("## roles:")[1].split("\n## ")[0]
+    roles = text.split("## roles\n")[1].split("\n## ")[0]
     assert f"{CARRIED}\n\nMachine: Old CPU, 2 cores. Seeds: 0, 1, 2.\n\n| `warm_fof` | 3 | 57.3 |" in roles
     assert "**Not run.**" not in roles
-    reward = text.split("## reward:")[1].split("\n## ")[0]  # results here: written from them, not carried
+    reward = text.split("## reward\n")[1].split("\n## ")[0]  # results here: written from them, not carried
     assert "99.9" not in reward and CARRIED not in reward and "Test CPU 9000" in reward
     assert write_page(tmp_path / "out", doc, "runs/reproduce", TABLE) == text  # written again: the same page
 
@@ -506,13 +506,13 @@ def test_a_part_run_only_in_part_does_not_replace_a_complete_one(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("\n".join(["# Reproduction", "## groups: Advantage groups", part, "", complete]))
     text = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE)
-    groups = text.split("## groups:")[1].split("\n## ")[0]
+    groups = text.split("## groups\n")[1].split("\n## ")[0]
     assert f"{part}\n\n{CARRIED_PARTIAL.format(found=6, needed=12)}\n\n{complete}\n" in groups
     assert PARTIAL not in groups and "Test CPU 9000" not in groups
     assert write_page(tmp_path / "out", doc, "runs/reproduce", TABLE) == text  # written again: the same page
 
     doc.write_text("\n".join(["# Reproduction", "## groups: Advantage groups", part, "", f"{complete} {PARTIAL}"]))
-    groups = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE).split("## groups:")[1].split("\n## ")[0]
+    groups = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE).split("## groups\n")[1].split("\n## ")[0]
     assert "57.3" not in groups  # a part partial here replaces a part that was partial too
     assert f"{PARTIAL}: missing warm_rr_groups_prompt_agent_turn seed 0" in groups
 
@@ -521,9 +521,46 @@ def test_a_part_run_only_in_part_does_not_replace_a_complete_one(tmp_path):
         for seed, v in enumerate([41, 51, 46]):
             if row not in ("warm_rr", "warm_rr_groups_agent"):
                 result_path(folder, row, seed).write_text(json.dumps(_result(row, seed, v)))
-    groups = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE).split("## groups:")[1].split("\n## ")[0]
+    groups = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE).split("## groups\n")[1].split("\n## ")[0]
     assert "57.3" not in groups and "Carried over" not in groups and PARTIAL not in groups
     assert "Test CPU 9000" in groups  # complete here: written from the results
+
+
+def test_a_carried_part_in_the_earlier_layout_is_shown_in_todays_tables(tmp_path):
+    """A part carried over from a page written before the headings were shortened and the row tables split (`## roles:
+    TITLE`; one table of every column) is found under its table's name and data set and shown as a part of its own
+    is: in domain, out of domain and cost in tables of their own, every cell as it was; the verdicts as they were."""
+    from mhgpo.experiments.page import CARRIED, previous_parts
+
+    _synthetic(tmp_path / "out")
+    part = "### synthetic world (synthetic:train, validated on synthetic:dev)"
+    head = "| row | seeds | steps | val F1 | val Acc | Δ F1 vs warm_fof (paired) | s / step | peak MB | 2wiki F1 | Δ OOD F1 vs warm_fof (paired) |"
+    rows = [
+        "| `warm_fof` | 3 | 5.7 ± 0.6 | 46.0 ± 16.3 | 45.7 ± 16.3 | — | 100.2 ± 3.7 | 2903 ± 224 | 9.1 ± 0.1 | — |",
+        "| `warm_fof_only_reranker` | 3 | 9.0 | 55.6 | 55.3 | 9.6 | 60.5 | 2700 | 9.5 | 0.4 |",
+    ]
+    verdicts = (
+        "| paper | comparison | ours (paired, mean ± std) | verdict |\n|---|---|---|---|\n| a | b | 1.00 | agrees |"
+    )
+    body = f"Machine: Old CPU, 2 cores.\n\n{head}\n|{'---|' * 10}\n" + "\n".join(rows) + f"\n\n{verdicts}"
+    doc = tmp_path / "doc.md"
+    earlier = "\n".join(["# Reproduction", "## roles: Role-wise training (MHGPO-FoF): every role ...", part, "", body])
+    doc.write_text(earlier)
+    text = write_page(tmp_path / "out", doc, "runs/reproduce", TABLE)
+    roles = text.split("## roles\n")[1].split("\n## ")[0]
+    assert f"{part}\n\n{CARRIED}\n\nMachine: Old CPU, 2 cores.\n\n" in roles
+    assert (
+        "| row | seeds | steps | val F1 | val Acc | Δ F1 vs warm_fof (paired) |\n|---|---|---|---|---|---|\n"
+        "| `warm_fof` | 3 | 5.7 ± 0.6 | 46.0 ± 16.3 | 45.7 ± 16.3 | — |\n"
+        "| `warm_fof_only_reranker` | 3 | 9.0 | 55.6 | 55.3 | 9.6 |\n\n"
+        "| row | 2wiki F1 | Δ OOD F1 vs warm_fof (paired) |\n|---|---|---|\n"
+        "| `warm_fof` | 9.1 ± 0.1 | — |\n| `warm_fof_only_reranker` | 9.5 | 0.4 |\n\n"
+        "| row | s / step | peak MB |\n|---|---|---|\n"
+        "| `warm_fof` | 100.2 ± 3.7 | 2903 ± 224 |\n| `warm_fof_only_reranker` | 60.5 | 2700 |\n\n"
+        f"{verdicts}\n"
+    ) in roles
+    assert write_page(tmp_path / "out", doc, "runs/reproduce", TABLE) == text  # written again: the same page
+    assert set(previous_parts(text)["roles"]) == set(previous_parts(earlier)["roles"])  # keyed alike in both layouts
 
 
 def test_the_reproduction_page_is_what_the_harness_writes_from_the_kept_results():

@@ -96,7 +96,7 @@ def test_rows_from_a_shared_warm_start_for_a_budget(world, tiny_model_dir, tmp_p
         assert (run_folder(folder, key, 0) / "eval-dev2" / "metrics.json").is_file()
     page = (out / "reproduction.md").read_text()
     assert "--eval dev2=" in page and "| dev2 F1 | Δ OOD F1 vs warm_rr (paired) |" in page
-    assert "## steps:" in page and "| `warm_mappo~warm_rr` | 1 | 3.0 |" in page
+    assert "## steps\n" in page and "| `warm_mappo~warm_rr` | 1 | 3.0 |" in page
 
     ran.clear()  # everything is there: nothing runs, the page is written again
     assert mhgpo(*args, "--eval", eval_spec, "--out", out, *small(world, tiny_model_dir)) == 0
