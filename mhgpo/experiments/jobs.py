@@ -44,10 +44,11 @@ from mhgpo.experiments.results import (
     run_folder,
     waiting_lock,
 )
-from mhgpo.io import atomic_write_json, fsync_dir, read_json, remove_stale_temps, temp_path
+from mhgpo.io import atomic_write_json, fsync_dir, read_json, remove_stale_temps
 
 STEPS_CAP = 100_000  # the steps of a row with a budget: the budget ends it
 SAVE_EVERY = 5  # a row's checkpoints: what a row stopped mid-run continues from
+WARM_SAVE_EVERY = 10  # a warm start's (left out of its folder's hash: saving changes no weight)
 PARTIAL = ".partial"  # OUT/DATA/runs/ROW-seedS.partial: a row's run while it trains
 
 
@@ -142,23 +143,10 @@ def _marker(folder: Path) -> dict | None:
     return read_json(folder / MARKER)
 
 
-def _make(final: Path, what: str, build: Any) -> dict:
-    """Run `build(tmp) -> record` in a temporary folder beside `final` (those left by dead processes of this host
-    removed first), write the record into it and rename it to `final`."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(final, what)
-    tmp = temp_path(final)
-    record = build(tmp)
-    atomic_write_json(tmp / MARKER, record)
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
-    return record
-
-
 def _make_row(final: Path, build: Any) -> dict:
-    """Run `build(partial) -> record` in `final`'s partial folder (:data:`PARTIAL`: kept when the row stops, so
-    that the next run continues it), write the record into it and rename it to `final`. The caller holds the row's
-    lock."""
+    """Run `build(partial) -> record` in `final`'s partial folder (:data:`PARTIAL`: kept when the row or warm start
+    stops, so that the next run continues it), write the record into it and rename it to `final`. The caller holds
+    its lock."""
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(final, "experiment")  # (the temporary folders rows trained in before they had a partial one)
     partial = final.with_name(final.name + PARTIAL)
@@ -185,8 +173,6 @@ def _minutes(since: tuple[float, float]) -> dict[str, float]:
 
 def run_warm(job: Job) -> dict:
     """Train the warm start of `job.key`'s row for `job.seed` (once: a finished one is kept); its record."""
-    from mhgpo.run.warm_start import run_sft
-
     table = load_rows(job.rows)
     cfg = row_config(table, job, job.key, "x")
     final = warm_start_folder(cfg, Path(job.folder))
@@ -195,14 +181,31 @@ def run_warm(job: Job) -> dict:
         if done is not None:
             return done
 
-        def build(tmp: Path) -> dict:
+        def build(partial: Path) -> dict:
             since = _clock()
-            sft = _warm_start_config(cfg, tmp)
-            run_sft(sft, progress=False)
+            sft = _warm_start_config(cfg, partial)
+            _sft_or_continue(dataclasses.replace(sft, save_every=WARM_SAVE_EVERY, keep_checkpoints=1), partial)
             spent = _minutes(since)
             return {"row": "warm_start", "seed": job.seed, "system": cfg.system, "steps": sft.steps, **spent}
 
-        return _make(final, "warm start", build)
+        return _make_row(final, build)
+
+
+def _sft_or_continue(sft: Any, run_dir: Path) -> None:
+    """`mhgpo sft` of `sft` into `run_dir`, or `mhgpo sft --resume` where `run_dir` holds a checkpoint of it (a warm
+    start stopped mid-way); a folder without one is started again."""
+    import shutil
+
+    from mhgpo.model.checkpoint import list_checkpoints
+    from mhgpo.run.warm_start import resume_sft, run_sft
+
+    if run_dir.is_dir() and list_checkpoints(run_dir):
+        print(f"{run_dir}: continuing from {list_checkpoints(run_dir)[-1].name}", flush=True)
+        resume_sft(run_dir, progress=False)
+        return
+    if run_dir.exists() and not run_dir.is_symlink():
+        shutil.rmtree(run_dir)
+    run_sft(sft, progress=False)
 
 
 def run_row(job: Job) -> dict:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import write_echo_world
 
 from mhgpo.experiments import runner
@@ -204,3 +205,41 @@ def test_a_row_stopped_mid_run_continues_to_the_same_result(world, tiny_model_di
     ]
     strip = [{k: v for k, v in m.items() if not k.startswith(timing)} for m in a["steps_metrics"]]
     assert strip == [{k: v for k, v in m.items() if not k.startswith(timing)} for m in b["steps_metrics"]]
+
+
+def test_a_warm_start_stopped_mid_way_continues_to_the_same_weights(world, tiny_model_dir, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from mhgpo.experiments import jobs
+    from mhgpo.rl.sft import SFTTrainer
+
+    monkeypatch.setattr(runner, "subprocesses", runner.in_process)
+    monkeypatch.setattr(jobs, "WARM_SAVE_EVERY", 1)
+    learn, stopped = SFTTrainer.learn, {"done": False}
+
+    def stop_at_2(self, samples, metrics):
+        if self.step + 1 == 2 and stopping and not stopped["done"]:
+            stopped["done"] = True
+            raise KeyboardInterrupt
+        return learn(self, samples, metrics)
+
+    monkeypatch.setattr(SFTTrainer, "learn", stop_at_2)
+    args = ["reproduce", "--rows", "warm", "--seeds", "0", "--val-limit", "2"]
+    stopping = False
+    assert mhgpo(*args, "--out", tmp_path / "whole", *small(world, tiny_model_dir)) == 0
+    stopping = True
+    assert mhgpo(*args, "--out", tmp_path / "cut", *small(world, tiny_model_dir)) != 0
+    [folder] = data_folders(tmp_path / "cut")
+    [partial] = folder.glob("warm_start-seed0-*.partial")
+    assert [p.name for p in (partial / "checkpoints").iterdir()] == ["step_1"]
+    assert mhgpo(*args, "--out", tmp_path / "cut", *small(world, tiny_model_dir)) == 0  # continues from step 1
+    assert not partial.exists()
+
+    def weights(out: Path) -> dict:
+        [warm] = [p for p in data_folders(out)[0].glob("warm_start-seed0-*") if p.is_dir()]
+        return load_file(str(warm / "checkpoints" / "step_2" / "model.safetensors"))
+
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    whole, cut = collect(data_folders(tmp_path / "whole")[0]), collect(folder)
+    assert whole["warm"][0]["val_questions"] == cut["warm"][0]["val_questions"]
