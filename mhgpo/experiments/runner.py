@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from mhgpo.config.rows import RowTable
@@ -40,26 +42,128 @@ def next_job(pending: list[Job], running: list[Job], failed: list[Job]) -> Job |
     return None
 
 
+# How a job process starts. `python -m` and `-c` put the working folder first on sys.path, so that a `mhgpo/` or a
+# `yaml.py` in the folder reproduce runs in would run inside every job: the job's first statement takes that entry
+# out, and puts back the folder this process imported mhgpo from unless mhgpo is found there anyway.
+_BOOT = """import sys
+if not getattr(sys.flags, "safe_path", False): del sys.path[0]
+import importlib.util, os
+origin = sys.argv.pop(1)
+spec = importlib.util.find_spec("mhgpo")
+if spec is None or not spec.origin or os.path.realpath(spec.origin) != origin:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(origin)))
+from mhgpo.experiments.jobs import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def job_command(job: Job) -> list[str]:
+    """The command line of a job's process: this Python, the mhgpo package this process runs, the job as JSON."""
+    import mhgpo
+
+    return [sys.executable, "-c", _BOOT, os.path.realpath(mhgpo.__file__), job.to_json()]
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM)  # passed on to the running jobs, which save and stop on them
+
+
 def subprocesses(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:
-    """Run `jobs` as `python -m mhgpo.experiments.jobs`, `parallel` at a time, each once its `after` jobs have
-    finished; the jobs that failed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    pending, running, failed = list(jobs), [], []
-    while pending or running:
-        while len(running) < max(parallel, 1) and (job := next_job(pending, [j for j, _ in running], failed)):
-            with open_log(logs / f"{job.name}.log") as log:
-                cmd = [sys.executable, "-m", "mhgpo.experiments.jobs", job.to_json()]
-                running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
-        time.sleep(1)
-        for job, proc in list(running):
+    """Run `jobs` as processes of their own (:func:`job_command`), `parallel` at a time, each once its `after` jobs
+    have finished; the jobs that failed. SIGINT or SIGTERM sent to this process is passed on to the running jobs
+    (each in a process group of its own, so that a terminal's Ctrl-C reaches it once, through this process); no job
+    starts after it, and once the running ones have ended RunError says so; again: passed on again (a job then
+    stops without saving)."""
+    pool = _Processes(logs)
+    pending, failed = list(jobs), []
+    with _forwarding(pool.stops):
+        try:
+            while pool.running or (pending and not pool.stops):
+                while not pool.stops and len(pool.running) < max(parallel, 1):
+                    job = next_job(pending, [j for j, _ in pool.running], failed)
+                    if job is None:
+                        break
+                    pool.start(job)
+                pool.forward()
+                time.sleep(0.2 if pool.stops else 1)
+                failed += pool.ended()
+        except BaseException:  # this process fails: its jobs stop too (and save), none is left running alone
+            pool.stop()
+            raise
+    if pool.stops:
+        raise RunError(
+            f"stopped by {signal.Signals(pool.stops[0]).name}: the running jobs were passed it and have ended, "
+            f"{len(pending)} not started; what finished is kept in {logs.parent}: the same command continues"
+        )
+    return failed
+
+
+class _Processes:
+    """The running job processes of :func:`subprocesses`, and the signals this process got meanwhile."""
+
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        self.running: list[tuple[Job, subprocess.Popen]] = []
+        self.stops: list[int] = []  # the signals received, in order
+        self.sent = 0  # how many of them were passed on
+
+    def start(self, job: Job) -> None:
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        with open_log(self.logs / f"{job.name}.log") as log:
+            cmd = job_command(job)
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, **group
+            )
+        self.running.append((job, proc))
+
+    def forward(self) -> None:
+        """Pass the signals received since the last call on to the running jobs (each signal once)."""
+        if len(self.stops) == self.sent:
+            return
+        for _, proc in self.running:
+            if proc.poll() is None:
+                proc.send_signal(self.stops[-1])
+        if not self.sent:
+            print(f"{signal.Signals(self.stops[0]).name}: stopping the {len(self.running)} running jobs", flush=True)
+        self.sent = len(self.stops)
+
+    def ended(self) -> list[Job]:
+        """Take the jobs that have ended out of `running`, printing a line each; those that failed."""
+        failed = []
+        for job, proc in list(self.running):
             if proc.poll() is None:
                 continue
-            running.remove((job, proc))
+            self.running.remove((job, proc))
             status = "done" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
             print(f"{status}: {job.kind} {job.key} seed {job.seed}", flush=True)
             if proc.returncode != 0:
                 failed.append(job)
-    return failed
+        return failed
+
+    def stop(self) -> None:
+        """SIGTERM to every running job, and wait for them to end."""
+        for _, proc in self.running:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in self.running:
+            proc.wait()
+
+
+@contextmanager
+def _forwarding(stops: list[int]) -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM are noted in `stops` (for :func:`subprocesses` to pass on) instead
+    of stopping this process; outside the main thread, signals keep their handlers."""
+    old = {}
+    for sig in FORWARDED:
+        try:
+            old[sig] = signal.signal(sig, lambda signum, frame: stops.append(signum))
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def in_process(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:

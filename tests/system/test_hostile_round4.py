@@ -1,0 +1,161 @@
+"""Hostile inputs, round 4: `mhgpo reproduce` (its job processes, its output folder, its result files and page,
+signals sent to it), the config loader and the settled config. Each case must end with one `mhgpo: error:` line (or
+do what was asked), run no code it was not asked to, and lose nothing already done.
+
+No model is loaded: the jobs are fakes, or jobs whose result is there already.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import assert_one_line_error
+
+from mhgpo.config.rows import load_rows
+from mhgpo.errors import RunError
+from mhgpo.experiments import runner
+from mhgpo.experiments.jobs import Job
+from mhgpo.experiments.results import result_path
+from mhgpo.io import atomic_write_json
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = load_rows(ROOT / "experiments" / "rows.yaml")
+SETTINGS = {"minutes": 0.5, "clock": "cpu", "val_limit": 4, "overrides": []}
+
+
+def result(row: str, seed: int, f1: float = 20.0, **more) -> dict:
+    """A finished result of `row` as a job writes it."""
+    return {
+        "row": row,
+        "seed": seed,
+        "steps": 3,
+        "val_f1": f1,
+        "val_acc": 50.0,
+        "val_n": 4,
+        "questions_per_step": 4,
+        "settings": SETTINGS,
+        "overrides": TABLE.row(row).overrides,
+        "machine": {"cpu": "Test CPU", "cores": 2, "gpu": None},
+        "steps_metrics": [],
+        **more,
+    }
+
+
+# --------------------------------------------------------------------------------------------- job processes
+
+PLANTED = "from pathlib import Path\nPath(__file__).resolve().parent.joinpath('IMPORTED-{name}').write_text('ran')\n"
+
+
+def test_a_job_imports_the_mhgpo_of_reproduce_not_code_in_the_working_folder(tmp_path, monkeypatch, capsys) -> None:
+    """`python -m` puts the working folder first on sys.path: a `mhgpo/` package or a `yaml.py` where reproduce runs
+    would run inside every job. The job starts without that entry, from the mhgpo this process imported."""
+    cwd = tmp_path / "cwd"
+    (cwd / "mhgpo").mkdir(parents=True)
+    (cwd / "mhgpo" / "__init__.py").write_text(PLANTED.format(name="mhgpo").replace(".parent.", ".parent.parent."))
+    for name in ("yaml", "numpy", "importlib"):
+        (cwd / f"{name}.py").write_text(PLANTED.format(name=name))
+    out = tmp_path / "out"
+    atomic_write_json(result_path(out, "untrained", 0), result("untrained", 0))  # the job reads it and ends
+    monkeypatch.chdir(cwd)
+    job = Job("row", str(TABLE.path), str(out), "untrained", 0, SETTINGS)
+    assert runner.subprocesses([job], 1, out / "logs") == [], (out / "logs" / f"{job.name}.log").read_text()
+    assert "done: row untrained seed 0" in capsys.readouterr().out
+    assert sorted(p.name for p in cwd.iterdir() if p.name.startswith("IMPORTED")) == []
+    # (the planted files are live: the job as it was started, `python -m mhgpo.experiments.jobs`, runs one)
+    subprocess.run([sys.executable, "-m", "mhgpo.experiments.jobs", job.to_json()], capture_output=True, check=False)
+    assert (cwd / "IMPORTED-mhgpo").is_file()
+
+
+def test_a_job_imports_the_same_mhgpo_where_its_own_path_finds_another_or_none(tmp_path) -> None:
+    """reproduce run from a source checkout (mhgpo found through the working folder or PYTHONPATH, another one or
+    none installed): the job imports the mhgpo reproduce runs, from the folder it came from."""
+    import mhgpo
+
+    job = Job("row", "rows.yaml", "out", "untrained", 0, SETTINGS)
+    cmd = runner.job_command(job)
+    boot = cmd[2].split("from mhgpo.experiments.jobs import main")[0]
+    probe = [*cmd[:2], boot + "import mhgpo; print(mhgpo.__file__)"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path)  # mhgpo is not there
+    shown = subprocess.run([*probe, *cmd[3:]], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert shown.stdout.splitlines()[0] == os.path.realpath(mhgpo.__file__)
+
+
+# ------------------------------------------------------------------------------------------------------ signals
+
+FAKE_JOB = """
+import os, signal, sys, time
+from pathlib import Path
+marks, name = Path(sys.argv[1]), sys.argv[2]
+def stop(signum, frame):
+    (marks / f"{name}.stopped").write_text(str(signum))
+    sys.exit(3)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+(marks / f"{name}.started").write_text(f"{os.getpid()} {os.getpgid(0)}")
+time.sleep(60)
+(marks / f"{name}.finished").write_text("")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_reproduce_alone_stops_its_jobs_and_waits_for_them(tmp_path, monkeypatch, capsys, sig) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setattr(runner, "job_command", lambda job: [sys.executable, "-c", FAKE_JOB, str(marks), job.name])
+    jobs = [Job("row", "rows.yaml", str(tmp_path), f"row{i}", 0, SETTINGS) for i in range(3)]
+    before = signal.getsignal(sig)
+
+    def send() -> None:  # once the first two jobs run: the signal, to this process alone
+        deadline = time.monotonic() + 30
+        while len(list(marks.glob("*.started"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=send, daemon=True).start()
+    with pytest.raises(
+        RunError, match=rf"stopped by {sig.name}: the running jobs were passed it and have ended, 1 not"
+    ):
+        runner.subprocesses(jobs, 2, tmp_path / "logs")
+    started = {p.stem: p.read_text().split() for p in marks.glob("*.started")}
+    assert sorted(started) == [jobs[0].name, jobs[1].name]  # the third never started
+    for name, (pid, group) in started.items():
+        assert (marks / f"{name}.stopped").read_text() == str(int(sig))  # passed on, once, and each job ended on it
+        assert int(group) != os.getpgrp()  # a group of its own: a terminal's Ctrl-C reaches it only through reproduce
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+    assert not list(marks.glob("*.finished")) and signal.getsignal(sig) == before
+    out = capsys.readouterr().out
+    assert f"{sig.name}: stopping the 2 running jobs" in out and out.count("failed (exit 3)") == 2
+
+
+def test_reproduce_sent_sigterm_alone_passes_it_on_and_ends_with_one_line(tmp_path) -> None:
+    """`mhgpo reproduce` in a process of its own (its jobs fakes that save on the signal), sent SIGTERM alone."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = (
+        "import sys\nfrom mhgpo.experiments import runner\n"
+        f"runner.job_command = lambda job: [sys.executable, '-c', {FAKE_JOB!r}, {str(marks)!r}, job.name]\n"
+        "from mhgpo.cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    args = ["reproduce", "--rows", "untrained", "--seeds", "0,1", "--rows-file", TABLE.path, "--out", tmp_path / "out"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while len(list(marks.glob("*.started"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert_one_line_error(proc.returncode, err, r"stopped by SIGTERM: the running jobs were passed it and have ended")
+    assert sorted(p.name for p in marks.iterdir() if not p.name.endswith(".started")) == [
+        "row-untrained-seed0.stopped",
+        "row-untrained-seed1.stopped",
+    ]
