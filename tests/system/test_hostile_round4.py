@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, cli
 
+from mhgpo.config import TrainConfig, load_config
 from mhgpo.config.rows import load_rows
-from mhgpo.errors import RunError
+from mhgpo.errors import InputError, RunError
 from mhgpo.experiments import runner
 from mhgpo.experiments.jobs import Job
 from mhgpo.experiments.results import result_path
@@ -159,3 +160,85 @@ def test_reproduce_sent_sigterm_alone_passes_it_on_and_ends_with_one_line(tmp_pa
         "row-untrained-seed0.stopped",
         "row-untrained-seed1.stopped",
     ]
+
+
+# --------------------------------------------------------------------------------------------------- YAML files
+
+
+def laughs(levels: int = 9, key: str = "model") -> str:
+    """A few hundred bytes of nested aliases under `key` that stand for 9**levels strings."""
+    lines = ['  a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    names = "abcdefghijklmnop"
+    for prev, name in zip(names[: levels - 1], names[1:levels]):
+        lines.append(f"  {name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return f"{key}:\n" + "\n".join(lines) + "\n"
+
+
+HOSTILE_YAML = {
+    "laughs": (laughs(), r"its aliases \(\*name\) expand it beyond 100000 values; refused"),
+    "itself": ("model: &a [1, *a]\n", r"an alias \(\*name\) inside the value it names"),
+    "deep": ("model: " + "[" * 3000 + "]" * 3000 + "\n", r"nested too deeply \(at most 100 levels\)"),
+    "large": ("# " + "x" * (1 << 20) + "\nmodel: m\n", r"more than 1048576 characters; refused"),
+    "twice": ("steps: 1\nlora:\n  r: 4\nsteps: 2\n", r"key 'steps' given twice in one mapping"),
+    "bytes": (b"model: \xff\xfe\n", r"invalid YAML \('utf-8' codec can't decode byte 0xff"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_YAML))
+def test_a_hostile_config_file_is_refused_at_once_with_one_line(tmp_path, capsys, case) -> None:
+    text, message = HOSTILE_YAML[case]
+    path = tmp_path / "config.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    start = time.perf_counter()
+    rc, _, err = cli(capsys, "train", "--config", path, "--output-dir", tmp_path / "run")
+    assert time.perf_counter() - start < 10
+    where = ":4" if case == "twice" else ""  # (the line of the second)
+    assert_one_line_error(rc, err, rf"^mhgpo: error: {path}{where}: {message}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_nested_aliases_in_a_runs_config_are_refused_by_eval_train_resume_and_report(tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_1").mkdir(parents=True)
+    (run / "config.yaml").write_text(laughs())
+    for args in (["eval", "--model", run], ["train", "--resume", run], ["report", run]):
+        rc, _, err = cli(capsys, *args)
+        assert_one_line_error(rc, err, rf"^mhgpo: error: {run / 'config.yaml'}: its aliases \(\*name\) expand it")
+
+
+def test_nested_aliases_in_an_override_are_refused(tmp_path, capsys) -> None:
+    value = "[&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"
+    for prev, name in zip("abcd", "bcde"):
+        value += f", &{name} [" + ", ".join([f"*{prev}"] * 10) + "]"
+    rc, _, err = cli(capsys, "train", f"tags={value}]", "--output-dir", tmp_path / "run")
+    assert_one_line_error(rc, err, r"^mhgpo: error: override tags: its aliases \(\*name\) expand it beyond")
+
+
+def test_an_error_never_repeats_a_huge_value(tmp_path, capsys) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("model: [" + ", ".join(["1234567890"] * 50_000) + "]\n")
+    rc, _, err = cli(capsys, "train", "--config", path, "--output-dir", tmp_path / "run")
+    assert_one_line_error(
+        rc, err, r"model: expected a string, got \[1234567890, (1234567890, ){8}1234567890, \.\.\.\]$"
+    )
+    assert len(err) < 300
+    with pytest.raises(InputError) as caught:
+        load_config(TrainConfig, None, ["steps=" + "x" * 100_000])
+    assert str(caught.value).startswith("steps: expected an integer, got 'xxx") and len(str(caught.value)) < 300
+
+
+def test_a_fifo_as_the_table_of_rows_is_refused_not_waited_on(tmp_path, capsys) -> None:
+    fifo = tmp_path / "rows.yaml"
+    os.mkfifo(fifo)
+
+    def hung(signum, frame):
+        raise TimeoutError("waited on the fifo")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        rc, _, err = cli(capsys, "reproduce", "--doc-only", "--rows-file", fifo, "--out", tmp_path / "out")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert_one_line_error(rc, err, rf"^mhgpo: error: {fifo}: not a regular file")
