@@ -14,16 +14,39 @@ ROWS_FILE = "experiments/rows.yaml"
 DEFAULT_OUT = "experiments/results"  # beside the table of rows: the results (not the runs) are kept with the project
 
 
+MAX_SEEDS = 1000  # seeds in one command (each row runs once per seed)
+
+
 def _seeds(text: str) -> list[int]:
+    """`--seeds`: distinct seeds in the order given (a seed given twice runs once)."""
+    from mhgpo.config.load import MAX_SEED, shown
     from mhgpo.errors import InputError
 
+    parts = [s for s in text.split(",") if s.strip()]
+    if len(parts) > MAX_SEEDS:
+        raise InputError(f"--seeds: {len(parts)} seeds; at most {MAX_SEEDS} in one command")
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
+        seeds = list(dict.fromkeys(int(s) for s in parts))
     except ValueError:
-        raise InputError(f"--seeds: expected comma-separated integers, got {text!r}") from None
+        raise InputError(f"--seeds: expected comma-separated integers, got {shown(text)}") from None
     if not seeds:
         raise InputError("--seeds: no seed given")
+    if bad := [s for s in seeds if not 0 <= s <= MAX_SEED]:
+        raise InputError(f"--seeds: a seed is between 0 and {MAX_SEED} (2**32 - 1), got {bad[0]}")
     return seeds
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """`--minutes`, `--val-limit` and `--parallel` that no row could run with, refused before anything is written."""
+    import math
+
+    from mhgpo.errors import InputError
+
+    if not (math.isfinite(args.minutes) and args.minutes > 0):
+        raise InputError(f"--minutes: expected a positive number of minutes, got {args.minutes}")
+    for flag, value in (("--val-limit", args.val_limit), ("--parallel", args.parallel)):
+        if value < 1:
+            raise InputError(f"{flag}: must be at least 1, got {value}")
 
 
 def _keys(args: argparse.Namespace) -> tuple[list[str], bool]:
@@ -70,6 +93,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.table and args.rows:
         raise InputError("--rows: runs the rows named, --table those of the tables; give one of them")
     if not args.doc_only:
+        _check_numbers(args)
+        seeds, evals = _seeds(args.seeds), check_evals(args.eval or [])
         keys, oracles = _keys(args)
         overrides = data_overrides(args.data, args.val_data) + list(args.overrides)
         settings = settings_of(args.minutes, args.clock, args.val_limit, overrides, args.scale)
@@ -77,9 +102,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         if warning := oversubscribed(args.parallel, args.clock, _cores()):
             print(warning, file=sys.stderr)
         folder = out / data_tag(args.data, args.val_data)
-        results = run_rows(
-            rows, keys, _seeds(args.seeds), folder, settings, args.parallel, check_evals(args.eval or []), oracles
-        )
+        results = run_rows(rows, keys, seeds, folder, settings, args.parallel, evals, oracles)
         _print_summary(rows, results)
     write_page(out, doc, args.out, rows)
     print(f"wrote {doc}")

@@ -17,7 +17,7 @@ from mhgpo.config.choices import (
     one_of,
     split_userinfo,
 )
-from mhgpo.config.load import at_least, check_counts
+from mhgpo.config.load import at_least, check_counts, check_seed
 from mhgpo.config.tables import ENGINES
 from mhgpo.errors import InputError
 
@@ -231,6 +231,7 @@ class EvalConfig:
     def validate(self) -> None:
         check_system(self.system, self.team)
         check_precision(self.precision)
+        check_seed(self.seed)
         check_counts(self, ("batch_size", "gen_batch_size", "max_prompt_tokens"), "limit")
         if not all(isinstance(r, str) and r for r in self.oracle):
             raise InputError(f"oracle: expected a list of role names, got {self.oracle!r}")
@@ -279,6 +280,7 @@ class RetrievalEvalConfig:
 
     def validate(self) -> None:
         at_least(self, "max_prompt_tokens", 1)
+        check_seed(self.seed)
         if self.query not in QUERIES:
             raise InputError(f"query: expected {one_of(QUERIES)}, got {self.query!r}")
         if not self.ks or any(k < 1 for k in self.ks):

@@ -119,6 +119,14 @@ def at_least(obj: Any, key: str, least: int, prefix: str = "") -> None:
         raise InputError(f"{prefix}{key}: must be at least {least}, got {value}")
 
 
+MAX_SEED = 2**32 - 1  # numpy's global seed (`np.random.seed`) takes 0 to 2**32 - 1
+
+
+def check_seed(seed: int, key: str = "seed") -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise InputError(f"{key}: must be between 0 and {MAX_SEED} (2**32 - 1), got {seed}")
+
+
 def check_counts(obj: Any, keys: tuple[str, ...], optional: str = "") -> None:
     """Counts that must be at least 1 (and an optional one: null or at least 1)."""
     for key in keys:

@@ -24,7 +24,7 @@ from mhgpo.config.eval import (
     check_precision,
     check_system,
 )
-from mhgpo.config.load import at_least, check_counts
+from mhgpo.config.load import at_least, check_counts, check_seed
 from mhgpo.config.samplers import SAMPLERS as SAMPLER_TABLE
 from mhgpo.config.samplers import group_samplers, train_samplers, trains_with
 from mhgpo.config.tables import ADVANTAGE_SCHEMES, ALGORITHMS, ENGINES, POLICY_LOSSES, algorithm
@@ -283,6 +283,7 @@ class TrainConfig:
     def validate(self) -> None:
         check_system(self.system, self.team)
         check_report_to(self.report_to)
+        check_seed(self.seed)
         if self.max_failures < 0:
             raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
         if self.reference not in REFERENCES:
@@ -420,6 +421,7 @@ class SFTConfig:
     def validate(self) -> None:
         check_system(self.system, self.team)
         check_report_to(self.report_to)
+        check_seed(self.seed)
         if self.max_failures < 0:
             raise InputError(f"max_failures: must be >= 0, got {self.max_failures}")
         for key in ("steps", "batch_size", "max_prompt_tokens"):

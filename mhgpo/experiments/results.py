@@ -113,6 +113,13 @@ def pin_settings(folder: Path, settings: dict) -> None:
     atomic_write_json(pinned, settings)
 
 
+def unpin_unused(folder: Path) -> None:
+    """Remove the data folder's pinned settings when it holds no finished result (a run whose every job failed:
+    its settings bind nothing)."""
+    if not any(read_result(p) is not None for p in Path(folder).glob("*-seed*.json")):
+        (Path(folder) / SETTINGS).unlink(missing_ok=True)
+
+
 def collect(folder: Path) -> dict[str, dict[int, dict]]:
     """{row: {seed: result}} of the finished results in a data folder (unreadable or cut-short files left out;
     the earlier scripts' rows under their names here)."""
@@ -133,7 +140,8 @@ def data_tag(data: str, val_data: str | None) -> str:
     if data == "synthetic" and val_data is None:
         return "synthetic"
     digest = hashlib.sha1(f"{data}|{val_data}".encode()).hexdigest()[:8]
-    return f"{data.partition(':')[0]}-{digest}"
+    kind = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in data.partition(":")[0])[:40]
+    return f"{kind}-{digest}"  # (a name, never a path: a spec without its kind is a path, `../x.jsonl`)
 
 
 def data_folders(out: Path) -> list[Path]:

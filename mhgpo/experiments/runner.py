@@ -21,7 +21,16 @@ from mhgpo.config.rows import RowTable
 from mhgpo.errors import InputError, RunError
 from mhgpo.experiments.claims import ORACLE_ROW, ORACLES, oracle_key, split_key
 from mhgpo.experiments.jobs import Job, finished, row_config, run_job, warm_start_folder
-from mhgpo.experiments.results import find_result, load_result, open_log, pin_settings, result_path
+from mhgpo.experiments.results import (
+    SETTINGS,
+    find_result,
+    is_oracle,
+    load_result,
+    open_log,
+    pin_settings,
+    result_path,
+    unpin_unused,
+)
 from mhgpo.io import prepare_output_dir
 from mhgpo.run.rundir import refuse_links
 
@@ -264,13 +273,34 @@ def run_rows(
         for name in (row, other) if other else (row,):
             table.row(name)
     keys = list(dict.fromkeys([*keys, *(split_key(k)[1] for k in keys if split_key(k)[1])]))
+    if Path(folder).is_symlink():
+        raise InputError(
+            f"{folder}: is a link; the harness writes only into a data folder of its own (remove the link, or use "
+            f"another --out)"
+        )
     folder = prepare_output_dir(folder, "output folder")
     refuse_links(folder)  # everything in it is the harness's own: nothing is written through a link
     plan = Plan(table, folder, settings, evals)
     plain = [k for k in keys if not split_key(k)[1]]
     matched = [k for k in keys if split_key(k)[1]]
     warm = plan.warm_starts(plain + matched + ([oracle_key("none")] if oracles else []), seeds)
+    check_models(plan, keys + ([oracle_key("none")] if oracles else []), seeds[0])
+    fresh = not (folder / SETTINGS).exists()
     pin_settings(folder, settings)
+    try:
+        return _run(plan, keys, seeds, parallel, runner, warm, oracles)
+    except BaseException:
+        if fresh:  # nothing finished: the settings are not pinned (a run with others may use the folder)
+            unpin_unused(folder)
+        raise
+
+
+def _run(
+    plan: Plan, keys: list[str], seeds: list[int], parallel: int, runner: Runner, warm: list[Job], oracles: bool
+) -> dict[str, dict[int, dict]]:
+    folder, settings = plan.folder, plan.settings
+    plain = [k for k in keys if not split_key(k)[1]]
+    matched = [k for k in keys if split_key(k)[1]]
     done = sum(not plan.todo(k, s) for k in keys for s in seeds)
     if done:
         print(f"{done} finished results in {folder} reused", flush=True)
@@ -288,6 +318,19 @@ def run_rows(
             f"no result for {', '.join(missing) or 'some evaluations'}" + (f"; see {names}" if names else "")
         )
     return results
+
+
+def check_models(plan: Plan, keys: list[str], seed: int) -> None:
+    """The model (or warm start model) of each row of `keys` names a model: refused before the data folder's
+    settings are pinned, not in every job."""
+    from mhgpo.run.setup import check_model
+
+    for row in dict.fromkeys(ORACLE_ROW if is_oracle(k) else split_key(k)[0] for k in keys):
+        job = plan.job("warm", row, seed)
+        cfg = row_config(plan.table, job, row, plan.folder / "x")
+        key = "warm_start.model" if cfg.warm_start.enabled and cfg.warm_start.model else "model"
+        spec = cfg.warm_start.model if key == "warm_start.model" else cfg.model
+        check_model(f"{row}: {key}", spec, plan.folder / "x")
 
 
 def check_evals(evals: list[str]) -> dict[str, str]:

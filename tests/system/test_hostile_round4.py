@@ -7,6 +7,7 @@ No model is loaded: the jobs are fakes, or jobs whose result is there already.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -242,3 +243,124 @@ def test_a_fifo_as_the_table_of_rows_is_refused_not_waited_on(tmp_path, capsys) 
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert_one_line_error(rc, err, rf"^mhgpo: error: {fifo}: not a regular file")
+
+
+# ------------------------------------------------------------------------------- reproduce's output folder and flags
+
+
+def failing(jobs, parallel, logs):
+    """A runner whose every job fails (writing nothing)."""
+    return list(jobs)
+
+
+def reproduce(capsys, out: Path, *more: object) -> tuple[int, str, str]:
+    return cli(
+        capsys, "reproduce", "--rows", "untrained", "--seeds", "0", "--rows-file", TABLE.path, "--out", out, *more
+    )
+
+
+def test_a_data_folder_that_is_a_link_is_refused(tmp_path, capsys) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "synthetic").symlink_to(elsewhere)
+    rc, _, err = reproduce(capsys, out)
+    assert_one_line_error(rc, err, rf"{out / 'synthetic'}: is a link; the harness writes only into a data folder")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_data_without_its_kind_names_a_folder_inside_out(tmp_path, capsys, monkeypatch) -> None:
+    from mhgpo.experiments.results import data_tag
+
+    monkeypatch.setattr(runner, "subprocesses", failing)
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a" / "b")
+    out = Path("out")
+    rc, _, err = reproduce(capsys, out, "--data", "../../x.jsonl", "--val-data", "../../y.jsonl")
+    assert_one_line_error(rc, err, r"no result for untrained seed 0")
+    tag = data_tag("../../x.jsonl", "../../y.jsonl")
+    assert "/" not in tag and tag.startswith("______x_jsonl-")
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "a",
+        "a/b",
+        "a/b/out",
+        f"a/b/out/{tag}",
+    ]
+
+
+def test_settings_are_not_pinned_by_a_run_whose_every_job_failed(tmp_path, capsys, monkeypatch) -> None:
+    out = tmp_path / "out"
+    monkeypatch.setattr(runner, "subprocesses", failing)
+    rc, _, err = reproduce(capsys, out, "--minutes", "1")
+    assert_one_line_error(rc, err, r"no result for untrained seed 0")
+    assert not (out / "synthetic" / "settings.json").exists()
+
+    def writes(jobs, parallel, logs):
+        atomic_write_json(result_path(out / "synthetic", "untrained", 0), result("untrained", 0, settings=settings))
+        return []
+
+    settings = {**SETTINGS, "minutes": 2.0, "val_limit": 100}
+    monkeypatch.setattr(runner, "subprocesses", writes)
+    rc, _, err = reproduce(capsys, out, "--minutes", "2")  # other settings: not refused, the folder holds nothing
+    assert rc == 0, err
+    assert json.loads((out / "synthetic" / "settings.json").read_text()) == settings
+    monkeypatch.setattr(runner, "subprocesses", failing)
+    rc, _, err = reproduce(capsys, out, "--minutes", "2", "--seeds", "1")  # a failure now keeps the pinned settings
+    assert rc == 2 and json.loads((out / "synthetic" / "settings.json").read_text()) == settings
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--seeds", "0,-1"], r"--seeds: a seed is between 0 and 4294967295 \(2\*\*32 - 1\), got -1"),
+        (["--seeds", "4294967296"], r"--seeds: a seed is between 0 and 4294967295"),
+        (["--seeds", ",".join(map(str, range(1001)))], r"--seeds: 1001 seeds; at most 1000 in one command"),
+        (["--seeds", "0,x" + "9" * 5000], r"--seeds: expected comma-separated integers, got '0,x9+\.\.\.9+'$"),
+        (["--minutes", "nan"], r"--minutes: expected a positive number of minutes, got nan"),
+        (["--minutes", "inf"], r"--minutes: expected a positive number of minutes, got inf"),
+        (["--minutes", "0"], r"--minutes: expected a positive number of minutes, got 0.0"),
+        (["--parallel", "0"], r"--parallel: must be at least 1, got 0"),
+        (["--val-limit", "-3"], r"--val-limit: must be at least 1, got -3"),
+    ],
+)
+def test_flags_no_row_could_run_with_are_refused_before_anything_is_written(tmp_path, capsys, flags, message) -> None:
+    rc, _, err = reproduce(capsys, tmp_path / "out", *flags)
+    assert_one_line_error(rc, err, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_seed_given_twice_runs_once(tmp_path, capsys, monkeypatch) -> None:
+    ran: list = []
+    monkeypatch.setattr(runner, "subprocesses", lambda jobs, parallel, logs: ran.extend(jobs) or list(jobs))
+    reproduce(capsys, tmp_path / "out", "--seeds", "3,3,1,3")
+    assert [(j.key, j.seed) for j in ran] == [("untrained", 3), ("untrained", 1)]
+
+
+def test_a_row_whose_model_names_nothing_is_refused_before_settings_are_pinned(tmp_path, capsys) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for model in (tmp_path / "nothing", tmp_path / "loop"):
+        rc, _, err = reproduce(capsys, tmp_path / "out", f"model={model}")
+        assert_one_line_error(rc, err, rf"untrained: model: Could not load model '{model}'")
+        assert not (tmp_path / "out" / "synthetic" / "settings.json").exists()
+
+
+# --------------------------------------------------------------------------------------------- the settled config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model={bad}"], r"model: Could not load model '.*nothing'"),
+        (["warm_start.enabled=true", "warm_start.model={bad}"], r"warm_start.model: Could not load model '.*nothing'"),
+        (["warm_start.enabled=true", "model={loop}"], r"model: Could not load model '.*loop'"),
+        (["seed=-1"], r"seed: must be between 0 and 4294967295 \(2\*\*32 - 1\), got -1"),
+        (["seed=4294967296"], r"seed: must be between 0 and 4294967295"),
+    ],
+)
+def test_a_run_that_could_never_start_leaves_no_folder(tmp_path, capsys, overrides, message) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    given = [o.format(bad=tmp_path / "nothing", loop=tmp_path / "loop") for o in overrides]
+    rc, _, err = cli(capsys, "train", *given, "report_to=[]", "--output-dir", tmp_path / "run")
+    assert_one_line_error(rc, err, message)
+    assert not (tmp_path / "run").exists()
