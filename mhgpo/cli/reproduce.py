@@ -84,7 +84,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from mhgpo.config.rows import load_rows
     from mhgpo.errors import InputError
     from mhgpo.experiments.page import write_page
-    from mhgpo.experiments.results import data_overrides, data_tag, settings_of
+    from mhgpo.experiments.results import data_overrides, data_tag, recorded_overrides, settings_of
     from mhgpo.experiments.runner import check_evals, run_rows
 
     out = Path(args.out)
@@ -96,7 +96,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         _check_numbers(args)
         seeds, evals = _seeds(args.seeds), check_evals(args.eval or [])
         keys, oracles = _keys(args)
-        overrides = data_overrides(args.data, args.val_data) + list(args.overrides)
+        overrides = recorded_overrides(data_overrides(args.data, args.val_data) + list(args.overrides))
         settings = settings_of(args.minutes, args.clock, args.val_limit, overrides, args.scale)
         rows.scale(args.scale)
         if warning := oversubscribed(args.parallel, args.clock, _cores()):

@@ -112,6 +112,20 @@ AUTH_ENV = "MHGPO_RETRIEVER_AUTH"  # `user:password` for a URL without them, or 
 MAX_RETRIES = 10
 
 
+def keep_service_password(url: str) -> str:
+    """`url` with its userinfo redacted (`user:***@`, a token alone `***@`), the userinfo kept for this process
+    (:func:`service_auth`, :func:`kept_userinfo`)."""
+    userinfo, _, shown = split_userinfo(url)
+    if userinfo and shown != url:
+        _SERVICE_USERINFO[shown] = userinfo
+    return shown
+
+
+def kept_userinfo(url: str) -> str | None:
+    """The userinfo that the redacted `url` was given with in this process, if any."""
+    return _SERVICE_USERINFO.get(url)
+
+
 def service_auth(url: str) -> tuple[str, str] | None:
     """The (user, password) to send to the retrieval service at `url`: the URL's own; for a URL whose password was
     redacted in this process, the one it was given with; else `$MHGPO_RETRIEVER_AUTH` (how a resumed run, whose

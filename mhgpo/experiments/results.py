@@ -55,6 +55,44 @@ def settings_of(minutes: float, clock: str, val_limit: int, overrides: list[str]
     return settings if scale == "demo" else {**settings, "scale": scale}
 
 
+SERVICE_KEY = "retrieval.retriever"  # the one key whose value may be a URL with a password
+
+
+def recorded_overrides(overrides: list[str]) -> list[str]:
+    """The overrides as settings, results, job command lines and the page hold them: the retrieval service URL's
+    userinfo redacted (`user:***@`), kept for this process's jobs (:func:`service_env`); a URL with a password
+    under another key is refused (nothing would read it back)."""
+    from mhgpo.config.choices import redact_text, split_userinfo
+    from mhgpo.config.eval import keep_service_password
+
+    out = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        userinfo, _, shown = split_userinfo(value.strip())
+        if not sep or not userinfo or shown == value.strip():
+            out.append(item)
+        elif key.strip() == SERVICE_KEY:
+            out.append(f"{key}={keep_service_password(value.strip())}")
+        else:
+            raise InputError(
+                f"{key.strip()}: {redact_text(value.strip())} carries a password, which the results would record; "
+                f"only {SERVICE_KEY} takes one"
+            )
+    return out
+
+
+def service_env(overrides: list[str]) -> dict[str, str]:
+    """The environment that gives a job the retrieval service's password that :func:`recorded_overrides` redacted
+    (`$MHGPO_RETRIEVER_AUTH`: not on its command line, which other users can read)."""
+    from mhgpo.config.eval import AUTH_ENV, kept_userinfo
+
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip() == SERVICE_KEY and (userinfo := kept_userinfo(value.strip())):
+            return {AUTH_ENV: userinfo}
+    return {}
+
+
 def result_path(folder: Path, key: str, seed: int) -> Path:
     name = key.replace("/", "_").replace("@", "__").replace(",", "_")
     return Path(folder) / f"{name}-seed{seed}.json"

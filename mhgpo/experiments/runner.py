@@ -29,6 +29,7 @@ from mhgpo.experiments.results import (
     open_log,
     pin_settings,
     result_path,
+    service_env,
     unpin_unused,
 )
 from mhgpo.io import prepare_output_dir
@@ -120,8 +121,9 @@ class _Processes:
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         with open_log(self.logs / f"{job.name}.log") as log:
             cmd = job_command(job)
+            env = {**self.env, **service_env(job.settings["overrides"])}
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, **group
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, **group
             )
         self.running.append((job, proc))
 

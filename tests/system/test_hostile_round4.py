@@ -364,3 +364,44 @@ def test_a_run_that_could_never_start_leaves_no_folder(tmp_path, capsys, overrid
     rc, _, err = cli(capsys, "train", *given, "report_to=[]", "--output-dir", tmp_path / "run")
     assert_one_line_error(rc, err, message)
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------------ passwords
+
+RECORDING_JOB = """
+import json, os, sys
+from pathlib import Path
+marks, job = Path(sys.argv[1]), json.loads(sys.argv[-1])
+(marks / "env").write_text(os.environ.get("MHGPO_RETRIEVER_AUTH", ""))
+(marks / "argv").write_text(json.dumps(sys.argv))
+result = {"row": job["key"], "seed": job["seed"], "steps": 0, "val_f1": 1.0, "val_acc": 1.0, "val_n": 4,
+          "settings": job["settings"], "machine": {"cpu": "Test CPU", "cores": 2, "gpu": None}}
+Path(job["folder"], f"{job['key']}-seed{job['seed']}.json").write_text(json.dumps(result))
+"""
+
+
+def test_a_retrieval_service_password_reaches_the_job_and_nothing_it_records(tmp_path, capsys, monkeypatch) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setattr(
+        runner, "job_command", lambda job: [sys.executable, "-c", RECORDING_JOB, str(marks), job.to_json()]
+    )
+    monkeypatch.delenv("MHGPO_RETRIEVER_AUTH", raising=False)
+    out = tmp_path / "out"
+    url = "http://alice:s3cr3t-pw@127.0.0.1:9/retrieve"
+    rc, stdout, err = reproduce(capsys, out, f"retrieval.retriever={url}")
+    assert rc == 0, err
+    assert (marks / "env").read_text() == "alice:s3cr3t-pw"  # the job gets it from its environment
+    assert "s3cr3t" not in (marks / "argv").read_text()  # not from its command line
+    assert "retrieval.retriever=http://alice:***@127.0.0.1:9/retrieve" in (marks / "argv").read_text()
+    assert "s3cr3t" not in stdout + err
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"settings.json", "untrained-seed0.json", "reproduction.md"}
+    assert [p for p in files if b"s3cr3t" in p.read_bytes()] == []
+    assert "retrieval.retriever=http://alice:***@127.0.0.1:9/retrieve" in (out / "reproduction.md").read_text()
+
+
+def test_a_password_under_a_key_that_cannot_take_one_is_refused(tmp_path, capsys) -> None:
+    rc, _, err = reproduce(capsys, tmp_path / "out", "tags=[x]", "data=http://bob:hunter2@host/x.jsonl")
+    assert_one_line_error(rc, err, r"data: http://bob:\*\*\*@host/x.jsonl carries a password, which the results")
+    assert "hunter2" not in err and not (tmp_path / "out").exists()
