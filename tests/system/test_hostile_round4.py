@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -405,3 +406,118 @@ def test_a_password_under_a_key_that_cannot_take_one_is_refused(tmp_path, capsys
     rc, _, err = reproduce(capsys, tmp_path / "out", "tags=[x]", "data=http://bob:hunter2@host/x.jsonl")
     assert_one_line_error(rc, err, r"data: http://bob:\*\*\*@host/x.jsonl carries a password, which the results")
     assert "hunter2" not in err and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------- result files, the page
+
+REWARD = ("warm_rr", "warm_rr_final_only", "warm_mappo", "warm_mappo_final_only")  # the reward table's rows
+
+
+def results_folder(out: Path, settings: dict | None = None, **by_seed: float) -> Path:
+    """OUT/synthetic with the reward table's every row on seeds 0, 1, 2 (F1 10 + seed, 20 + seed for warm_rr)."""
+    folder = out / "synthetic"
+    folder.mkdir(parents=True)
+    atomic_write_json(folder / "settings.json", settings or SETTINGS)
+    for row in REWARD:
+        for seed in (0, 1, 2):
+            f1 = (20.0 if row == "warm_rr" else 10.0) + seed
+            atomic_write_json(result_path(folder, row, seed), result(row, seed, f1, settings=settings or SETTINGS))
+    return folder
+
+
+def reward_part(text: str) -> str:
+    return text.split("## reward:")[1].split("\n## ")[0]
+
+
+def test_hostile_result_files_are_left_out_each_named_in_one_line(tmp_path, capsys) -> None:
+    from mhgpo.experiments.page import write_page
+
+    out = tmp_path / "out"
+    folder = results_folder(out)
+    good = json.loads(result_path(folder, "warm_rr", 0).read_text())
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({**good, "seed": 3}))
+    bad = {
+        "warm_rr-seed3.json": None,  # a link (to a good result elsewhere): not followed
+        "warm_rr-seed4.json": json.dumps({**good, "seed": 4, "val_f1": "90"}),
+        "warm_rr-seed5.json": json.dumps({**good, "seed": "5"}),
+        "warm_rr-seed6.json": json.dumps({**good, "seed": 6, "settings": "mine"}),
+        "warm_rr-seed7.json": json.dumps({**good, "seed": 7, "steps_metrics": [{"llm_calls": "many"}]}),
+        "warm_rr-seed8.json": json.dumps({**good, "seed": 8, "ood": {"x": {"data": "d", "f1": None}}}),
+        "warm_rr-seed9.json": json.dumps({**good, "seed": 9})[:-1] + ', "val_f1": 99.0}',  # a key twice
+        "warm_rr-seed10.json": '{"row": ' * 100_000,  # nested too deeply for the parser
+        "warm_rr-seed11.json": json.dumps({**good, "seed": 11}).encode().replace(b"Test CPU", b"\xff\xfe"),
+        "warm_rr-seed12.json": json.dumps({**good, "seed": 12, "settings": {**SETTINGS, "minutes": 99.0}}),
+        "warm_rr-seed13.json": "fifo",
+        "warm_rr-seed14.json": "folder",
+        "warm_rr-seed15.json": "large",
+    }
+    for name, content in bad.items():
+        path = folder / name
+        if content is None:
+            path.symlink_to(elsewhere)
+        elif content == "fifo":
+            os.mkfifo(path)
+        elif content == "folder":
+            path.mkdir()
+        elif content == "large":
+            with path.open("wb") as f:
+                f.truncate(65 << 20)  # (sparse)
+        else:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    capsys.readouterr()
+    text = write_page(out, tmp_path / "page.md", "out")
+    err = capsys.readouterr().err.splitlines()
+    named = [line.removeprefix("mhgpo: left out ").split(": ", 1) for line in err]
+    assert sorted(path for path, _ in named) == sorted(str(folder / name) for name in bad), err
+    reasons = {path.rsplit("-seed", 1)[1]: why for path, why in named}
+    assert reasons["3.json"].startswith("is a link")
+    assert reasons["4.json"] == "val_f1: expected a number, got '90'"
+    assert reasons["9.json"] == "the key 'val_f1' given twice"
+    assert reasons["10.json"] == "nested too deeply"
+    assert reasons["11.json"].startswith("not UTF-8 text")
+    assert reasons["12.json"] == "it ran under other settings than " + f"{folder}'s"
+    assert reasons["13.json"] == reasons["14.json"] == "not a regular file"
+    assert reasons["15.json"].startswith("68157440 bytes, more than the 67108864")
+    assert "| `warm_rr` | 3 | 3.0 ± 0.0 | 21.0 ± 1.0 |" in reward_part(text)  # seeds 0, 1, 2 alone
+
+
+def test_strings_from_result_files_cannot_change_the_page(tmp_path) -> None:
+    from mhgpo.experiments.page import code, md, page
+
+    settings = {**SETTINGS, "overrides": ["data=x`y|z<b>", "val_data=v]](http://e)", "tags=[`a``]"]}
+    out = tmp_path / "out"
+    folder = results_folder(out, settings)
+    evil = {"cpu": "<img src=x onerror=alert(1)> | [x](http://e) **b**", "cores": 2, "gpu": "G\n\n## injected"}
+    for seed in (0, 1, 2):
+        path = result_path(folder, "warm_rr", seed)
+        res = json.loads(path.read_text())
+        ood = {"a|b<script>": {"data": "d`|", "f1": 1.0}}
+        atomic_write_json(path, {**res, "machine": evil, "ood": ood})
+    text = reward_part(page(out, "out"))
+    prose = "\n".join(line for line in text.splitlines() if not line.startswith("Command: "))  # (code: shown as is)
+    assert not re.search(r"(?<!\\)(<img|<script|<b>|\]\()", prose)  # only escaped
+    assert "\n## injected" not in text
+    assert r"\<img src=x onerror=alert(1)\> \| \[x\](http://e) \*\*b\*\*, 2 cores, G \#\# injected" in text
+    assert "### x\\`y\\|z\\<b\\>, validated on v\\]\\](http://e)" in text
+    table = [line for line in text.splitlines() if line.startswith("| `warm_rr` |")][0]
+    header = [line for line in text.splitlines() if line.startswith("| row |")][0]
+    assert len(re.findall(r"(?<!\\)\|", table)) == len(re.findall(r"(?<!\\)\|", header))  # no cell added
+    assert "a\\|b\\<script\\> F1" in header
+    command = [line for line in text.splitlines() if line.startswith("Command: ")][0]
+    assert command.startswith("Command: ```mhgpo reproduce --table reward") and command.endswith(" tags=[`a``]```")
+    assert md("a\nb|c") == "a b\\|c" and code("x`y") == "``x`y``" and code("`x") == "`` `x ``"
+
+
+def test_a_nan_result_gets_no_verdict_and_is_noted(tmp_path) -> None:
+    from mhgpo.experiments.page import page
+
+    out = tmp_path / "out"
+    folder = results_folder(out)
+    path = result_path(folder, "warm_rr", 2)
+    path.write_text(path.read_text().replace('"val_f1": 22.0', '"val_f1": NaN'))
+    text = reward_part(page(out, "out"))
+    assert "| `warm_rr` | 3 | 3.0 ± 0.0 | 20.5 ± 0.7 (1 not finite) |" in text
+    assert "| 10.00 ± 0.00 | within noise (1 seed with a NaN or infinite result left out) |" in text
+    path.write_text(path.read_text().replace('"val_f1": NaN', '"val_f1": Infinity'))
+    assert "within noise (1 seed with a NaN or infinite result left out)" in reward_part(page(out, "out"))
