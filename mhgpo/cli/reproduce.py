@@ -84,14 +84,16 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from mhgpo.config.rows import load_rows
     from mhgpo.errors import InputError
     from mhgpo.experiments.page import write_page
-    from mhgpo.experiments.results import data_overrides, data_tag, recorded_overrides, settings_of
+    from mhgpo.experiments.results import data_folders, data_overrides, data_tag, recorded_overrides, settings_of
     from mhgpo.experiments.runner import check_evals, run_rows
+    from mhgpo.io import check_output_dir
 
-    out = Path(args.out)
+    out = check_output_dir(Path(args.out), "results' folder, --out")
     rows = load_rows(args.rows_file)
     doc = Path(args.doc) if args.doc else out / "reproduction.md"
     if args.table and args.rows:
         raise InputError("--rows: runs the rows named, --table those of the tables; give one of them")
+    _check_doc(doc, [*data_folders(out), out / data_tag(args.data, args.val_data)])
     if not args.doc_only:
         _check_numbers(args)
         seeds, evals = _seeds(args.seeds), check_evals(args.eval or [])
@@ -107,6 +109,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     write_page(out, doc, args.out, rows)
     print(f"wrote {doc}")
     return 0
+
+
+def _check_doc(doc: Path, folders: list[Path]) -> None:
+    """The page is a file of its own: not a folder, and not inside a data folder (whose files are the results)."""
+    from mhgpo.errors import InputError
+
+    if doc.is_dir():
+        raise InputError(f"--doc {doc}: is a folder; name the page's file")
+    where = Path(os.path.realpath(doc))
+    for folder in folders:
+        if where.is_relative_to(os.path.realpath(folder)):
+            raise InputError(
+                f"--doc {doc}: inside the data folder {folder}, whose files are the results; write it elsewhere"
+            )
 
 
 def _print_summary(rows, results: dict[str, dict[int, dict]]) -> None:

@@ -236,9 +236,10 @@ def pinned_settings(folder: Path) -> dict | None:
     pinned = Path(folder) / SETTINGS
     if not pinned.exists() and not pinned.is_symlink():
         return None
+    text = read_small_file(pinned, 1 << 20)
     try:
-        found = json.loads(read_small_file(pinned, 1 << 20), object_pairs_hook=_unique)
-    except (json.JSONDecodeError, RecursionError):
+        found = json.loads(text, object_pairs_hook=_unique)
+    except (json.JSONDecodeError, RecursionError, InputError):  # (InputError: a key twice)
         found = None
     if not _settings_ok(found):
         raise InputError(f"{pinned}: not the settings of mhgpo reproduce; move it away or use another --out")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mhgpo.config.load import shown
 from mhgpo.config.rows import RowTable
 from mhgpo.errors import InputError, RunError
 from mhgpo.experiments.claims import ORACLE_ROW, ORACLES, oracle_key, split_key
@@ -340,7 +341,9 @@ def check_evals(evals: list[str]) -> dict[str, str]:
     out = {}
     for item in evals:
         name, sep, spec = item.partition("=")
-        if not sep or not spec or not name.replace("_", "").isalnum():
-            raise InputError(f"--eval: expected NAME=SPEC (e.g. 2wiki=2wiki:data/2wiki/val.jsonl), got {item!r}")
+        if not sep or not spec or not name.replace("_", "").isalnum() or not name.isascii():
+            raise InputError(f"--eval: expected NAME=SPEC (e.g. 2wiki=2wiki:data/2wiki/val.jsonl), got {shown(item)}")
+        if name in out:
+            raise InputError(f"--eval: {name} given twice")
         out[name] = spec
     return out

@@ -521,3 +521,41 @@ def test_a_nan_result_gets_no_verdict_and_is_noted(tmp_path) -> None:
     assert "| 10.00 ± 0.00 | within noise (1 seed with a NaN or infinite result left out) |" in text
     path.write_text(path.read_text().replace('"val_f1": NaN', '"val_f1": Infinity'))
     assert "within noise (1 seed with a NaN or infinite result left out)" in reward_part(page(out, "out"))
+
+
+# ------------------------------------------------------------------------------------------ more of reproduce's input
+
+
+def test_a_page_that_would_replace_a_result_or_a_folder_is_refused(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    folder = results_folder(out)
+    before = result_path(folder, "warm_rr", 0).read_bytes()
+    rc, _, err = cli(capsys, "reproduce", "--doc-only", "--out", out, "--doc", result_path(folder, "warm_rr", 0))
+    assert_one_line_error(rc, err, rf"--doc \S+: inside the data folder {folder}, whose files are the results")
+    assert result_path(folder, "warm_rr", 0).read_bytes() == before
+    rc, _, err = cli(capsys, "reproduce", "--doc-only", "--out", out, "--doc", tmp_path)
+    assert_one_line_error(rc, err, rf"--doc {tmp_path}: is a folder; name the page's file")
+    (tmp_path / "file").write_text("mine\n")
+    rc, _, err = cli(capsys, "reproduce", "--doc-only", "--out", tmp_path / "file")
+    assert_one_line_error(rc, err, rf"{tmp_path / 'file'}: exists and is not a folder \(the results' folder, --out\)")
+    assert (tmp_path / "file").read_text() == "mine\n"
+
+
+def test_an_evaluation_named_twice_or_not_in_ascii_is_refused(tmp_path, capsys) -> None:
+    for evals, message in (
+        (["a=x", "a=y"], r"--eval: a given twice"),
+        (["２wiki=x"], r"--eval: expected NAME=SPEC \(e.g. 2wiki=2wiki:data/2wiki/val.jsonl\), got '２wiki=x'"),
+    ):
+        rc, _, err = reproduce(capsys, tmp_path / "out", *(f for e in evals for f in ("--eval", e)))
+        assert_one_line_error(rc, err, message)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", ['["not", "settings"]', '{"minutes": "10"}', "{oops", '{"a": 1, "a": 2}'])
+def test_a_settings_file_that_is_not_one_is_named_in_one_line(tmp_path, capsys, content) -> None:
+    out = tmp_path / "out"
+    (out / "synthetic").mkdir(parents=True)
+    (out / "synthetic" / "settings.json").write_text(content)
+    rc, _, err = reproduce(capsys, out)
+    assert_one_line_error(rc, err, rf"{out / 'synthetic' / 'settings.json'}: not the settings of mhgpo reproduce")
+    assert (out / "synthetic" / "settings.json").read_text() == content
