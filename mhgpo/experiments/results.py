@@ -130,6 +130,12 @@ def inspect_result(path: Path) -> tuple[dict | None, str | None]:
     except RecursionError:
         return None, "nested too deeply"
     problem = result_problem(result)
+    if (
+        problem is None
+        and result["row"] != "warm_start"
+        and result_path(path.parent, result["row"], result["seed"]) != path
+    ):
+        problem = f"it holds {shown(result['row'])} seed {result['seed']}, which is not what its name says"
     return (None, problem) if problem else (result, None)
 
 

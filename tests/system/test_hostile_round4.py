@@ -559,3 +559,18 @@ def test_a_settings_file_that_is_not_one_is_named_in_one_line(tmp_path, capsys, 
     rc, _, err = reproduce(capsys, out)
     assert_one_line_error(rc, err, rf"{out / 'synthetic' / 'settings.json'}: not the settings of mhgpo reproduce")
     assert (out / "synthetic" / "settings.json").read_text() == content
+
+
+def test_a_result_under_another_rows_or_seeds_name_counts_for_neither(tmp_path, capsys) -> None:
+    from mhgpo.experiments.results import collect, find_result
+
+    folder = results_folder(tmp_path / "out")
+    copied = result_path(folder, "warm_mappo", 5)
+    copied.write_bytes(result_path(folder, "warm_rr", 0).read_bytes())  # warm_rr seed 0's, under another name
+    capsys.readouterr()
+    found = collect(folder)
+    assert sorted(found["warm_rr"]) == [0, 1, 2] and sorted(found["warm_mappo"]) == [0, 1, 2]
+    assert capsys.readouterr().err == (
+        f"mhgpo: left out {copied}: it holds 'warm_rr' seed 0, which is not what its name says\n"
+    )
+    assert find_result(folder, "warm_mappo", 5, SETTINGS) is None  # not finished: run (and written) again
