@@ -75,12 +75,14 @@ def job_command(job: Job) -> list[str]:
     return [sys.executable, "-c", _BOOT, os.path.realpath(mhgpo.__file__), job.to_json()]
 
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM)  # passed on to the running jobs, which save and stop on them
+# Passed on to the running jobs, which save and stop on SIGINT and SIGTERM; a hang-up of the terminal (SIGHUP, which
+# does not reach the jobs in their own process groups) is passed on as SIGTERM.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def subprocesses(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:
     """Run `jobs` as processes of their own (:func:`job_command`), `parallel` at a time, each once its `after` jobs
-    have finished; the jobs that failed. SIGINT or SIGTERM sent to this process is passed on to the running jobs
+    have finished; the jobs that failed. SIGINT or SIGTERM (or SIGHUP) sent to this process is passed on to the jobs
     (each in a process group of its own, so that a terminal's Ctrl-C reaches it once, through this process); no job
     starts after it, and once the running ones have ended RunError says so; again: passed on again (a job then
     stops without saving)."""
@@ -132,9 +134,10 @@ class _Processes:
         """Pass the signals received since the last call on to the running jobs (each signal once)."""
         if len(self.stops) == self.sent:
             return
+        sig = signal.SIGTERM if self.stops[-1] == signal.SIGHUP else self.stops[-1]
         for _, proc in self.running:
             if proc.poll() is None:
-                proc.send_signal(self.stops[-1])
+                proc.send_signal(sig)
         if not self.sent:
             print(f"{signal.Signals(self.stops[0]).name}: stopping the {len(self.running)} running jobs", flush=True)
         self.sent = len(self.stops)

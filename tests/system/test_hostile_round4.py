@@ -108,7 +108,7 @@ time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_to_reproduce_alone_stops_its_jobs_and_waits_for_them(tmp_path, monkeypatch, capsys, sig) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -130,7 +130,8 @@ def test_a_signal_to_reproduce_alone_stops_its_jobs_and_waits_for_them(tmp_path,
     started = {p.stem: p.read_text().split() for p in marks.glob("*.started")}
     assert sorted(started) == [jobs[0].name, jobs[1].name]  # the third never started
     for name, (pid, group) in started.items():
-        assert (marks / f"{name}.stopped").read_text() == str(int(sig))  # passed on, once, and each job ended on it
+        passed = signal.SIGTERM if sig == signal.SIGHUP else sig  # (a hang-up: the jobs save on SIGTERM)
+        assert (marks / f"{name}.stopped").read_text() == str(int(passed))  # passed on, once; each job ended on it
         assert int(group) != os.getpgrp()  # a group of its own: a terminal's Ctrl-C reaches it only through reproduce
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
