@@ -177,6 +177,34 @@ def remove_stale_temps(target: Path, what: str) -> list[Path]:
     return removed
 
 
+def read_small_file(path: Path, limit: int) -> str:
+    """The UTF-8 text of the regular file `path` (not followed if a link, not waited on if a FIFO); InputError
+    naming it for a link, another kind of file, more than `limit` bytes or bytes that are not UTF-8."""
+    import stat
+
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if path.is_symlink():
+            raise InputError(f"{path}: is a link (only a file of its own is read)") from None
+        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise InputError(f"{path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if info.st_size > limit:
+            raise InputError(f"{path}: {info.st_size} bytes, more than the {limit} such a file holds")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"{path}: more than the {limit} bytes such a file holds")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
 def read_json(path: Path) -> Any:
     """A JSON file's content; an unreadable or invalid file raises InputError naming it (and the line)."""
     path = Path(path)

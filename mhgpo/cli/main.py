@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_ERROR_CHARS = 2000
+
+
 def error_line(e: BaseException) -> str | None:
     """The one line the CLI prints for an error that is the input's or the machine's (not a bug), else None."""
     import json
@@ -392,6 +395,8 @@ def error_line(e: BaseException) -> str | None:
         text = str(e) or type(e).__name__
     else:
         return None
+    if len(text) > MAX_ERROR_CHARS:  # (a message that quotes a huge value is cut, not printed whole)
+        text = text[:MAX_ERROR_CHARS] + f"... ({len(text) - MAX_ERROR_CHARS} more characters)"
     return printable(redact_text(" ".join(text.split())))  # (no password of a URL, no escape sequence shown)
 
 

@@ -14,16 +14,39 @@ ROWS_FILE = "experiments/rows.yaml"
 DEFAULT_OUT = "experiments/results"  # beside the table of rows: the results (not the runs) are kept with the project
 
 
+MAX_SEEDS = 1000  # seeds in one command (each row runs once per seed)
+
+
 def _seeds(text: str) -> list[int]:
+    """`--seeds`: distinct seeds in the order given (a seed given twice runs once)."""
+    from mhgpo.config.load import MAX_SEED, shown
     from mhgpo.errors import InputError
 
+    parts = [s for s in text.split(",") if s.strip()]
+    if len(parts) > MAX_SEEDS:
+        raise InputError(f"--seeds: {len(parts)} seeds; at most {MAX_SEEDS} in one command")
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
+        seeds = list(dict.fromkeys(int(s) for s in parts))
     except ValueError:
-        raise InputError(f"--seeds: expected comma-separated integers, got {text!r}") from None
+        raise InputError(f"--seeds: expected comma-separated integers, got {shown(text)}") from None
     if not seeds:
         raise InputError("--seeds: no seed given")
+    if bad := [s for s in seeds if not 0 <= s <= MAX_SEED]:
+        raise InputError(f"--seeds: a seed is between 0 and {MAX_SEED} (2**32 - 1), got {bad[0]}")
     return seeds
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """`--minutes`, `--val-limit` and `--parallel` that no row could run with, refused before anything is written."""
+    import math
+
+    from mhgpo.errors import InputError
+
+    if not (math.isfinite(args.minutes) and args.minutes > 0):
+        raise InputError(f"--minutes: expected a positive number of minutes, got {args.minutes}")
+    for flag, value in (("--val-limit", args.val_limit), ("--parallel", args.parallel)):
+        if value < 1:
+            raise InputError(f"{flag}: must be at least 1, got {value}")
 
 
 def _keys(args: argparse.Namespace) -> tuple[list[str], bool]:
@@ -61,17 +84,21 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from mhgpo.config.rows import load_rows
     from mhgpo.errors import InputError
     from mhgpo.experiments.page import write_page
-    from mhgpo.experiments.results import data_overrides, data_tag, settings_of
+    from mhgpo.experiments.results import data_folders, data_overrides, data_tag, recorded_overrides, settings_of
     from mhgpo.experiments.runner import check_evals, run_rows
+    from mhgpo.io import check_output_dir
 
-    out = Path(args.out)
+    out = check_output_dir(Path(args.out), "results' folder, --out")
     rows = load_rows(args.rows_file)
     doc = Path(args.doc) if args.doc else out / "reproduction.md"
     if args.table and args.rows:
         raise InputError("--rows: runs the rows named, --table those of the tables; give one of them")
+    _check_doc(doc, [*data_folders(out), out / data_tag(args.data, args.val_data)])
     if not args.doc_only:
+        _check_numbers(args)
+        seeds, evals = _seeds(args.seeds), check_evals(args.eval or [])
         keys, oracles = _keys(args)
-        overrides = data_overrides(args.data, args.val_data) + list(args.overrides)
+        overrides = recorded_overrides(data_overrides(args.data, args.val_data) + list(args.overrides))
         if args.val_every is not None and args.val_every < 1:
             raise InputError(f"--val-every: expected a number of steps >= 1, got {args.val_every}")
         settings = settings_of(args.minutes, args.clock, args.val_limit, overrides, args.scale, args.val_every)
@@ -79,13 +106,25 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         if warning := oversubscribed(args.parallel, args.clock, _cores()):
             print(warning, file=sys.stderr)
         folder = out / data_tag(args.data, args.val_data)
-        results = run_rows(
-            rows, keys, _seeds(args.seeds), folder, settings, args.parallel, check_evals(args.eval or []), oracles
-        )
+        results = run_rows(rows, keys, seeds, folder, settings, args.parallel, evals, oracles)
         _print_summary(rows, results)
     write_page(out, doc, args.out, rows)
     print(f"wrote {doc}")
     return 0
+
+
+def _check_doc(doc: Path, folders: list[Path]) -> None:
+    """The page is a file of its own: not a folder, and not inside a data folder (whose files are the results)."""
+    from mhgpo.errors import InputError
+
+    if doc.is_dir():
+        raise InputError(f"--doc {doc}: is a folder; name the page's file")
+    where = Path(os.path.realpath(doc))
+    for folder in folders:
+        if where.is_relative_to(os.path.realpath(folder)):
+            raise InputError(
+                f"--doc {doc}: inside the data folder {folder}, whose files are the results; write it elsewhere"
+            )
 
 
 def _print_summary(rows, results: dict[str, dict[int, dict]]) -> None:

@@ -18,7 +18,7 @@ from mhgpo.config.choices import (
     one_of,
     split_userinfo,
 )
-from mhgpo.config.load import at_least, check_counts
+from mhgpo.config.load import at_least, check_counts, check_seed
 from mhgpo.config.tables import ENGINES
 from mhgpo.errors import InputError
 
@@ -133,6 +133,20 @@ class SearchConfig:
 _SERVICE_USERINFO: dict[str, str] = {}
 AUTH_ENV = "MHGPO_RETRIEVER_AUTH"  # `user:password` for a URL without them, or whose password was redacted
 MAX_RETRIES = 10
+
+
+def keep_service_password(url: str) -> str:
+    """`url` with its userinfo redacted (`user:***@`, a token alone `***@`), the userinfo kept for this process
+    (:func:`service_auth`, :func:`kept_userinfo`)."""
+    userinfo, _, shown = split_userinfo(url)
+    if userinfo and shown != url:
+        _SERVICE_USERINFO[shown] = userinfo
+    return shown
+
+
+def kept_userinfo(url: str) -> str | None:
+    """The userinfo that the redacted `url` was given with in this process, if any."""
+    return _SERVICE_USERINFO.get(url)
 
 
 def service_auth(url: str) -> tuple[str, str] | None:
@@ -272,6 +286,7 @@ class TeamRunConfig:
     def validate(self) -> None:
         check_system(self.system, self.team)
         check_precision(self.precision)
+        check_seed(self.seed)
         check_counts(self, ("gen_batch_size", "max_prompt_tokens"))
 
 
@@ -364,6 +379,7 @@ class RetrievalEvalConfig:
 
     def validate(self) -> None:
         at_least(self, "max_prompt_tokens", 1)
+        check_seed(self.seed)
         if self.query not in QUERIES:
             raise InputError(f"query: expected {one_of(QUERIES)}, got {self.query!r}")
         if not self.ks or any(k < 1 for k in self.ks):

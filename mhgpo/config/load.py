@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -18,11 +19,112 @@ from mhgpo.errors import InputError
 
 T = TypeVar("T")
 
+# A config, a table of rows or a run's config.yaml is small; a few hundred bytes of nested aliases can stand for
+# billions of values (each alias is the anchored value again), which every reader of the tree would walk.
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_VALUES = 100_000  # values of a document, its aliases expanded
+MAX_YAML_DEPTH = 100  # nested mappings and lists
+
+_REPR = reprlib.Repr()  # values shown in messages: a long string or a big tree is cut (`...`)
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 200, 200, 3
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxdict = 10
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` cut to a few hundred characters (a message never repeats a huge value)."""
+    return _REPR.repr(value)
+
+
+def parse_yaml(text: str, where: object) -> Any:
+    """`yaml.safe_load(text)`, refusing with an InputError naming `where` (a file, an override) a document larger
+    than MAX_YAML_BYTES, nested deeper than MAX_YAML_DEPTH, whose aliases expand it beyond MAX_YAML_VALUES values,
+    that holds itself, or a mapping that gives a key twice (the first value would be dropped unseen); invalid YAML
+    raises yaml.YAMLError as yaml.safe_load does."""
+    if len(text) > MAX_YAML_BYTES:
+        raise InputError(f"{where}: more than {MAX_YAML_BYTES} characters; refused (a YAML document here is small)")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_size(node, where)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise InputError(f"{where}: nested too deeply (at most {MAX_YAML_DEPTH} levels)") from None
+    finally:
+        loader.dispose()
+
+
+def _check_size(root: yaml.Node, where: object) -> None:
+    """The values under `root` counted with each alias expanded (a node met again is counted from its memo, so
+    this takes the time of the document, not of its expansion)."""
+    sizes: dict[int, int] = {}
+    started: set[int] = set()  # begun and not finished: the node being counted and its ancestors
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        key = id(node)
+        children = [] if isinstance(node, yaml.ScalarNode) else _children(node)
+        if done:
+            started.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[key] > MAX_YAML_VALUES:
+                raise InputError(
+                    f"{where}: its aliases (*name) expand it beyond {MAX_YAML_VALUES} values; refused (write the "
+                    f"values out)"
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in started:
+            raise InputError(f"{where}: an alias (*name) inside the value it names; refused")
+        if depth > MAX_YAML_DEPTH:
+            raise InputError(f"{where}: nested too deeply (at most {MAX_YAML_DEPTH} levels)")
+        if isinstance(node, yaml.MappingNode):
+            _check_keys(node, where)
+        started.add(key)
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in sizes)
+
+
+def _check_keys(node: yaml.MappingNode, where: object) -> None:
+    seen = set()
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+            if (k.tag, k.value) in seen:
+                raise InputError(f"{where}:{k.start_mark.line + 1}: key {shown(k.value)} given twice in one mapping")
+            seen.add((k.tag, k.value))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML file `path` (:func:`parse_yaml`, named by its path); OSError, UnicodeDecodeError and
+    yaml.YAMLError as reading and `yaml.safe_load` raise them."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise InputError(f"{path}: not a regular file (a YAML file is read whole)")
+    with path.open("rb") as f:
+        data = f.read(MAX_YAML_BYTES + 1)
+    return parse_yaml(data.decode("utf-8"), path)
+
 
 def at_least(obj: Any, key: str, least: int, prefix: str = "") -> None:
     value = getattr(obj, key)
     if value < least:
         raise InputError(f"{prefix}{key}: must be at least {least}, got {value}")
+
+
+MAX_SEED = 2**32 - 1  # numpy's global seed (`np.random.seed`) takes 0 to 2**32 - 1
+
+
+def check_seed(seed: int, key: str = "seed") -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise InputError(f"{key}: must be between 0 and {MAX_SEED} (2**32 - 1), got {seed}")
 
 
 def check_counts(obj: Any, keys: tuple[str, ...], optional: str = "") -> None:
@@ -54,14 +156,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(str(e))
         if len(errors) == 1:
             raise InputError(errors[0] + (" (or null)" if type(None) in args else ""))
-        raise InputError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+        raise InputError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {shown(value)}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise InputError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+            raise InputError(f"{key}: expected a mapping of {tp.__name__} fields, got {shown(value)}")
         return from_dict(tp, value, prefix=key + ".")
     if origin is dict:
         if not isinstance(value, dict):
-            raise InputError(f"{key}: expected a mapping of keys to values, got {value!r}")
+            raise InputError(f"{key}: expected a mapping of keys to values, got {shown(value)}")
         inner = typing.get_args(tp)[1] if len(typing.get_args(tp)) == 2 else Any
         return {k: _coerce(v, inner, f"{key}.{k}") for k, v in value.items()}
     if origin in (list, tuple):
@@ -69,7 +171,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            raise InputError(f"{key}: expected a list, got {value!r}")
+            raise InputError(f"{key}: expected a list, got {shown(value)}")
         items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if tp is Any:
@@ -77,11 +179,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise InputError(f"{key}: expected true or false, got {value!r}")
+        raise InputError(f"{key}: expected true or false, got {shown(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise InputError(f"{key}: expected an integer, got {value!r}")
+        raise InputError(f"{key}: expected an integer, got {shown(value)}")
     if tp is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -92,14 +194,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
         if number is None:
-            raise InputError(f"{key}: expected a number, got {value!r}")
+            raise InputError(f"{key}: expected a number, got {shown(value)}")
         if not math.isfinite(number):
-            raise InputError(f"{key}: expected a finite number, got {value!r}")
+            raise InputError(f"{key}: expected a finite number, got {shown(value)}")
         return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise InputError(f"{key}: expected a string, got {value!r}")
+        raise InputError(f"{key}: expected a string, got {shown(value)}")
     return value
 
 
@@ -150,13 +252,13 @@ def _keys_first(obj: Any, tree: dict[str, Any]) -> dict[str, Any]:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
-        raise InputError(f"override {text!r} is not of the form key=value")
+        raise InputError(f"override {shown(text)} is not of the form key=value")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
-        raise InputError(f"override {text!r} has an empty key")
+        raise InputError(f"override {shown(text)} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw, f"override {key}") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -193,7 +295,7 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     """The YAML file `path` as a mapping (empty for an empty file); a missing file, invalid YAML (with its line) or
     another top level is an InputError naming the file."""
     try:
-        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        tree = read_yaml(path) or {}
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
@@ -218,8 +320,8 @@ def load_config(
         if not p.is_file():
             raise InputError(f"{p}: config file not found")
         try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
+            loaded = read_yaml(p) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
             mark = getattr(e, "problem_mark", None)
             where = f":{mark.line + 1}" if mark is not None else ""
             raise InputError(f"{p}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
@@ -276,7 +378,7 @@ def names_key(path: str | Path | None, overrides: list[str] | tuple[str, ...], k
     if path is None:
         return False
     try:
-        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        tree = read_yaml(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, InputError):
         return False
     return lookup(tree, key) is not None if isinstance(tree, dict) else False

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from mhgpo.config.load import from_dict, load_config, lookup, read_mapping, set_key, to_dict
+from mhgpo.config.load import from_dict, load_config, lookup, read_mapping, read_yaml, set_key, to_dict
 from mhgpo.config.tables import algo_label
 from mhgpo.config.train import TrainConfig
 from mhgpo.errors import InputError
@@ -116,8 +116,8 @@ def _shown(value: Any) -> str:
 def is_row_table(path: Path) -> bool:
     """Whether the YAML file `path` is a table of rows (its top level has `base` and `rows`)."""
     try:
-        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        tree = read_yaml(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, InputError):
         return False
     return isinstance(tree, dict) and {"base", "rows"} <= set(tree)
 

@@ -9,6 +9,7 @@ prose is in `page.md` beside this module, one block per part with `$placeholders
 
 from __future__ import annotations
 
+import re
 import string
 from functools import cache
 from importlib import resources
@@ -48,6 +49,23 @@ PARTIAL = "**Partial**"  # how the page marks a part run only in part (the block
 CARRIED_FROM = "*Carried over from the page as it was: "
 CARRIED = CARRIED_FROM + "the results behind this part are not in the output folder.*"
 CARRIED_PARTIAL = CARRIED_FROM + "the output folder holds {found} of the {needed} results of a part of its own.*"
+
+
+_MARKUP = str.maketrans({c: "\\" + c for c in "\\`*_[]<>|&#~!"})
+
+
+def md(value: object) -> str:
+    """A string from a result file or the settings (a machine, a data spec) as page text: on one line, its markdown
+    and HTML characters escaped (it can neither break a table nor add a link, an image or a tag)."""
+    return " ".join(str(value).split()).translate(_MARKUP)
+
+
+def code(text: str) -> str:
+    """`text` as an inline code span (on one line; fenced by more backticks than any run of them inside)."""
+    text = " ".join(text.split())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def previous_parts(text: str | None) -> dict[str, dict[str, str]]:
@@ -169,18 +187,18 @@ def data_title(settings: dict) -> str:
     data = data_specs(settings["overrides"])
     if not data:
         return fill("synthetic")
-    return fill("data", data=data.get("data"), val_data=data.get("val_data"))
+    return fill("data", data=md(data.get("data")), val_data=md(data.get("val_data")))
 
 
 def _part(found: list[dict], settings: dict, seeds: list[int], command_text: str, budget: str) -> list[str]:
     mach = found[0].get("machine") or {}
-    machine = f"{mach.get('cpu', 'unknown')}, {mach.get('cores', '?')} cores" + (
-        f", {mach['gpu']}" if mach.get("gpu") else ""
+    machine = f"{md(mach.get('cpu', 'unknown'))}, {md(mach.get('cores', '?'))} cores" + (
+        f", {md(mach['gpu'])}" if mach.get("gpu") else ""
     )
     text = fill(
         "part",
         data=data_title(settings),
-        command=command_text,
+        command=code(command_text),
         machine=machine,
         seeds=", ".join(map(str, seeds)),
         budget=budget,
@@ -271,15 +289,15 @@ def _table_body(table: Table, by_row: Results, out: str, rows: RowTable | None) 
     budget = fill(
         "budget",
         minutes=f"{settings['minutes']:g}",
-        clock=settings["clock"],
+        clock=md(settings["clock"]),
         own=f" ({'; '.join(f'`{r}`: {b:g}' for r, b in budgets)})" if budgets else "",
         val_limit=settings["val_limit"],
         partial=fill("partial", missing=", ".join(missing)) if missing else "",
     )
     lines = _part(found, settings, seeds, command(table.name, settings, seeds, out, evals), budget)
-    extra = [header for header, _ in table.columns] + [f"{name} F1" for name in evals]
+    extra = [header for header, _ in table.columns] + [f"{md(name)} F1" for name in evals]
     if evals:  # the paper's OOD average beside the validation (ID) F1, and its paired difference
-        extra += [f"OOD avg F1 ({', '.join(evals)})"] if len(evals) > 1 else []
+        extra += [f"OOD avg F1 ({', '.join(map(md, evals))})"] if len(evals) > 1 else []
         extra += [f"Δ OOD F1 vs {table.reference} (paired)"]
     header = ["row", "seeds", "steps", "val F1", "val Acc", f"Δ F1 vs {table.reference} (paired)", "s / step"]
     header += ["peak MB", "LLM calls / question", "trained samples / question", *extra]
@@ -287,9 +305,11 @@ def _table_body(table: Table, by_row: Results, out: str, rows: RowTable | None) 
     lines += ["", "| paper | comparison | ours (paired, mean ± std) | verdict |", "|---|---|---|---|"]
     for c in table.claims:
         diffs = paired(by_row, c.row, c.than, c.metric)
+        left = len(paired(by_row, c.row, c.than, c.metric, finite=False)) - len(diffs)
+        note = f" ({left} seed{'s' * (left > 1)} with a NaN or infinite result left out)" if left else ""
         lines.append(
             f"| {c.paper} | `{c.row}` {c.direction} `{c.than}` ({METRICS[c.metric]}) | "
-            f"{fmt(diffs, 2)} | {verdict(c.direction, diffs, resolution(by_row, c), _questions(by_row, c))} |"
+            f"{fmt(diffs, 2)} | {verdict(c.direction, diffs, resolution(by_row, c), _questions(by_row, c))}{note} |"
         )
     return lines + [""]
 

@@ -15,13 +15,16 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from mhgpo.config.load import shown
 from mhgpo.errors import InputError
 from mhgpo.experiments.claims import ROLES, oracle_key
-from mhgpo.io import atomic_write_json
+from mhgpo.io import atomic_write_json, read_small_file
 
 # What a finished result must hold; a file without them (or not JSON) was cut short and is run again.
 RESULT_KEYS = ("row", "seed", "steps", "val_f1", "val_acc", "settings")
@@ -59,6 +62,44 @@ def settings_of(
     return settings if scale == "demo" else {**settings, "scale": scale}
 
 
+SERVICE_KEY = "retrieval.retriever"  # the one key whose value may be a URL with a password
+
+
+def recorded_overrides(overrides: list[str]) -> list[str]:
+    """The overrides as settings, results, job command lines and the page hold them: the retrieval service URL's
+    userinfo redacted (`user:***@`), kept for this process's jobs (:func:`service_env`); a URL with a password
+    under another key is refused (nothing would read it back)."""
+    from mhgpo.config.choices import redact_text, split_userinfo
+    from mhgpo.config.eval import keep_service_password
+
+    out = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        userinfo, _, shown = split_userinfo(value.strip())
+        if not sep or not userinfo or shown == value.strip():
+            out.append(item)
+        elif key.strip() == SERVICE_KEY:
+            out.append(f"{key}={keep_service_password(value.strip())}")
+        else:
+            raise InputError(
+                f"{key.strip()}: {redact_text(value.strip())} carries a password, which the results would record; "
+                f"only {SERVICE_KEY} takes one"
+            )
+    return out
+
+
+def service_env(overrides: list[str]) -> dict[str, str]:
+    """The environment that gives a job the retrieval service's password that :func:`recorded_overrides` redacted
+    (`$MHGPO_RETRIEVER_AUTH`: not on its command line, which other users can read)."""
+    from mhgpo.config.eval import AUTH_ENV, kept_userinfo
+
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key.strip() == SERVICE_KEY and (userinfo := kept_userinfo(value.strip())):
+            return {AUTH_ENV: userinfo}
+    return {}
+
+
 def result_path(folder: Path, key: str, seed: int) -> Path:
     name = key.replace("/", "_").replace("@", "__").replace(",", "_")
     return Path(folder) / f"{name}-seed{seed}.json"
@@ -68,15 +109,109 @@ def run_folder(folder: Path, key: str, seed: int) -> Path:
     return Path(folder) / RUNS / result_path(Path(), key, seed).stem
 
 
+MAX_RESULT_BYTES = 64 << 20  # a result (its per-step metrics and per-question scores included) is far smaller
+
+
 def read_result(path: Path) -> dict | None:
-    """The finished result in `path`, or None when it is missing, unreadable or cut short."""
+    """The finished result in `path`, or None when it is missing, unreadable, cut short or malformed
+    (:func:`inspect_result` says why)."""
+    return inspect_result(path)[0]
+
+
+def inspect_result(path: Path) -> tuple[dict | None, str | None]:
+    """(the finished result in `path`, None) or (None, why not): missing, a link or not a regular file, too large,
+    not UTF-8, not JSON (cut short), a key given twice, a key missing or of the wrong type."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None, "missing"
     try:
-        result = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(result, dict) or any(k not in result for k in RESULT_KEYS):
-        return None
-    return result
+        text = read_small_file(path, MAX_RESULT_BYTES)
+        result = json.loads(text, object_pairs_hook=_unique)
+    except InputError as e:
+        return None, str(e).removeprefix(f"{path}: ")
+    except json.JSONDecodeError as e:
+        return None, f"not JSON at line {e.lineno} ({e.msg}; cut short?)"
+    except RecursionError:
+        return None, "nested too deeply"
+    problem = result_problem(result)
+    if (
+        problem is None
+        and result["row"] != "warm_start"
+        and result_path(path.parent, result["row"], result["seed"]) != path
+    ):
+        problem = f"it holds {shown(result['row'])} seed {result['seed']}, which is not what its name says"
+    return (None, problem) if problem else (result, None)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise InputError(f"the key {shown(next(k for k in keys if keys.count(k) > 1))} given twice")
+    return dict(pairs)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _settings_ok(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and _number(value.get("minutes"))
+        and isinstance(value.get("clock"), str)
+        and _count(value.get("val_limit"))
+        and isinstance(value.get("overrides"), list)
+        and all(isinstance(o, str) for o in value["overrides"])
+        and isinstance(value.get("scale", ""), str)
+    )
+
+
+def _ood_ok(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(entry, dict) and isinstance(entry.get("data"), str) and _number(entry.get("f1"))
+        for entry in value.values()
+    )
+
+
+# What each key of a result must hold (those a result may lack: when it has them).
+RESULT_TYPES: dict[str, tuple[Any, str]] = {
+    "row": (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a row name"),
+    "seed": (lambda v: _count(v) and v <= 2**32 - 1, "a seed"),
+    "steps": (_count, "a count"),
+    "settings": (_settings_ok, "the settings (minutes, clock, val_limit, overrides)"),
+    **{k: (_number, "a number") for k in ("val_f1", "val_acc", "val_em", "llm_calls", "budget_minutes_used")},
+    **{k: (_count, "a count") for k in ("val_n", "questions_per_step")},
+    **{k: (lambda v: v is None or _number(v), "a number or null") for k in ("peak_mb", "budget_minutes")},
+    **{k: (lambda v: v is None or _number(v), "a number or null") for k in ("recall_retrieved", "recall_shown")},
+    "machine": (
+        lambda v: isinstance(v, dict) and all(isinstance(x, (str, int, type(None))) for x in v.values()),
+        "a machine",
+    ),
+    "steps_metrics": (
+        lambda v: isinstance(v, list) and all(isinstance(m, dict) and all(map(_number, m.values())) for m in v),
+        "a list of per-step metrics",
+    ),
+    "ood": (lambda v: v is None or _ood_ok(v), "evaluations by name, each with its data and f1"),
+    "overrides": (lambda v: isinstance(v, dict), "a mapping"),
+    "steps_of": (lambda v: isinstance(v, str), "a row name"),
+}
+
+
+def result_problem(result: Any) -> str | None:
+    """Why `result` is not a finished result (a key missing: cut short; a key of the wrong type), or None."""
+    if not isinstance(result, dict):
+        return "not a JSON object"
+    missing = [k for k in RESULT_KEYS if k not in result]
+    if missing:
+        return f"no {missing[0]!r} (cut short?)"
+    for key, (ok, what) in RESULT_TYPES.items():
+        if key in result and not ok(result[key]):
+            return f"{key}: expected {what}, got {shown(result[key])}"
+    return None
 
 
 def load_result(path: Path, settings: dict) -> dict | None:
@@ -105,11 +240,27 @@ def find_result(folder: Path, key: str, seed: int, settings: dict) -> dict | Non
     return None
 
 
+def pinned_settings(folder: Path) -> dict | None:
+    """The settings pinned in a data folder (None when none are); InputError naming the file when it is not a
+    settings file."""
+    pinned = Path(folder) / SETTINGS
+    if not pinned.exists() and not pinned.is_symlink():
+        return None
+    text = read_small_file(pinned, 1 << 20)
+    try:
+        found = json.loads(text, object_pairs_hook=_unique)
+    except (json.JSONDecodeError, RecursionError, InputError):  # (InputError: a key twice)
+        found = None
+    if not _settings_ok(found):
+        raise InputError(f"{pinned}: not the settings of mhgpo reproduce; move it away or use another --out")
+    return found
+
+
 def pin_settings(folder: Path, settings: dict) -> None:
     """The data folder's settings: those of its first run; other settings are refused."""
     pinned = Path(folder) / SETTINGS
-    if pinned.is_file():
-        found = json.loads(pinned.read_text(encoding="utf-8"))
+    found = pinned_settings(folder)
+    if found is not None:
         if found != settings:
             raise InputError(
                 f"{folder} holds results run with {json.dumps(found)}, not {json.dumps(settings)}; use another --out"
@@ -117,13 +268,34 @@ def pin_settings(folder: Path, settings: dict) -> None:
     atomic_write_json(pinned, settings)
 
 
+def unpin_unused(folder: Path) -> None:
+    """Remove the data folder's pinned settings when it holds no finished result (a run whose every job failed:
+    its settings bind nothing)."""
+    if not any(read_result(p) is not None for p in Path(folder).glob("*-seed*.json")):
+        (Path(folder) / SETTINGS).unlink(missing_ok=True)
+
+
 def collect(folder: Path) -> dict[str, dict[int, dict]]:
-    """{row: {seed: result}} of the finished results in a data folder (unreadable or cut-short files left out;
-    the earlier scripts' rows under their names here)."""
+    """{row: {seed: result}} of the finished results in a data folder run under its pinned settings (those of its
+    first result when none are pinned; the earlier scripts' rows under their names here). A file that is not a
+    finished result, or that ran under other settings, is left out with a line naming it."""
     by_row: dict[str, dict[int, dict]] = {}
+    try:
+        settings = pinned_settings(folder)
+    except InputError as e:
+        print(f"mhgpo: left out {folder}: {e}", file=sys.stderr, flush=True)
+        return {}
     for path in sorted(Path(folder).glob("*-seed*.json")):
-        res = read_result(path)
-        if res is None or res["row"] == "warm_start":
+        res, why = inspect_result(path)
+        if res is None:
+            if why != "missing":
+                print(f"mhgpo: left out {path}: {why}", file=sys.stderr, flush=True)
+            continue
+        if res["row"] == "warm_start":
+            continue
+        settings = settings if settings is not None else res["settings"]
+        if res["settings"] != settings:
+            print(f"mhgpo: left out {path}: it ran under other settings than {folder}'s", file=sys.stderr, flush=True)
             continue
         key = LEGACY_ROWS.get(res["row"], res["row"])
         seeds = by_row.setdefault(key, {})
@@ -137,13 +309,14 @@ def data_tag(data: str, val_data: str | None) -> str:
     if data == "synthetic" and val_data is None:
         return "synthetic"
     digest = hashlib.sha1(f"{data}|{val_data}".encode()).hexdigest()[:8]
-    return f"{data.partition(':')[0]}-{digest}"
+    kind = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in data.partition(":")[0])[:40]
+    return f"{kind}-{digest}"  # (a name, never a path: a spec without its kind is a path, `../x.jsonl`)
 
 
 def data_folders(out: Path) -> list[Path]:
     """OUT's data folders (those a run has pinned its settings in), the synthetic world's first."""
     out = Path(out)
-    found = [p for p in out.iterdir() if (p / SETTINGS).is_file()] if out.is_dir() else []
+    found = [p for p in out.iterdir() if not p.is_symlink() and (p / SETTINGS).is_file()] if out.is_dir() else []
     return sorted(found, key=lambda p: (p.name != "synthetic", p.name))
 
 

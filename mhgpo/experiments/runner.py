@@ -9,17 +9,30 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from mhgpo.config.load import shown
 from mhgpo.config.rows import RowTable
 from mhgpo.errors import InputError, RunError
 from mhgpo.experiments.claims import ORACLE_ROW, ORACLES, oracle_key, split_key
 from mhgpo.experiments.jobs import Job, finished, row_config, run_job, warm_start_folder
-from mhgpo.experiments.results import find_result, load_result, open_log, pin_settings, result_path
+from mhgpo.experiments.results import (
+    SETTINGS,
+    find_result,
+    is_oracle,
+    load_result,
+    open_log,
+    pin_settings,
+    result_path,
+    service_env,
+    unpin_unused,
+)
 from mhgpo.io import prepare_output_dir
 from mhgpo.run.rundir import refuse_links
 
@@ -40,26 +53,132 @@ def next_job(pending: list[Job], running: list[Job], failed: list[Job]) -> Job |
     return None
 
 
+# How a job process starts. `python -m` and `-c` put the working folder first on sys.path, so that a `mhgpo/` or a
+# `yaml.py` in the folder reproduce runs in would run inside every job: the job's first statement takes that entry
+# out, and puts back the folder this process imported mhgpo from unless mhgpo is found there anyway.
+_BOOT = """import sys
+if not getattr(sys.flags, "safe_path", False): del sys.path[0]
+import importlib.util, os
+origin = sys.argv.pop(1)
+spec = importlib.util.find_spec("mhgpo")
+if spec is None or not spec.origin or os.path.realpath(spec.origin) != origin:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(origin)))
+from mhgpo.experiments.jobs import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def job_command(job: Job) -> list[str]:
+    """The command line of a job's process: this Python, the mhgpo package this process runs, the job as JSON."""
+    import mhgpo
+
+    return [sys.executable, "-c", _BOOT, os.path.realpath(mhgpo.__file__), job.to_json()]
+
+
+# Passed on to the running jobs, which save and stop on SIGINT and SIGTERM; a hang-up of the terminal (SIGHUP, which
+# does not reach the jobs in their own process groups) is passed on as SIGTERM.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def subprocesses(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:
-    """Run `jobs` as `python -m mhgpo.experiments.jobs`, `parallel` at a time, each once its `after` jobs have
-    finished; the jobs that failed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    pending, running, failed = list(jobs), [], []
-    while pending or running:
-        while len(running) < max(parallel, 1) and (job := next_job(pending, [j for j, _ in running], failed)):
-            with open_log(logs / f"{job.name}.log") as log:
-                cmd = [sys.executable, "-m", "mhgpo.experiments.jobs", job.to_json()]
-                running.append((job, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)))
-        time.sleep(1)
-        for job, proc in list(running):
+    """Run `jobs` as processes of their own (:func:`job_command`), `parallel` at a time, each once its `after` jobs
+    have finished; the jobs that failed. SIGINT or SIGTERM (or SIGHUP) sent to this process is passed on to the jobs
+    (each in a process group of its own, so that a terminal's Ctrl-C reaches it once, through this process); no job
+    starts after it, and once the running ones have ended RunError says so; again: passed on again (a job then
+    stops without saving)."""
+    pool = _Processes(logs)
+    pending, failed = list(jobs), []
+    with _forwarding(pool.stops):
+        try:
+            while pool.running or (pending and not pool.stops):
+                while not pool.stops and len(pool.running) < max(parallel, 1):
+                    job = next_job(pending, [j for j, _ in pool.running], failed)
+                    if job is None:
+                        break
+                    pool.start(job)
+                pool.forward()
+                time.sleep(0.2 if pool.stops else 1)
+                failed += pool.ended()
+        except BaseException:  # this process fails: its jobs stop too (and save), none is left running alone
+            pool.stop()
+            raise
+    if pool.stops:
+        raise RunError(
+            f"stopped by {signal.Signals(pool.stops[0]).name}: the running jobs were passed it and have ended, "
+            f"{len(pending)} not started; what finished is kept in {logs.parent}: the same command continues"
+        )
+    return failed
+
+
+class _Processes:
+    """The running job processes of :func:`subprocesses`, and the signals this process got meanwhile."""
+
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        self.running: list[tuple[Job, subprocess.Popen]] = []
+        self.stops: list[int] = []  # the signals received, in order
+        self.sent = 0  # how many of them were passed on
+
+    def start(self, job: Job) -> None:
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        with open_log(self.logs / f"{job.name}.log") as log:
+            cmd = job_command(job)
+            env = {**self.env, **service_env(job.settings["overrides"])}
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, **group
+            )
+        self.running.append((job, proc))
+
+    def forward(self) -> None:
+        """Pass the signals received since the last call on to the running jobs (each signal once)."""
+        if len(self.stops) == self.sent:
+            return
+        sig = signal.SIGTERM if self.stops[-1] == signal.SIGHUP else self.stops[-1]
+        for _, proc in self.running:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+        if not self.sent:
+            print(f"{signal.Signals(self.stops[0]).name}: stopping the {len(self.running)} running jobs", flush=True)
+        self.sent = len(self.stops)
+
+    def ended(self) -> list[Job]:
+        """Take the jobs that have ended out of `running`, printing a line each; those that failed."""
+        failed = []
+        for job, proc in list(self.running):
             if proc.poll() is None:
                 continue
-            running.remove((job, proc))
+            self.running.remove((job, proc))
             status = "done" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
             print(f"{status}: {job.kind} {job.key} seed {job.seed}", flush=True)
             if proc.returncode != 0:
                 failed.append(job)
-    return failed
+        return failed
+
+    def stop(self) -> None:
+        """SIGTERM to every running job, and wait for them to end."""
+        for _, proc in self.running:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in self.running:
+            proc.wait()
+
+
+@contextmanager
+def _forwarding(stops: list[int]) -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM are noted in `stops` (for :func:`subprocesses` to pass on) instead
+    of stopping this process; outside the main thread, signals keep their handlers."""
+    old = {}
+    for sig in FORWARDED:
+        try:
+            old[sig] = signal.signal(sig, lambda signum, frame: stops.append(signum))
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def in_process(jobs: list[Job], parallel: int, logs: Path) -> list[Job]:
@@ -160,13 +279,34 @@ def run_rows(
         for name in (row, other) if other else (row,):
             table.row(name)
     keys = list(dict.fromkeys([*keys, *(split_key(k)[1] for k in keys if split_key(k)[1])]))
+    if Path(folder).is_symlink():
+        raise InputError(
+            f"{folder}: is a link; the harness writes only into a data folder of its own (remove the link, or use "
+            f"another --out)"
+        )
     folder = prepare_output_dir(folder, "output folder")
     refuse_links(folder)  # everything in it is the harness's own: nothing is written through a link
     plan = Plan(table, folder, settings, evals)
     plain = [k for k in keys if not split_key(k)[1]]
     matched = [k for k in keys if split_key(k)[1]]
     warm = plan.warm_starts(plain + matched + ([oracle_key("none")] if oracles else []), seeds)
+    check_models(plan, keys + ([oracle_key("none")] if oracles else []), seeds[0])
+    fresh = not (folder / SETTINGS).exists()
     pin_settings(folder, settings)
+    try:
+        return _run(plan, keys, seeds, parallel, runner, warm, oracles)
+    except BaseException:
+        if fresh:  # nothing finished: the settings are not pinned (a run with others may use the folder)
+            unpin_unused(folder)
+        raise
+
+
+def _run(
+    plan: Plan, keys: list[str], seeds: list[int], parallel: int, runner: Runner, warm: list[Job], oracles: bool
+) -> dict[str, dict[int, dict]]:
+    folder, settings = plan.folder, plan.settings
+    plain = [k for k in keys if not split_key(k)[1]]
+    matched = [k for k in keys if split_key(k)[1]]
     done = sum(not plan.todo(k, s) for k in keys for s in seeds)
     if done:
         print(f"{done} finished results in {folder} reused", flush=True)
@@ -186,12 +326,27 @@ def run_rows(
     return results
 
 
+def check_models(plan: Plan, keys: list[str], seed: int) -> None:
+    """The model (or warm start model) of each row of `keys` names a model: refused before the data folder's
+    settings are pinned, not in every job."""
+    from mhgpo.run.setup import check_model
+
+    for row in dict.fromkeys(ORACLE_ROW if is_oracle(k) else split_key(k)[0] for k in keys):
+        job = plan.job("warm", row, seed)
+        cfg = row_config(plan.table, job, row, plan.folder / "x")
+        key = "warm_start.model" if cfg.warm_start.enabled and cfg.warm_start.model else "model"
+        spec = cfg.warm_start.model if key == "warm_start.model" else cfg.model
+        check_model(f"{row}: {key}", spec, plan.folder / "x")
+
+
 def check_evals(evals: list[str]) -> dict[str, str]:
     """`--eval NAME=SPEC` items as {NAME: SPEC}."""
     out = {}
     for item in evals:
         name, sep, spec = item.partition("=")
-        if not sep or not spec or not name.replace("_", "").isalnum():
-            raise InputError(f"--eval: expected NAME=SPEC (e.g. 2wiki=2wiki:data/2wiki/val.jsonl), got {item!r}")
+        if not sep or not spec or not name.replace("_", "").isalnum() or not name.isascii():
+            raise InputError(f"--eval: expected NAME=SPEC (e.g. 2wiki=2wiki:data/2wiki/val.jsonl), got {shown(item)}")
+        if name in out:
+            raise InputError(f"--eval: {name} given twice")
         out[name] = spec
     return out

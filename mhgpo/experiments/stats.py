@@ -9,6 +9,7 @@ within noise; one seed gives no noise estimate (`n/a`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -25,11 +26,14 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
 
 
 def fmt(values: list[float], digits: int = 1) -> str:
-    """`mean ± std` (sample std) of `values`; the mean alone for one value; — for none."""
-    if not values:
-        return "—"
-    m, s = mean_std(values)
-    return f"{m:.{digits}f}" if s is None else f"{m:.{digits}f} ± {s:.{digits}f}"
+    """`mean ± std` (sample std) of `values`; the mean alone for one value; — for none. NaN and infinite values are
+    left out, and counted: `(1 not finite)`."""
+    finite = [v for v in values if math.isfinite(v)]
+    left = f" ({len(values) - len(finite)} not finite)" if len(finite) < len(values) else ""
+    if not finite:
+        return "—" + left
+    m, s = mean_std(finite)
+    return (f"{m:.{digits}f}" if s is None else f"{m:.{digits}f} ± {s:.{digits}f}") + left
 
 
 def per_question(result: dict, key: str) -> float | None:
@@ -55,13 +59,16 @@ def metric(result: dict, key: str) -> float | None:
     return per_question(result, "llm_calls") if key == "llm_calls" else result.get(key)
 
 
-def paired(by_row: Results, row: str, than: str, key: str | Callable[[dict], float | None] = "val_f1") -> list[float]:
+def paired(
+    by_row: Results, row: str, than: str, key: str | Callable[[dict], float | None] = "val_f1", finite: bool = True
+) -> list[float]:
     """row − than on `key` (a claim's metric, or a function of a result), per seed that both have (same seed: same
-    warm start and data order)."""
+    warm start and data order); a NaN or infinite difference left out unless not `finite`."""
     of = key if callable(key) else (lambda result: metric(result, key))
     a, b = by_row.get(row, {}), by_row.get(than, {})
     diffs = [(of(a[s]), of(b[s])) for s in sorted(set(a) & set(b))]
-    return [x - y for x, y in diffs if x is not None and y is not None]
+    found = [x - y for x, y in diffs if x is not None and y is not None]
+    return [d for d in found if math.isfinite(d)] if finite else found
 
 
 def resolution(by_row: Results, claim: Claim) -> float:
@@ -76,7 +83,9 @@ def resolution(by_row: Results, claim: Claim) -> float:
 def verdict(direction: str, diffs: list[float], resolution: float = 0.0, questions: list[float] | None = None) -> str:
     """agrees / disagrees / within noise (|mean| ≤ the larger of the paired differences' std and `resolution`, the
     most one validation question can move the metric; or, given the per-(seed, question) differences `questions`,
-    their 95% bootstrap interval holding 0) / n/a (fewer than 2 seeds)."""
+    their 95% bootstrap interval holding 0) / n/a (fewer than 2 seeds). Non-finite differences are left out."""
+    diffs = [d for d in diffs if math.isfinite(d)]
+    questions = [q for q in questions or [] if math.isfinite(q)]
     if len(diffs) < 2:
         return "n/a (1 seed)" if diffs else "not run"
     m, s = mean_std(diffs)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from mhgpo.config import LoraConfig, from_dict
+from mhgpo.config.load import read_yaml
 from mhgpo.errors import InputError
 from mhgpo.model.checkpoint import STEP_PREFIX, list_checkpoints
 from mhgpo.model.lora import Reference, peft_lora_config
@@ -126,7 +127,7 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise TrainedModelError(f"{run_dir}: no {RUN_CONFIG}, so the base model of its checkpoints is unknown")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+        tree = read_yaml(path)
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise TrainedModelError(f"{path}: not readable YAML ({type(err).__name__})") from None
     if not isinstance(tree, dict) or not isinstance(tree.get("model"), str) or not tree["model"].strip():

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from mhgpo.config.load import read_yaml
 from mhgpo.config.tables import algo_label
 from mhgpo.errors import InputError
 from mhgpo.io import atomic_write_bytes, atomic_write_text, read_json, read_jsonl
@@ -61,7 +62,7 @@ def load_run(path: Path) -> Run:
         raise InputError(f"{path}: not a run directory")
     cfg_path = path / "config.yaml"
     try:
-        config = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+        config = read_yaml(cfg_path) if cfg_path.exists() else {}
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise InputError(f"{cfg_path}: invalid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(config or {}, dict):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mhgpo.config import load_config, parse_override, to_dict
-from mhgpo.config.load import differences, lookup, names_key
+from mhgpo.config.load import differences, lookup, names_key, shown
 from mhgpo.errors import InputError
 from mhgpo.io import atomic_write_jsonl, read_jsonl
 from mhgpo.model.checkpoint import (
@@ -114,7 +114,7 @@ def run_config(
     for key in differences(old, new):
         if key not in RESUMABLE:
             raise InputError(
-                f"{key}: {lookup(new, key)!r} here, but the run in {run_dir} used {lookup(old, key)!r}; "
+                f"{key}: {shown(lookup(new, key))} here, but the run in {run_dir} used {shown(lookup(old, key))}; "
                 f"--resume continues the same run (it may change only {', '.join(RESUMABLE)}): leave "
                 f"{key} out, or start a new run"
             )

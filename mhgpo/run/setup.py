@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ from mhgpo.model import sharding
 from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.model.distributed import Single
 from mhgpo.model.precision import announce, default_device, resolve_precision, weight_dtype
-from mhgpo.model.pretrained import encode_chat
+from mhgpo.model.pretrained import DEFAULT_MODEL, ModelNotFoundError, encode_chat, resolve_model
 from mhgpo.model.trained import initial_weights, load_model, portable_model_spec, run_model_spec
 from mhgpo.rl.policy import Policy
 from mhgpo.rl.trackers import require_trackers
@@ -97,14 +98,31 @@ def _settle_model(cfg: Any, new_run: bool) -> Any:
     run_dir = Path(cfg.output_dir)
     model = portable_model_spec(cfg.model, run_dir) if new_run else cfg.model
     if not isinstance(cfg, TrainConfig) or not cfg.warm_start.enabled:
+        if new_run:
+            check_model("model", model, run_dir)
         return dataclasses.replace(cfg, model=model)
     warm = f"{run_dir.name}/{WARM_START_DIR}"  # relative to the run's parent: moves with the run
-    if Path(run_model_spec(model, run_dir)).resolve() == (run_dir / WARM_START_DIR).resolve():
+    # (realpath: a link loop is a path like any other here, refused below as naming no model)
+    if os.path.realpath(run_model_spec(model, run_dir)) == os.path.realpath(run_dir / WARM_START_DIR):
         return dataclasses.replace(cfg, model=warm)  # settled before (or a run saved before warm_start.model)
     base = cfg.warm_start.model or model
     if new_run and cfg.warm_start.model:
         base = portable_model_spec(base, run_dir)
+    if new_run:
+        check_model("warm_start.model" if cfg.warm_start.model else "model", base, run_dir)
     return dataclasses.replace(cfg, model=warm, warm_start=dataclasses.replace(cfg.warm_start, model=base))
+
+
+def check_model(key: str, spec: str, run_dir: Path) -> None:
+    """A new run's model (or its warm start's) must name a model before its folder is made: one that names none
+    would leave a folder that can be neither continued (the model is not a key `--resume` changes) nor reused. (The
+    packaged default is checked when it loads: installing it then lets the run be continued.)"""
+    if str(spec).strip().lower() == DEFAULT_MODEL:
+        return
+    try:
+        resolve_model(run_model_spec(spec, run_dir))
+    except ModelNotFoundError as e:
+        raise InputError(f"{key}: {e}") from None
 
 
 def _check(cfg: Any, team: Team, ranks: Single) -> None:
