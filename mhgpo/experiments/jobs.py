@@ -41,6 +41,7 @@ from mhgpo.experiments.results import (
     load_result,
     machine,
     result_path,
+    result_problem,
     run_folder,
     waiting_lock,
 )
@@ -140,7 +141,11 @@ def _marker(folder: Path) -> dict | None:
             f"{folder}: exists, and is not a finished run of mhgpo reproduce (no {MARKER}); it is left as it "
             f"is: move it away or use another --out"
         )
-    return read_json(folder / MARKER)
+    record = read_json(folder / MARKER)
+    if not isinstance(record, dict) or (record.get("row") != "warm_start" and result_problem(record)):
+        why = result_problem(record) if isinstance(record, dict) else "not a JSON object"
+        raise InputError(f"{folder / MARKER}: not a record of mhgpo reproduce ({why}); move the folder away")
+    return record
 
 
 def _make_row(final: Path, build: Any) -> dict:
@@ -357,9 +362,15 @@ def evaluate_elsewhere(table: RowTable, job: Job, result: dict, final: Path) -> 
 
 
 def read_saved_data(path: Path) -> str | None:
+    """The `data` of a kept evaluation's config (read within the config files' bounds)."""
     import yaml
 
-    tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    from mhgpo.config.load import read_yaml
+
+    try:
+        tree = read_yaml(path) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise InputError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
     return tree.get("data") if isinstance(tree, dict) else None
 
 

@@ -631,3 +631,24 @@ def test_a_healthy_warm_start_is_judged_on_both_formats():
     assert healthy({"reranker/invalid_rate": 0.0, "rewriter/penalty_rate": 0.11}) is False
     assert healthy({"reranker/invalid_rate": 0.0}) is True  # a team without a Rewriter: the Reranker alone
     assert healthy({"f1": 50.0}) is None  # neither role: nothing to judge
+
+
+def test_a_kept_run_whose_record_or_evaluation_config_is_not_one_is_named(tmp_path):
+    from mhgpo.experiments.jobs import read_saved_data
+
+    final = run_folder(tmp_path, "warm", 0)
+    final.mkdir(parents=True)
+    (final / MARKER).write_text("[1, 2]")
+    with pytest.raises(InputError, match=r"experiment\.json: not a record of mhgpo reproduce \(not a JSON object\)"):
+        run_row(Job("row", str(TABLE.path), str(tmp_path), "warm", 0, SETTINGS))
+    (final / MARKER).write_text(json.dumps({"row": "warm", "seed": "0"}))
+    with pytest.raises(InputError, match=r"experiment\.json: not a record of mhgpo reproduce"):
+        run_row(Job("row", str(TABLE.path), str(tmp_path), "warm", 0, SETTINGS))
+    saved = tmp_path / "eval_config.yaml"
+    saved.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdef", "bcdefg")
+    ))  # fmt: skip
+    with pytest.raises(InputError, match="eval_config.yaml"):
+        read_saved_data(saved)
+    saved.write_text("data: hotpotqa:x.json\n")
+    assert read_saved_data(saved) == "hotpotqa:x.json"
