@@ -112,12 +112,25 @@ def run_config(table: RowTable, job: Job, row: str, run_dir: Path | str) -> Trai
 
 
 def warm_start_folder(cfg: TrainConfig, folder: Path) -> Path:
-    """Where the warm start of the row config `cfg` is: its system, seed and a hash of its `mhgpo sft` config."""
-    tree = to_dict(_warm_start_config(cfg, Path("warm_start")))
-    tree.pop("output_dir")
+    """Where the warm start of the row config `cfg` is: its system, seed and a hash of its `mhgpo sft` config's
+    values that differ from the defaults (so that a key added to the config, at its default, names the same
+    folder)."""
+    from mhgpo.config import SFTConfig
+
+    tree = _leaves(to_dict(_warm_start_config(cfg, Path("warm_start"))))
+    defaults = _leaves(to_dict(SFTConfig()))
+    tree = {k: v for k, v in tree.items() if k != "output_dir" and (k not in defaults or defaults[k] != v)}
     digest = hashlib.sha1(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:8]
     tag = "" if cfg.system == "mas" else "".join(c if c.isalnum() else "_" for c in cfg.system) + "-"
     return folder / f"warm_start-{tag}seed{cfg.seed}-{digest}"
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict's values by dotted key."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
 
 
 def _warm_start_config(cfg: TrainConfig, out: Path) -> Any:

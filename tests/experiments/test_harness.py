@@ -652,3 +652,27 @@ def test_a_kept_run_whose_record_or_evaluation_config_is_not_one_is_named(tmp_pa
         read_saved_data(saved)
     saved.write_text("data: hotpotqa:x.json\n")
     assert read_saved_data(saved) == "hotpotqa:x.json"
+
+
+def test_a_warm_start_folder_is_named_by_the_values_that_differ_from_the_defaults(tmp_path, monkeypatch):
+    """A key added to the config at its default (as `optim.role_lr` was) names the same folder; a value changed
+    names another."""
+    import dataclasses
+
+    from mhgpo.config import SFTConfig
+    from mhgpo.experiments import jobs
+
+    cfg = row_config(TABLE, job("warm_rr", folder=tmp_path), "warm_rr", "x")
+    named = warm_start_folder(cfg, tmp_path)
+    original = jobs._warm_start_config
+
+    @dataclasses.dataclass
+    class Grown(SFTConfig):  # the warm start's config with one key more, at its default
+        new_key: int = 7
+
+    monkeypatch.setattr(jobs, "_warm_start_config", lambda c, out: Grown(**dataclasses.asdict(original(c, out))))
+    with monkeypatch.context() as m:
+        m.setattr("mhgpo.config.SFTConfig", Grown)
+        assert warm_start_folder(cfg, tmp_path) == named
+    other = row_config(TABLE, job("warm_rr", folder=tmp_path, overrides=["warm_start.steps=72"]), "warm_rr", "x")
+    assert warm_start_folder(other, tmp_path) != named
