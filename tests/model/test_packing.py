@@ -197,7 +197,8 @@ def recording_steps(optimizer: torch.optim.Optimizer, model: torch.nn.Module) ->
 def assert_stats_close(a: dict[str, float], b: dict[str, float], rel: float) -> None:
     assert a.keys() == b.keys()
     for key in a:
-        assert a[key] == pytest.approx(b[key], rel=rel, abs=rel), key
+        if not key.startswith("seconds/"):  # (timings: the only figures that may differ)
+            assert a[key] == pytest.approx(b[key], rel=rel, abs=rel), key
 
 
 def policy_run(model_dir: Path, share: bool, lora: str, checkpointing: bool, precision: str = "fp32"):
