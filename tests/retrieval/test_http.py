@@ -292,7 +292,7 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
     from mhgpo.data.formats import load_corpus_jsonl
     from mhgpo.model.checkpoint import list_checkpoints
     from mhgpo.retrieval.bm25 import BM25Retriever, CachedRetriever
-    from mhgpo.rl.runlog import read_metrics
+    from mhgpo.runtime.runlog import read_metrics
 
     _, reference, _ = reference_run
     local = BM25Retriever.build(load_corpus_jsonl(world / "corpus.jsonl"))

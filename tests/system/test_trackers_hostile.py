@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.rl.runlog import RunLog, read_metrics
-from mhgpo.rl.trackers import IDS_FILE, MAX_IDS_BYTES, one_line, read_ids
+from mhgpo.runtime.runlog import RunLog, read_metrics
+from mhgpo.runtime.trackers import IDS_FILE, MAX_IDS_BYTES, one_line, read_ids
 
 ROWS = {1: {"loss": 0.5, "reward/mean": 0.25}, 2: {"loss": 0.25, "reward/mean": 0.5}, 3: {"loss": 0.125}}
 LEFT_OUT = "it is left out for the rest of the run (metrics.jsonl and checkpoints go on)"
