@@ -262,7 +262,7 @@ def test_the_retriever_key_takes_a_url_and_rejects_what_a_service_cannot_use() -
 
 
 def test_build_retriever_probes_the_service(server) -> None:
-    from mhgpo.team.build import build_retriever
+    from mhgpo.retrieval.build import build_retriever
 
     retrieval = from_dict(RetrievalConfig, {"retriever": server.url, "retries": 0})
     r = build_retriever("synthetic", retrieval)

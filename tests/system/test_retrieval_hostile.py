@@ -354,7 +354,7 @@ def test_a_password_in_the_url_is_sent_as_auth_and_shown_nowhere(tmp_path, monke
         shown = srv.url.replace("http://", "http://trainer:***@")
         cfg = load_config(EvalConfig, None, [f"retrieval.retriever={url}", "retrieval.retries=0"])
         assert cfg.retrieval.retriever == shown
-        from mhgpo.team.build import build_retriever
+        from mhgpo.retrieval.build import build_retriever
 
         r = build_retriever("synthetic", cfg.retrieval)  # probes: one request
         assert r.url == shown and [p.id for p in r.search("alpha", 1)] == ["d0"]
