@@ -1,8 +1,8 @@
 """Trackers against a hostile or damaged run folder, and failing trackers: a run's trackers write only inside the
 run folder or where the environment says (never where a file in the folder says), and a tracker that fails is one
-warning line while the run goes on (the checks before the model loads are in tests/rl/test_trackers.py). Every test lists
-the files around the run before and after (`Sandbox`) and lets nothing reach the network (`no_network`): W&B's and
-MLflow's network failures are fakes (their functions monkeypatched)."""
+warning line while the run goes on (the checks before the model loads are in tests/runtime/test_trackers.py). Every
+test lists the files around the run before and after (`Sandbox`) and lets nothing reach the network (`no_network`):
+W&B's and MLflow's network failures are fakes (their functions monkeypatched)."""
 
 from __future__ import annotations
 
