@@ -268,8 +268,8 @@ def main() -> int:
 
     from mhgpo.config import RetrievalConfig
     from mhgpo.data.spec import load_data
+    from mhgpo.retrieval.build import build_retriever
     from mhgpo.retrieval.service import document
-    from mhgpo.team.build import build_retriever
 
     local = build_retriever("synthetic", RetrievalConfig())  # the corpus the server serves (its index, cached)
     questions = list(dict.fromkeys(e.question for e in load_data("synthetic:train")))

@@ -480,7 +480,7 @@ def markdown(report: dict[str, Any]) -> str:
 def prepare_world() -> float:
     """Generate the synthetic world and build its BM25 index once, before the cases (which then load them)."""
     from mhgpo.config import RetrievalConfig
-    from mhgpo.team.build import build_retriever
+    from mhgpo.retrieval.build import build_retriever
 
     t = time.monotonic()
     build_retriever("synthetic:train", RetrievalConfig())

@@ -20,7 +20,7 @@ from mhgpo.config import TrainConfig, load_config
 from mhgpo.data.records import Passage
 from mhgpo.model.logprobs import output_logprobs
 from mhgpo.rl.policy import Sample
-from mhgpo.rl.runlog import read_metrics
+from mhgpo.runtime.runlog import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 VOLATILE = ("seconds/", "memory/")  # wall-clock and memory: the only metrics that may differ between runs

@@ -57,7 +57,7 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     from mhgpo.errors import InputError
     from mhgpo.io import check_output_dir
     from mhgpo.retrieval.bm25 import BM25Retriever, check_index_target, save_index
-    from mhgpo.team.build import load_corpus
+    from mhgpo.retrieval.build import load_corpus
 
     cfg = load_config(IndexConfig, args.config, _overrides(args, INDEX_FLAGS))
     if not cfg.out:
@@ -91,9 +91,10 @@ def cmd_eval_retrieval(args: argparse.Namespace) -> int:
 
     from mhgpo.config import RetrievalEvalConfig, dump_config
     from mhgpo.io import atomic_write_json, atomic_write_jsonl, check_output_dir
+    from mhgpo.retrieval.build import build_retriever
     from mhgpo.run.evaluate import eval_config
     from mhgpo.run.setup import load_generator, settle_precision
-    from mhgpo.team.build import build_retriever, load_examples
+    from mhgpo.team.build import load_examples
     from mhgpo.team.retrieval_eval import evaluate_retrieval, recall_table, rewriter_queries
 
     cfg, origin = eval_config(args.config, _overrides(args, EVAL_FLAGS), cls=RetrievalEvalConfig)

@@ -29,8 +29,8 @@ SERVE_FLAGS = {
 
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from mhgpo.config import ServeConfig, load_config
+    from mhgpo.retrieval.build import build_retriever
     from mhgpo.retrieval.service import Limits, create_app, require_server, server
-    from mhgpo.team.build import build_retriever
 
     cfg = load_config(ServeConfig, args.config, flag_overrides(args, SERVE_FLAGS) + list(args.overrides))
     require_server()  # before the index is built

@@ -19,8 +19,8 @@ INDEX_TYPES = ("flat", "hnsw")  # retrieval.index_type (dense)
 QUERIES = ("question", "rewriter")  # eval-retrieval's query
 EXPORT_DTYPES = ("float32", "bfloat16")  # mhgpo export --dtype
 OLD_LOGPROBS = ("trainer", "engine")  # optim.old_logprobs: whose log-probs the ratio divides by
-TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to (mhgpo/rl/trackers.py)
-BUDGET_CLOCKS = ("cpu", "wall")  # budget_clock: the process's CPU time or wall time (mhgpo/rl/budget.py)
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to (mhgpo/runtime/trackers.py)
+BUDGET_CLOCKS = ("cpu", "wall")  # budget_clock: the process's CPU time or wall time (mhgpo/runtime/budget.py)
 
 
 def is_retriever_url(value: str) -> bool:

@@ -302,7 +302,7 @@ class TrainConfig(TrainingRunConfig):
     # A step starts only if the minutes used so far plus the mean step so far still fit; the run then validates and
     # saves at the step it stops at, as at its last. `steps` still caps the run.
     budget_minutes: float | None = None
-    """A time budget for the RL steps, minutes (mhgpo/rl/budget.py; null: none)."""
+    """A time budget for the RL steps, minutes (mhgpo/runtime/budget.py; null: none)."""
     budget_clock: str = "cpu"
     """The budget's clock: the process's CPU time (fair when runs share a machine) or wall time."""
     questions_per_step: int = 8

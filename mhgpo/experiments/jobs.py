@@ -262,7 +262,7 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
     since = _clock()
     curve_of: dict[str, Any] = {}
     if table.row(row).train:
-        from mhgpo.rl.runlog import read_metrics
+        from mhgpo.runtime.runlog import read_metrics
 
         start = start_point(cfg, Path(job.folder)) if job.settings.get("val_every") else None
         trainer = _train_or_continue(cfg, tmp)

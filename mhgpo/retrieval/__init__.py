@@ -1,4 +1,5 @@
-"""Retrievers over a corpus: BM25 and dense indexes built once and reloaded; the retrieval service and its client."""
+"""Retrievers over a corpus: BM25 and dense indexes built once and reloaded; the retrieval service and its client;
+the retriever a config asks for (`build.py`)."""
 
 import os
 

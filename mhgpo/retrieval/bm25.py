@@ -14,8 +14,9 @@ Saved indexes are folders with `meta.json` (kind, corpus fingerprint, settings),
 and, written last, `mhgpo-index.json`, the marker that lists the files mhgpo wrote: only a folder with that marker
 (or an index of an earlier version that holds nothing else) is replaced by a later save; other folders are refused
 unless `overwrite`, and even then only the index files are written into them. `load_or_build_bm25` reuses a folder
-whose meta matches and rebuilds it otherwise (written to a temporary folder, then moved into place). `mhgpo/team/build.py` opens any saved index as it is (`open_index`) and
-`mhgpo/paths.py` says where the index of a corpus file lives (`index_dir_for`).
+whose meta matches and rebuilds it otherwise (written to a temporary folder, then moved into place).
+`mhgpo/retrieval/build.py` opens any saved index as it is (`open_index`) and `mhgpo/paths.py` says where the index of a
+corpus file lives (`index_dir_for`).
 """
 
 from __future__ import annotations

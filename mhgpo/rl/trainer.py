@@ -41,7 +41,6 @@ from mhgpo.model.checkpoint import Live, list_checkpoints, load_checkpoint, save
 from mhgpo.model.distributed import Single, current
 from mhgpo.model.statecodec import rng_states
 from mhgpo.rl.advantages import drop_zero_variance
-from mhgpo.rl.budget import Budget
 from mhgpo.rl.evaluation import evaluate_on_ranks
 from mhgpo.rl.grouping import assign_groups
 from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
@@ -54,8 +53,10 @@ from mhgpo.rl.rewards import (
     step_metrics,
 )
 from mhgpo.rl.rollout import run_rollouts
-from mhgpo.rl.runlog import NoLog, RunLog, write_rollouts
-from mhgpo.rl.stopguard import (
+from mhgpo.rl.tree import RolloutBatch, RolloutSpec, merge_batches, rollout_records
+from mhgpo.runtime.budget import Budget
+from mhgpo.runtime.runlog import NoLog, RunLog, write_rollouts
+from mhgpo.runtime.stopguard import (
     Completed,
     RankFailed,
     StopGuard,
@@ -64,7 +65,6 @@ from mhgpo.rl.stopguard import (
     not_finite,
     save_on_stop,
 )
-from mhgpo.rl.tree import RolloutBatch, RolloutSpec, merge_batches
 from mhgpo.team.workflow import Workflow
 
 
@@ -406,7 +406,7 @@ class Trainer:
         return metrics
 
     def run(self) -> dict[str, Any]:
-        """Train until `cfg.steps`, or until the next step would not fit `budget_minutes` (`mhgpo.rl.budget`): each
+        """Train until `cfg.steps`, or until the next step would not fit `budget_minutes` (`mhgpo.runtime.budget`): each
         step collected, then learned, validated, logged and saved as one critical section; an interrupt or too many
         failures save what is complete and re-raise."""
         from tqdm.auto import tqdm
@@ -485,7 +485,7 @@ class Trainer:
             self.phase = "records"
             metrics["memory/peak_mb"] = peak_memory_mb()
             if batch is not None and self.ranks.is_main:
-                write_rollouts(self.run_dir, step, batch)
+                write_rollouts(self.run_dir, step, rollout_records(batch))
             log.log(step, metrics)
             if self._saves_at(step) or failed is not None:
                 self._save_or_stop()

@@ -1,6 +1,7 @@
 """Rollout trees as data: a `Node` per LLM or tool call, the live `Branch`es of a rollout being grown, a step's
-`RolloutBatch` of trees, the `RolloutSpec` that says how they are sampled, and the merging of batches (the ranks'
-trees of one step). The trees are grown by `mhgpo.rl.rollout` and grouped by `mhgpo.rl.grouping`."""
+`RolloutBatch` of trees, the `RolloutSpec` that says how they are sampled, the merging of batches (the ranks'
+trees of one step) and the trees' records (one JSON-able row per node: what the run log writes to
+`rollouts/step_NNNNNN.jsonl`). The trees are grown by `mhgpo.rl.rollout` and grouped by `mhgpo.rl.grouping`."""
 
 from __future__ import annotations
 
@@ -130,3 +131,37 @@ def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
         for k, v in b.stats.items():
             stats[k] = stats.get(k, 0.0) + v
     return RolloutBatch(examples, nodes, fork_agents, stats, failures, ranks if len(ranks) == len(examples) else [])
+
+
+def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
+    """One JSON-able record per node: ids, agent, group, rewards, advantage and the output text (and, in a
+    data-parallel run, the rank that grew its tree)."""
+    rows = []
+    for n in batch.nodes:
+        ex = batch.examples[n.question_index]
+        row: dict[str, Any] = {
+            "question_id": ex.id,
+            "node_id": n.node_id,
+            "parent_id": n.parent_id,
+            "agent": n.agent,
+            "kind": n.kind,
+            "visit": n.visit,
+            "fork": n.fork_id,
+            "group_id": n.group_id,
+            "trained": n.trained,
+            "reward_shared": n.reward_shared,
+            "reward_specific": n.penalty,
+            "reward": n.reward,
+            "advantage": n.advantage,
+            "output": n.output if n.kind == "llm" else n.info,
+            "output_tokens": len(n.output_ids),
+            "prompt_tokens": len(n.prompt_ids),
+        }
+        if batch.ranks:
+            row["rank"] = batch.ranks[n.question_index]
+        if n.final_answer is not None:
+            row.update(
+                final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers), question=ex.question
+            )
+        rows.append(row)
+    return rows

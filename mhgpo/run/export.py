@@ -171,7 +171,7 @@ def _save_tokenizer(tokenizer: Any, folder: Path) -> None:
 
 
 def _last_validation(stage: Any) -> dict[str, Any] | None:
-    from mhgpo.rl.runlog import read_metrics
+    from mhgpo.runtime.runlog import read_metrics
 
     rows = [r for r in read_metrics(stage.run_dir) if "val/f1" in r and r.get("step", 0) <= stage.step]
     return rows[-1] if rows else None

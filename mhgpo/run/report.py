@@ -29,8 +29,8 @@ from mhgpo.config.load import read_yaml
 from mhgpo.config.tables import algo_label
 from mhgpo.errors import InputError
 from mhgpo.io import atomic_write_bytes, atomic_write_text, read_json, read_jsonl
-from mhgpo.rl.runlog import read_metrics
 from mhgpo.run.html import to_html
+from mhgpo.runtime.runlog import read_metrics
 
 # Per-agent metrics that are not behaviour (plotted elsewhere or not at all); the rest of `<agent>/<name>` is.
 NOT_BEHAVIOUR = ("reward", "penalty", "advantage_abs", "samples", "penalty_rate")

@@ -45,8 +45,8 @@ from mhgpo.model.precision import announce, default_device, resolve_precision, w
 from mhgpo.model.pretrained import DEFAULT_MODEL, ModelNotFoundError, encode_chat, resolve_model
 from mhgpo.model.trained import initial_weights, load_model, portable_model_spec, run_model_spec
 from mhgpo.rl.policy import Policy
-from mhgpo.rl.trackers import require_trackers
 from mhgpo.rl.trainer import Trainer, TrainingSetup
+from mhgpo.runtime.trackers import require_trackers
 from mhgpo.team.build import Team, build_workflow, load_examples, resolve_team
 from mhgpo.team.loader import require_demonstrations
 from mhgpo.team.oracle import with_oracles

@@ -14,8 +14,8 @@ from mhgpo.config import samplers, tables
 from mhgpo.errors import InputError
 from mhgpo.model.generation import HFGenerator
 from mhgpo.rl.losses import mhgpo_policy_loss
-from mhgpo.rl.runlog import read_metrics
 from mhgpo.run.pipeline import train
+from mhgpo.runtime.runlog import read_metrics
 
 CALLS: dict[str, int] = {}
 

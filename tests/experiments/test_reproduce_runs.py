@@ -13,8 +13,8 @@ from helpers import write_echo_world
 
 from mhgpo.experiments import runner
 from mhgpo.experiments.results import collect, data_folders, result_path, run_folder
-from mhgpo.rl import budget as budget_module
 from mhgpo.rl.trainer import Trainer
+from mhgpo.runtime import budget as budget_module
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from helpers import CORPUS
 from mhgpo.data.records import Passage
 from mhgpo.errors import InputError
 from mhgpo.retrieval.bm25 import BM25Retriever, corpus_fingerprint, load_or_build_bm25
-from mhgpo.team.build import open_index
+from mhgpo.retrieval.build import open_index
 
 
 @pytest.fixture(scope="module")

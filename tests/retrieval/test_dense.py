@@ -14,8 +14,8 @@ from mhgpo.data.records import Passage
 from mhgpo.errors import InputError
 from mhgpo.retrieval import dense
 from mhgpo.retrieval.bm25 import corpus_fingerprint
+from mhgpo.retrieval.build import open_index
 from mhgpo.retrieval.dense import DEFAULT_ENCODER, DenseRetriever, encoder_slug, load_or_build_dense, resolve_encoder
-from mhgpo.team.build import open_index
 
 QUERIES = [
     "Which city is the capital of Norway?",

@@ -262,7 +262,7 @@ def test_the_retriever_key_takes_a_url_and_rejects_what_a_service_cannot_use() -
 
 
 def test_build_retriever_probes_the_service(server) -> None:
-    from mhgpo.team.build import build_retriever
+    from mhgpo.retrieval.build import build_retriever
 
     retrieval = from_dict(RetrievalConfig, {"retriever": server.url, "retries": 0})
     r = build_retriever("synthetic", retrieval)
@@ -292,7 +292,7 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
     from mhgpo.data.formats import load_corpus_jsonl
     from mhgpo.model.checkpoint import list_checkpoints
     from mhgpo.retrieval.bm25 import BM25Retriever, CachedRetriever
-    from mhgpo.rl.runlog import read_metrics
+    from mhgpo.runtime.runlog import read_metrics
 
     _, reference, _ = reference_run
     local = BM25Retriever.build(load_corpus_jsonl(world / "corpus.jsonl"))

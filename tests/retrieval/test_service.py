@@ -263,7 +263,7 @@ def test_a_port_in_use_is_one_line_before_the_index_is_built(served, monkeypatch
     def no_index(*args, **kwargs):
         raise AssertionError("the index was built")
 
-    monkeypatch.setattr("mhgpo.team.build.build_retriever", no_index)
+    monkeypatch.setattr("mhgpo.retrieval.build.build_retriever", no_index)
     port = served.split(":")[2].split("/")[0]
     assert main(["serve-retriever", "--port", port]) == 2
     assert capsys.readouterr().err.strip() == (

@@ -18,8 +18,8 @@ from mhgpo.model.trained import load_model
 from mhgpo.rl.advantages import gae, terminal_token_rewards, whiten
 from mhgpo.rl.critic import Critic, build_value_model
 from mhgpo.rl.policy import micro_batches
-from mhgpo.rl.runlog import read_metrics
 from mhgpo.run.pipeline import resume, train
+from mhgpo.runtime.runlog import read_metrics
 
 VOLATILE = ("seconds/", "memory/")
 

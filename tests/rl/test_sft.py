@@ -17,9 +17,9 @@ from mhgpo.model.pretrained import encode_chat
 from mhgpo.model.trained import load_model
 from mhgpo.rl.losses import token_weights
 from mhgpo.rl.policy import Policy, Sample
-from mhgpo.rl.runlog import read_metrics
 from mhgpo.rl.sft import collect_demonstrations, sft_loss, sft_update, target_encoder
 from mhgpo.run.warm_start import resume_sft, run_sft
+from mhgpo.runtime.runlog import read_metrics
 from mhgpo.team.build import build_workflow
 from mhgpo.team.search_system import ANSWERER, RERANKER, REWRITER, format_ids, format_queries, gold_ids, grounded
 

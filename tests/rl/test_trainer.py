@@ -34,8 +34,8 @@ from mhgpo.errors import InputError
 from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.model.logprobs import backbone_and_head, output_logprobs
 from mhgpo.rl.policy import Policy, Sample, micro_batches
-from mhgpo.rl.runlog import read_metrics
 from mhgpo.run.pipeline import resume, train
+from mhgpo.runtime.runlog import read_metrics
 
 # ------------------------------------------------------------------------------------ one update, by hand
 

@@ -15,8 +15,7 @@ from fakes import (
     rollout,
 )
 
-from mhgpo.rl.runlog import rollout_records
-from mhgpo.rl.tree import merge_batches
+from mhgpo.rl.tree import merge_batches, rollout_records
 from mhgpo.team.search_system import ANSWERER, RERANKER, RETRIEVER, REWRITER
 
 # -------------------------------------------------------------------------------------------------- tree structure

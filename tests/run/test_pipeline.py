@@ -15,9 +15,9 @@ from mhgpo.errors import InputError
 from mhgpo.model.logprobs import output_logprobs
 from mhgpo.model.trained import load_model
 from mhgpo.rl.policy import Policy
-from mhgpo.rl.runlog import read_metrics
 from mhgpo.rl.sft import SFTTrainer
 from mhgpo.run.pipeline import WARM_START_DIR, resume, train, warm_start_config
+from mhgpo.runtime.runlog import read_metrics
 
 WARM = {
     "warm_start.enabled": True,

@@ -36,10 +36,10 @@ from mhgpo.cli.main import main
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.model.checkpoint import check_checkpoint, list_checkpoints, read_checkpoint
 from mhgpo.model.statecodec import decode_rng_states, restore_rng_states, rng_states
-from mhgpo.rl.runlog import read_metrics
 from mhgpo.rl.trainer import Trainer
 from mhgpo.run.pipeline import resume
 from mhgpo.run.rundir import LOCK_FILE, RunLock
+from mhgpo.runtime.runlog import read_metrics
 
 # -------------------------------------------------------------------------------- kill -9 during a checkpoint
 

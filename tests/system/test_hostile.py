@@ -18,9 +18,9 @@ from helpers import assert_one_line_error, cli, copy_run, snapshot
 from mhgpo.config import EvalConfig, SFTConfig, TrainConfig, dump_config, load_config
 from mhgpo.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from mhgpo.retrieval.bm25 import MARKER_FILE, BM25Retriever
-from mhgpo.rl.runlog import read_metrics
+from mhgpo.retrieval.build import open_index
+from mhgpo.runtime.runlog import read_metrics
 from mhgpo.team import loader
-from mhgpo.team.build import open_index
 
 EVIL = """
 from pathlib import Path

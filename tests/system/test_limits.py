@@ -35,7 +35,7 @@ from mhgpo.errors import InputError, NotFinite, RunError
 from mhgpo.io import append_jsonl, atomic_write_text, fsync_dir
 from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.rl.policy import Policy
-from mhgpo.rl.runlog import RunLog, read_metrics
+from mhgpo.runtime.runlog import RunLog, read_metrics
 
 # ------------------------------------------------------------------------------------- non-finite updates
 

@@ -354,7 +354,7 @@ def test_a_password_in_the_url_is_sent_as_auth_and_shown_nowhere(tmp_path, monke
         shown = srv.url.replace("http://", "http://trainer:***@")
         cfg = load_config(EvalConfig, None, [f"retrieval.retriever={url}", "retrieval.retries=0"])
         assert cfg.retrieval.retriever == shown
-        from mhgpo.team.build import build_retriever
+        from mhgpo.retrieval.build import build_retriever
 
         r = build_retriever("synthetic", cfg.retrieval)  # probes: one request
         assert r.url == shown and [p.id for p in r.search("alpha", 1)] == ["d0"]
@@ -384,7 +384,7 @@ def test_a_password_in_the_url_is_sent_as_auth_and_shown_nowhere(tmp_path, monke
 
 def test_a_password_stays_out_of_config_errors_and_trackers(capsys, monkeypatch) -> None:
     from mhgpo.cli.main import main
-    from mhgpo.rl import trackers
+    from mhgpo.runtime import trackers
 
     url = "http://trainer:hunter2@127.0.0.1:9/retrieve"
     for data, cls in [

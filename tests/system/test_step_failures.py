@@ -14,9 +14,9 @@ from helpers import assert_one_line_error, assert_same_run, cli, train_overrides
 from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.model.generation import HFGenerator
 from mhgpo.rl.policy import Policy
-from mhgpo.rl.runlog import read_metrics
-from mhgpo.rl.stopguard import error_text
 from mhgpo.rl.trainer import Trainer
+from mhgpo.runtime.runlog import read_metrics
+from mhgpo.runtime.stopguard import error_text
 
 
 class EngineDeadError(RuntimeError):

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 import mhgpo
 from mhgpo.errors import InputError
-from mhgpo.rl.runlog import read_metrics
+from mhgpo.runtime.runlog import read_metrics
 from mhgpo.team.loader import load_workflow_class
 
 DUET = '''\

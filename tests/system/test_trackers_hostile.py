@@ -1,8 +1,8 @@
 """Trackers against a hostile or damaged run folder, and failing trackers: a run's trackers write only inside the
 run folder or where the environment says (never where a file in the folder says), and a tracker that fails is one
-warning line while the run goes on (the checks before the model loads are in tests/rl/test_trackers.py). Every test lists
-the files around the run before and after (`Sandbox`) and lets nothing reach the network (`no_network`): W&B's and
-MLflow's network failures are fakes (their functions monkeypatched)."""
+warning line while the run goes on (the checks before the model loads are in tests/runtime/test_trackers.py). Every
+test lists the files around the run before and after (`Sandbox`) and lets nothing reach the network (`no_network`):
+W&B's and MLflow's network failures are fakes (their functions monkeypatched)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mhgpo.rl.runlog import RunLog, read_metrics
-from mhgpo.rl.trackers import IDS_FILE, MAX_IDS_BYTES, one_line, read_ids
+from mhgpo.runtime.runlog import RunLog, read_metrics
+from mhgpo.runtime.trackers import IDS_FILE, MAX_IDS_BYTES, one_line, read_ids
 
 ROWS = {1: {"loss": 0.5, "reward/mean": 0.25}, 2: {"loss": 0.25, "reward/mean": 0.5}, 3: {"loss": 0.125}}
 LEFT_OUT = "it is left out for the rest of the run (metrics.jsonl and checkpoints go on)"

@@ -341,7 +341,7 @@ def test_two_ranks_each_sample_their_share_on_their_own_engine_and_resume_as_uni
     update (its adapters handed over and checked; the figures pooled over both ranks' tokens), validation on both
     engines; resumed from step 1, the run's step 2 is the uninterrupted one's (each rank draws from its own streams,
     seeded by the data position and the rank)."""
-    from mhgpo.rl.runlog import read_metrics
+    from mhgpo.runtime.runlog import read_metrics
 
     hf, ours = tmp_path / "hf", tmp_path / "vllm"
     assert "finished 2 steps" in _launch(hf, vllm_model_dir, world, "precision=fp32", "lora.per_role=true")
@@ -393,7 +393,7 @@ def test_fsdp_ranks_hand_the_gathered_weights_to_their_engines_and_a_skipped_han
     saying in one line which rank's engine holds what, and step 1's checkpoint is kept."""
 
     from mhgpo.model.checkpoint import list_checkpoints
-    from mhgpo.rl.runlog import read_metrics
+    from mhgpo.runtime.runlog import read_metrics
 
     hook = tmp_path / "hook"
     hook.mkdir()

@@ -16,14 +16,26 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mhgpo.errors import RunError, ServiceError, printable
 from mhgpo.model.checkpoint import list_checkpoints
 
-Trainer = Any  # mhgpo.rl.trainer.Trainer (the functions below act on one; imported there, not here)
-
 SAME_REQUEST_S = 2.0  # several ranks: signals this close to the first are the same request to stop
+
+
+class Trainer(Protocol):
+    """What the functions below act on: the RL trainer (`mhgpo.rl.trainer`, a layer above, passes itself), as far
+    as they read, rewind and save it."""
+
+    run_dir: Path
+    ranks: Any  # the run's ranks (`mhgpo.model.distributed`)
+    phase: str  # where the current step is: rollouts, update, validation or records
+    step: int  # the last completed step
+    position: int  # questions consumed so far
+    failures: int  # questions whose rollout failed so far
+
+    def save(self, rng: dict[str, Any] | None = None) -> Path: ...
 
 
 class StopGuard:

@@ -20,8 +20,8 @@ import pytest
 from mhgpo.cli.main import main
 from mhgpo.config import TrainConfig, from_dict
 from mhgpo.errors import InputError
-from mhgpo.rl.runlog import RunLog, read_metrics
-from mhgpo.rl.trackers import IDS_FILE, mlflow_key, numeric, one_line, require_trackers
+from mhgpo.runtime.runlog import RunLog, read_metrics
+from mhgpo.runtime.trackers import IDS_FILE, mlflow_key, numeric, one_line, require_trackers
 
 INSTALLED = [name for name in ("wandb", "mlflow", "trackio") if importlib.util.find_spec(name) is not None]
 
@@ -380,7 +380,7 @@ def test_mlflow_needs_a_tracking_uri_that_parses(uri, no_credentials, monkeypatc
 def test_the_checks_import_no_tracker(no_credentials) -> None:
     """require_trackers is cheap: the trackers' packages are looked up, not imported."""
     code = (
-        "import sys; from mhgpo.rl.trackers import require_trackers; "
+        "import sys; from mhgpo.runtime.trackers import require_trackers; "
         "require_trackers(['tensorboard', 'wandb', 'mlflow', 'trackio']); "
         "print(sorted(m for m in ('wandb', 'mlflow', 'trackio', 'tensorboard') if m in sys.modules))"
     )

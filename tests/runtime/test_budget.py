@@ -12,9 +12,9 @@ from helpers import train_overrides, write_echo_world
 
 from mhgpo.config import TrainConfig, load_config
 from mhgpo.errors import InputError
-from mhgpo.rl import budget as budget_module
-from mhgpo.rl.budget import Budget
 from mhgpo.rl.trainer import Trainer
+from mhgpo.runtime import budget as budget_module
+from mhgpo.runtime.budget import Budget
 
 STEP_SECONDS = 50.0
 

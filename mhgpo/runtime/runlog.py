@@ -1,5 +1,5 @@
 """The run directory's logs: `metrics.jsonl` (one line per step, flushed to disk when the step ends), the same
-scalars in the trackers of `report_to` (TensorBoard events by default; `mhgpo.rl.trackers`),
+scalars in the trackers of `report_to` (TensorBoard events by default; `mhgpo.runtime.trackers`),
 `rollouts/step_NNNNNN.jsonl` (one line per rollout node) and `errors.jsonl` (one line per question whose rollout
 failed in a workflow method, with the traceback)."""
 
@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from mhgpo.io import append_text, atomic_write_jsonl, read_jsonl
-from mhgpo.rl.tree import RolloutBatch
 
 
 class RunLog:
-    """metrics.jsonl and the experiment trackers (`report_to`: see `mhgpo.rl.trackers`) of rank 0. A tracker that
+    """metrics.jsonl and the experiment trackers (`report_to`: see `mhgpo.runtime.trackers`) of rank 0. A tracker that
     fails is left out with a warning and the run goes on; an append that metrics.jsonl refuses stops it."""
 
     def __init__(
@@ -26,7 +25,7 @@ class RunLog:
         report_to: list[str] | None = None,
         config: dict[str, Any] | None = None,
     ):
-        from mhgpo.rl.trackers import open_trackers
+        from mhgpo.runtime.trackers import open_trackers
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -37,7 +36,7 @@ class RunLog:
         self.trackers = open_trackers(names, self.run_dir, resume_step, config or {})
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        from mhgpo.rl.trackers import numeric
+        from mhgpo.runtime.trackers import numeric
 
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         append_text(self.metrics_path, json.dumps(row) + "\n", self._then(step))
@@ -81,40 +80,6 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(Path(run_dir) / "metrics.jsonl")[0]
 
 
-def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
-    """One JSON-able record per node: ids, agent, group, rewards, advantage and the output text (and, in a
-    data-parallel run, the rank that grew its tree)."""
-    rows = []
-    for n in batch.nodes:
-        ex = batch.examples[n.question_index]
-        row: dict[str, Any] = {
-            "question_id": ex.id,
-            "node_id": n.node_id,
-            "parent_id": n.parent_id,
-            "agent": n.agent,
-            "kind": n.kind,
-            "visit": n.visit,
-            "fork": n.fork_id,
-            "group_id": n.group_id,
-            "trained": n.trained,
-            "reward_shared": n.reward_shared,
-            "reward_specific": n.penalty,
-            "reward": n.reward,
-            "advantage": n.advantage,
-            "output": n.output if n.kind == "llm" else n.info,
-            "output_tokens": len(n.output_ids),
-            "prompt_tokens": len(n.prompt_ids),
-        }
-        if batch.ranks:
-            row["rank"] = batch.ranks[n.question_index]
-        if n.final_answer is not None:
-            row.update(
-                final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers), question=ex.question
-            )
-        rows.append(row)
-    return rows
-
-
 class NoLog:
     """The run log of a rank other than 0 in a data-parallel run: rank 0 writes the logs."""
 
@@ -128,7 +93,8 @@ class NoLog:
         pass
 
 
-def write_rollouts(run_dir: Path, step: int, batch: RolloutBatch) -> Path:
+def write_rollouts(run_dir: Path, step: int, records: list[dict[str, Any]]) -> Path:
+    """`rollouts/step_NNNNNN.jsonl`: step `step`'s records, one line per rollout node."""
     path = Path(run_dir) / "rollouts" / f"step_{step:06d}.jsonl"
-    atomic_write_jsonl(path, rollout_records(batch))
+    atomic_write_jsonl(path, records)
     return path
