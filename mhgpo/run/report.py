@@ -536,7 +536,7 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
             ]
     titles = {
         "reward_and_val_f1": "Training reward and validation F1",
-        "learning": "Validation F1 by CPU time, and the train reward on revisits",
+        "learning": "Validation F1 by CPU time and the train reward on revisits",
         "penalties": "Format penalty per agent",
         "behaviour": "Agent behaviour",
         "intra_group_similarity": "Intra-group similarity",
