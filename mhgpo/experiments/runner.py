@@ -70,9 +70,8 @@ sys.exit(main(sys.argv[1:]))
 
 def job_command(job: Job) -> list[str]:
     """The command line of a job's process: this Python, the mhgpo package this process runs, the job as JSON."""
-    import mhgpo
-
-    return [sys.executable, "-c", _BOOT, os.path.realpath(mhgpo.__file__), job.to_json()]
+    package = Path(__file__).resolve().parents[1] / "__init__.py"  # (the package's own file, as mhgpo.__file__)
+    return [sys.executable, "-c", _BOOT, os.path.realpath(package), job.to_json()]
 
 
 # Passed on to the running jobs, which save and stop on SIGINT and SIGTERM; a hang-up of the terminal (SIGHUP, which
