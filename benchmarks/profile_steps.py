@@ -254,12 +254,24 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         }
 
 
+def commit_of(root: Path) -> str:
+    """The checkout's commit (short), with ``+`` when its files differ from it; ``?`` outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "-uno"], capture_output=True, text=True
+        )
+    except OSError:
+        return "?"
+    return (head.stdout.strip() or "?") + ("+" if dirty.stdout.strip() else "")
+
+
 def run_child(tree: str | None, spec: dict[str, Any]) -> dict[str, Any]:
     """`spec` in a process of its own, with the `mhgpo` of checkout `tree` (None: this one)."""
     env = dict(os.environ)
     root = Path(tree).resolve() if tree else Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    spec = {**spec, "tree": str(tree) if tree else "this"}
+    spec = {**spec, "tree": commit_of(root)}
     done = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True
     )
@@ -364,7 +376,7 @@ def main() -> None:
     lines = [
         f"profile_steps.py: {args.threads or 'default'} thread(s), demo settings, seed 0; "
         f"{args.sft_steps} warm-start step(s) and {args.rl_steps} RL step(s) per run, {args.repeats} run(s) each"
-        + (f"; ref = {args.ref}" if args.ref else "")
+        + (f"; ref = commit {results[0]['tree']}, this = commit {results[-1]['tree']}" if args.ref else "")
     ]
     for kind in args.kinds.split(","):
         for precision in args.precisions.split(","):
