@@ -375,7 +375,11 @@ def main() -> None:
                     print(f"[{repeat}] {names[tree]} {kind} {r['precision']}: CPU s per step {step_cpu}", flush=True)
     lines = [
         f"profile_steps.py: {args.threads or 'default'} thread(s), demo settings, seed 0; "
-        f"{args.sft_steps} warm-start step(s) and {args.rl_steps} RL step(s) per run, {args.repeats} run(s) each"
+        + " and ".join(
+            f"{args.sft_steps} warm-start step(s)" if k == "sft" else f"{args.rl_steps} RL step(s)"
+            for k in args.kinds.split(",")
+        )
+        + f" per run, {args.repeats} run(s) each"
         + (f"; ref = commit {results[0]['tree']}, this = commit {results[-1]['tree']}" if args.ref else "")
     ]
     for kind in args.kinds.split(","):
