@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from peft.helpers import disable_input_dtype_casting
 
 from mhgpo.config import LoraConfig, OptimConfig
 from mhgpo.errors import NotFinite
@@ -190,9 +191,18 @@ class Policy:
             set_active_adapter(self.model, agent, self.params)
         yield
 
+    @contextmanager
+    def _computing(self, model: torch.nn.Module) -> Iterator[None]:
+        """The context of `model`'s forward passes: bfloat16 autocast under ``bf16-mixed``, where peft's cast of each
+        LoRA layer's input up to its float32 weights is off too (the bfloat16 matmul that follows casts it back,
+        and the backward casts the gradient back and forth: the same numbers without the two copies)."""
+        casts_off = disable_input_dtype_casting(model, active=self.precision == "bf16-mixed")
+        with autocast(self.precision, module_device(model)), casts_off:
+            yield
+
     def _logprobs(self, model: torch.nn.Module, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
         as_agent = self.acting_as(batch[0].agent) if model is self.model else nullcontext()
-        with as_agent, autocast(self.precision, module_device(model)):
+        with as_agent, self._computing(model):
             return output_logprobs(
                 model,
                 [s.prompt_ids for s in batch],
@@ -217,7 +227,7 @@ class Policy:
         # the ranks' shares differ in micro-batches: a sharded model is gathered whole for them
         with gathered(model), self._reference_context():
             for idx in micro_batches(samples, self.cfg.micro_batch_tokens, share=self.cfg.share_prefix):
-                with autocast(self.precision, module_device(model)):  # the base, or a frozen model: no roles
+                with self._computing(model):  # the base, or a frozen model: no roles
                     logp, mask = output_logprobs(
                         model,
                         [samples[i].prompt_ids for i in idx],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -183,6 +184,42 @@ def test_on_policy_ratio_is_one_under_each_precision(tiny_model_dir: Path, preci
     else:  # bfloat16 matmuls: the cached and uncached computations round differently, by a bf16 ulp or so
         assert float(gaps.mean()) < 4e-3 and float(gaps.max()) < 0.05  # measured: 2e-3 and 0.025 at most
         assert stats["ratio"] == pytest.approx(1.0, abs=1e-3) and stats["clip_fraction"] == 0.0
+
+
+def test_bf16_mixed_update_without_peft_input_casts_gives_the_same_bits(tiny_model_dir, monkeypatch) -> None:
+    """Under bf16-mixed the update and the reference pass run with peft's cast of each LoRA layer's input up to its
+    float32 weights off (the autocast matmul casts it back): the same log-probs, loss and gradients, bit for bit."""
+    import mhgpo.rl.policy as policy_module
+
+    def one_update(casting_off: bool) -> tuple[list[torch.Tensor], dict[str, float], dict[str, torch.Tensor]]:
+        if not casting_off:
+            monkeypatch.setattr(policy_module, "disable_input_dtype_casting", lambda model, active: nullcontext())
+        loaded = load_model(str(tiny_model_dir), device="cpu", dtype=weight_dtype("bf16-mixed", trainable=False))
+        samples = hand_samples(load_model(str(tiny_model_dir), device="cpu"), offsets=True)
+        torch.manual_seed(0)
+        optim = OptimConfig(lr=1e-2, kl_beta=0.05, micro_batch_tokens=64, gradient_checkpointing=False)
+        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=4), 10, precision="bf16-mixed")
+        policy.update(samples)  # the adapter moves off zero: the reference and the policy differ
+        seen = {}
+        real_loss = policy.loss
+
+        def loss(*args, **kwargs):
+            seen.setdefault("logp", []).append(args[0].detach().clone())
+            return real_loss(*args, **kwargs)
+
+        policy.loss = loss
+        ref = policy.reference_logprobs(samples)
+        stats = policy.update(samples)
+        monkeypatch.undo()
+        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+        return ref + seen["logp"], stats, grads
+
+    ref_off, stats_off, grads_off = one_update(casting_off=True)
+    ref_on, stats_on, grads_on = one_update(casting_off=False)
+    assert len(ref_off) == len(ref_on) and all(torch.equal(a, b) for a, b in zip(ref_off, ref_on))
+    assert stats_off == stats_on and stats_off["kl"] > 0
+    assert grads_off.keys() == grads_on.keys() and grads_off
+    assert all(torch.equal(grads_off[n], grads_on[n]) for n in grads_off)
 
 
 # ------------------------------------------------------------------------------ generation pinned
