@@ -50,6 +50,9 @@ from mhgpo.io import atomic_write_json, fsync_dir, read_json, remove_stale_temps
 STEPS_CAP = 100_000  # the steps of a row with a budget: the budget ends it
 SAVE_EVERY = 5  # a row's checkpoints: what a row stopped mid-run continues from
 WARM_SAVE_EVERY = 10  # a warm start's (left out of its folder's hash: saving changes no weight)
+# A warm start's keys that change none of its weights (where it is written, how often it saves, whether activations
+# are recomputed: bit-identical either way), left out of its folder's name
+UNHASHED = {"output_dir", "save_every", "keep_checkpoints", "report_to", "optim.gradient_checkpointing"}
 PARTIAL = ".partial"  # OUT/DATA/runs/ROW-seedS.partial: a row's run while it trains
 
 
@@ -114,12 +117,12 @@ def run_config(table: RowTable, job: Job, row: str, run_dir: Path | str) -> Trai
 def warm_start_folder(cfg: TrainConfig, folder: Path) -> Path:
     """Where the warm start of the row config `cfg` is: its system, seed and a hash of its `mhgpo sft` config's
     values that differ from the defaults (so that a key added to the config, at its default, names the same
-    folder)."""
+    folder), :data:`UNHASHED` left out."""
     from mhgpo.config import SFTConfig
 
     tree = _leaves(to_dict(_warm_start_config(cfg, Path("warm_start"))))
     defaults = _leaves(to_dict(SFTConfig()))
-    tree = {k: v for k, v in tree.items() if k != "output_dir" and (k not in defaults or defaults[k] != v)}
+    tree = {k: v for k, v in tree.items() if k not in UNHASHED and (k not in defaults or defaults[k] != v)}
     digest = hashlib.sha1(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:8]
     tag = "" if cfg.system == "mas" else "".join(c if c.isalnum() else "_" for c in cfg.system) + "-"
     return folder / f"warm_start-{tag}seed{cfg.seed}-{digest}"

@@ -670,9 +670,12 @@ def test_a_warm_start_folder_is_named_by_the_values_that_differ_from_the_default
     class Grown(SFTConfig):  # the warm start's config with one key more, at its default
         new_key: int = 7
 
-    monkeypatch.setattr(jobs, "_warm_start_config", lambda c, out: Grown(**dataclasses.asdict(original(c, out))))
     with monkeypatch.context() as m:
+        m.setattr(jobs, "_warm_start_config", lambda c, out: Grown(**dataclasses.asdict(original(c, out))))
         m.setattr("mhgpo.config.SFTConfig", Grown)
         assert warm_start_folder(cfg, tmp_path) == named
     other = row_config(TABLE, job("warm_rr", folder=tmp_path, overrides=["warm_start.steps=72"]), "warm_rr", "x")
     assert warm_start_folder(other, tmp_path) != named
+    for same in ("optim.gradient_checkpointing=true", "optim.gradient_checkpointing=false"):  # weights bit-identical
+        again = row_config(TABLE, job("warm_rr", folder=tmp_path, overrides=[same]), "warm_rr", "x")
+        assert warm_start_folder(again, tmp_path) == named
