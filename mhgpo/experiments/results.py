@@ -177,6 +177,23 @@ def _ood_ok(value: Any) -> bool:
     )
 
 
+def _questions_ok(value: Any) -> bool:
+    """Per-question scores: a list of {id: str, f1: number, ...}."""
+    return isinstance(value, list) and all(
+        isinstance(q, dict) and isinstance(q.get("id"), str) and _number(q.get("f1")) for q in value
+    )
+
+
+def _curve_ok(value: Any) -> bool:
+    """A learning curve: a non-empty list of {step, cpu_minutes, f1, em, acc}, all numbers."""
+    keys = ("step", "cpu_minutes", "f1", "em", "acc")
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(isinstance(p, dict) and all(_number(p.get(k)) for k in keys) for p in value)
+    )
+
+
 # What each key of a result must hold (those a result may lack: when it has them).
 RESULT_TYPES: dict[str, tuple[Any, str]] = {
     "row": (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a row name"),
@@ -198,6 +215,10 @@ RESULT_TYPES: dict[str, tuple[Any, str]] = {
     "ood": (lambda v: v is None or _ood_ok(v), "evaluations by name, each with its data and f1"),
     "overrides": (lambda v: isinstance(v, dict), "a mapping"),
     "steps_of": (lambda v: isinstance(v, str), "a row name"),
+    **{k: (_questions_ok, "a list of per-question scores") for k in ("val_questions", "start_questions")},
+    "val_curve": (_curve_ok, "a learning curve (points of step, cpu_minutes, f1, em, acc)"),
+    "start": (lambda v: isinstance(v, dict) and v.get("healthy") in (True, False, None), "a curve's start"),
+    "healthy": (lambda v: v in (True, False, None), "true, false or null"),
 }
 
 

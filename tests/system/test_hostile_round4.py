@@ -452,6 +452,10 @@ def test_hostile_result_files_are_left_out_each_named_in_one_line(tmp_path, caps
         "warm_rr-seed13.json": "fifo",
         "warm_rr-seed14.json": "folder",
         "warm_rr-seed15.json": "large",
+        "warm_rr-seed16.json": json.dumps({**good, "seed": 16, "val_curve": [{"step": 0, "f1": "x"}]}),
+        "warm_rr-seed17.json": json.dumps({**good, "seed": 17, "start_questions": [{"id": 1, "f1": 0.5}]}),
+        "warm_rr-seed18.json": json.dumps({**good, "seed": 18, "val_questions": "all"}),
+        "warm_rr-seed19.json": json.dumps({**good, "seed": 19, "healthy": "yes"}),
     }
     for name, content in bad.items():
         path = folder / name
@@ -480,6 +484,10 @@ def test_hostile_result_files_are_left_out_each_named_in_one_line(tmp_path, caps
     assert reasons["12.json"] == "it ran under other settings than " + f"{folder}'s"
     assert reasons["13.json"] == reasons["14.json"] == "not a regular file"
     assert reasons["15.json"].startswith("68157440 bytes, more than the 67108864")
+    assert reasons["16.json"].startswith("val_curve: expected a learning curve")  # the curves part reads these
+    assert reasons["17.json"].startswith("start_questions: expected a list of per-question scores")
+    assert reasons["18.json"] == "val_questions: expected a list of per-question scores, got 'all'"
+    assert reasons["19.json"] == "healthy: expected true, false or null, got 'yes'"
     assert "| `warm_rr` | 3 | 3.0 ± 0.0 | 21.0 ± 1.0 |" in reward_part(text)  # seeds 0, 1, 2 alone
 
 
