@@ -205,28 +205,14 @@ def run_warm(job: Job) -> dict:
         def build(partial: Path) -> dict:
             since = _clock()
             sft = _warm_start_config(cfg, partial)
-            _sft_or_continue(dataclasses.replace(sft, save_every=WARM_SAVE_EVERY, keep_checkpoints=1), partial)
+            from mhgpo.run.warm_start import resume_sft, run_sft
+
+            sft = dataclasses.replace(sft, save_every=WARM_SAVE_EVERY, keep_checkpoints=1)
+            _start_or_continue(partial, lambda: run_sft(sft, progress=False), resume_sft)
             spent = _minutes(since)
             return {"row": "warm_start", "seed": job.seed, "system": cfg.system, "steps": sft.steps, **spent}
 
         return _make_row(final, build)
-
-
-def _sft_or_continue(sft: Any, run_dir: Path) -> None:
-    """`mhgpo sft` of `sft` into `run_dir`, or `mhgpo sft --resume` where `run_dir` holds a checkpoint of it (a warm
-    start stopped mid-way); a folder without one is started again."""
-    import shutil
-
-    from mhgpo.model.checkpoint import list_checkpoints
-    from mhgpo.run.warm_start import resume_sft, run_sft
-
-    if run_dir.is_dir() and list_checkpoints(run_dir):
-        print(f"{run_dir}: continuing from {list_checkpoints(run_dir)[-1].name}", flush=True)
-        resume_sft(run_dir, progress=False)
-        return
-    if run_dir.exists() and not run_dir.is_symlink():
-        shutil.rmtree(run_dir)
-    run_sft(sft, progress=False)
 
 
 def run_row(job: Job) -> dict:
@@ -268,7 +254,9 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
         from mhgpo.runtime.runlog import read_metrics
 
         start = start_point(cfg, Path(job.folder)) if job.settings.get("val_every") else None
-        trainer = _train_or_continue(cfg, tmp)
+        from mhgpo.run.pipeline import resume, train
+
+        trainer = _start_or_continue(tmp, lambda: train(cfg, progress=False), resume)
         res = trainer.last_eval[1] if trainer.last_eval and trainer.last_eval[0] == trainer.step else None
         if res is None:  # continued after its last step had been saved: validated again, the same greedy answers
             res = trainer.validate()
@@ -323,20 +311,20 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
     return record
 
 
-def _train_or_continue(cfg: TrainConfig, run_dir: Path) -> Any:
-    """`mhgpo train` of `cfg` into `run_dir`, or, when `run_dir` holds a checkpoint of it (a row stopped mid-run),
-    `mhgpo train --resume` from there; a folder without one (stopped before its first checkpoint) is started again."""
+def _start_or_continue(run_dir: Path, start: Any, resume: Any) -> Any:
+    """`start()` (a new run into `run_dir`), or, when `run_dir` holds a checkpoint (a row or warm start stopped
+    mid-run), `resume(run_dir)` from there; a folder without one (stopped before its first checkpoint) is started
+    again."""
     import shutil
 
     from mhgpo.model.checkpoint import list_checkpoints
-    from mhgpo.run.pipeline import resume, train
 
     if run_dir.is_dir() and list_checkpoints(run_dir):
         print(f"{run_dir}: continuing from {list_checkpoints(run_dir)[-1].name}", flush=True)
         return resume(run_dir, progress=False)
     if run_dir.exists() and not run_dir.is_symlink():
         shutil.rmtree(run_dir)
-    return train(cfg, progress=False)
+    return start()
 
 
 def _eval_config(cfg: TrainConfig, model: str, out: Path, data: str | None = None) -> EvalConfig:
