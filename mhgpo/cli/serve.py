@@ -8,7 +8,6 @@ loopback interface unless `--host` says otherwise.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 
@@ -30,13 +29,13 @@ SERVE_FLAGS = {
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from mhgpo.config import ServeConfig, load_config
     from mhgpo.retrieval.build import build_retriever
-    from mhgpo.retrieval.service import Limits, create_app, require_server, server
+    from mhgpo.retrieval.service import LIMIT_KEYS, Limits, create_app, require_server, server
 
     cfg = load_config(ServeConfig, args.config, flag_overrides(args, SERVE_FLAGS) + list(args.overrides))
     require_server()  # before the index is built
     check_address(cfg.host, cfg.port)
     retriever = build_retriever(cfg.data, cfg.retrieval)
-    limits = Limits(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Limits) if hasattr(cfg, f.name)})
+    limits = Limits(**{name: getattr(cfg, name) for name in LIMIT_KEYS})
     name = cfg.retrieval.corpus or cfg.retrieval.index or cfg.data
     app = create_app(retriever, limits, name=re.sub(r"[^:]*/", "", str(name)))  # (/health names no folder)
     print(

@@ -30,6 +30,7 @@ import json
 import threading
 from typing import Any
 
+from mhgpo.config import ServeConfig
 from mhgpo.retrieval.bm25 import CachedRetriever
 from mhgpo.retrieval.http import contents_of
 
@@ -57,24 +58,24 @@ else:
         return_scores: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """What one request may ask and send, how long it may take, and how many connections are served at once
-    (the keys of `ServeConfig`, which documents them)."""
-
-    max_queries: int = 1024
-    max_topk: int = 100
-    max_passages: int = 10000
-    max_query_chars: int = 2000
-    max_body_bytes: int = 1 << 20
-    max_header_bytes: int = 16384
-    default_topk: int = 3
-    cache_bytes: int = 256 << 20
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    keep_alive: float = 5.0
-    max_connections: int = 64
-    turn_queries: int = 32  # queries searched in one turn of the search lock
+# What one request may ask and send, how long it may take, and how many connections are served at once: the keys of
+# `ServeConfig` (which documents them and holds their defaults, typed once), and the queries searched in one turn of
+# the search lock.
+LIMIT_KEYS = (
+    "max_queries", "max_topk", "max_passages", "max_query_chars", "max_body_bytes", "max_header_bytes",
+    "default_topk", "cache_bytes", "header_timeout", "body_timeout", "keep_alive", "max_connections",
+)  # fmt: skip
+Limits = dataclasses.make_dataclass(
+    "Limits",
+    [
+        (f.name, f.type, dataclasses.field(default=f.default))
+        for f in dataclasses.fields(ServeConfig)
+        if f.name in LIMIT_KEYS
+    ]
+    + [("turn_queries", int, dataclasses.field(default=32))],
+    frozen=True,
+)
+Limits.__module__ = __name__
 
 
 DEFAULT_LIMITS = Limits()
