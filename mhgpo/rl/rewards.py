@@ -69,8 +69,8 @@ def apply_role_switches(batch: RolloutBatch, train_roles: list[str] | None, froz
 
 
 def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
-    """The step's figures per agent (reward, penalty, |advantage|, trained samples, the sampled tokens' entropy, its
-    behaviour: formats, lengths) and the mean terminal reward."""
+    """The step's figures per agent (reward, penalty, |advantage|, trained samples and the share of them that carry a
+    gradient, the sampled tokens' entropy, its behaviour: formats, lengths) and the mean terminal reward."""
     llm = batch.llm_nodes()
     leaves = batch.leaves()
     out: dict[str, float] = {"reward/mean": float(np.mean([n.terminal for n in leaves])) if leaves else 0.0}
@@ -83,6 +83,8 @@ def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
         out[f"{agent}/penalty"] = float(np.mean([n.penalty for n in mine]))
         out[f"{agent}/advantage_abs"] = float(np.mean([abs(n.advantage) for n in trained])) if trained else 0.0
         out[f"{agent}/samples"] = float(len(trained))
+        # informative: the trained samples whose advantage is not 0 (a zero-variance group's members carry no gradient)
+        out[f"{agent}/informative"] = float(np.mean([n.advantage != 0 for n in trained])) if trained else 0.0
         tokens = [-lp for n in mine for lp in n.logprobs]
         if tokens:  # the sampled tokens' mean -log π (at the sampling temperature, before top-p): the entropy's
             out[f"{agent}/entropy"] = float(np.mean(tokens))  # Monte Carlo estimate along the sampled outputs

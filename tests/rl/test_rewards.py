@@ -142,6 +142,20 @@ def test_step_metrics_on_a_real_batch():
         assert len(logprobs) > 0 and m[f"{agent}/entropy"] == pytest.approx(-sum(logprobs) / len(logprobs), rel=1e-12)
 
 
+def test_step_metrics_count_the_samples_that_carry_a_gradient():
+    batch, system, _ = rollout("fof", n_questions=3)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    mine = [n for n in batch.llm_nodes() if n.agent == "reranker"]
+    for i, n in enumerate(mine):  # 12 trained Reranker samples: 3 with a gradient, 1 untrained
+        n.advantage = 0.5 if i < 3 else 0.0
+    mine[-1].group_id = -1
+    m = step_metrics(batch, system)
+    assert m["reranker/samples"] == 11.0 and m["reranker/informative"] == 3 / 11
+    for agent in ("rewriter", "answerer"):  # the share of the agent's trained samples whose advantage is not 0
+        trained = [n for n in batch.llm_nodes() if n.agent == agent and n.trained]
+        assert m[f"{agent}/informative"] == sum(n.advantage != 0 for n in trained) / len(trained)
+
+
 def test_question_rewards_average_each_trees_leaves():
     batch, _, _ = rollout("fof", n_questions=3)
     got = question_rewards(batch)
