@@ -140,15 +140,21 @@ class ServerGenerator:
 
     # ------------------------------------------------------------------------------------------- sampling
 
-    @contextmanager
-    def pinned(self) -> Iterator[int | None]:
-        """Within it, this thread's generations use the adapters current at its start, whatever is handed over
-        meanwhile (held: none of them is unloaded before it ends): a rollout batch's trees are sampled by one
-        version. Yields that version (None: none handed over yet)."""
+    def pin(self) -> tuple[dict[str | None, str], int | None]:
+        """The current adapters' names and version, held (none is unloaded) until :meth:`pinned` given them ends."""
         with self._lock:
             names, version = dict(self.adapters), self.version
             for name in names.values():
                 self._in_use[name] += 1
+        return names, version
+
+    @contextmanager
+    def pinned(self, pin: tuple[dict[str | None, str], int | None] | None = None) -> Iterator[int | None]:
+        """Within it, this thread's generations use the adapters of ``pin`` (:meth:`pin`, taken maybe by another
+        thread; None: the current ones, taken now), whatever is handed over meanwhile, and hold them (none is
+        unloaded before it ends): a rollout batch's trees are sampled by one version. Yields that version (None:
+        none handed over yet)."""
+        names, version = pin if pin is not None else self.pin()
         self._pins.names = names
         try:
             yield version

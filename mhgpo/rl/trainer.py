@@ -95,10 +95,11 @@ class Ahead:
         self.batch: RolloutBatch | None = None
         self.error: BaseException | None = None
         rng = np.random.default_rng([trainer.cfg.seed, trainer.position])
+        pin = trainer.setup.generator.pin()  # the weights the engine holds now, whenever the thread starts
 
         def grow() -> None:
             try:
-                self.batch = trainer._grow(questions, rng)
+                self.batch = trainer._grow(questions, rng, pin)
             except BaseException as e:  # (raised in the trainer's thread by result)
                 self.error = e
 
@@ -395,11 +396,13 @@ class Trainer:
             self._drop_stale(batch)
         return batch, adv_stats, apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
 
-    def _grow(self, questions: list[Example], rng: np.random.Generator) -> RolloutBatch:
-        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rl.rollout.run_rollouts`)."""
+    def _grow(self, questions: list[Example], rng: np.random.Generator, pin: Any = None) -> RolloutBatch:
+        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rl.rollout.run_rollouts`), each
+        recording the policy version that sampled it. On a server the whole batch samples with one version's
+        adapters: those of `pin` (`ServerGenerator.pin`, taken when the batch was asked for), else the current."""
         setup = self.setup
-        pinned = getattr(setup.generator, "pinned", None)  # (a server: the whole batch on one version's adapters)
-        with pinned() if pinned is not None else nullcontext(self.step) as version:
+        pinned = getattr(setup.generator, "pinned", None)
+        with pinned(pin) if pinned is not None else nullcontext(self.step) as version:
             batch = run_rollouts(
                 questions,
                 setup.workflow,
