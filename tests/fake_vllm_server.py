@@ -57,12 +57,12 @@ class FakeVLLMServer:
                         return self._send(400, {"error": f"{body['lora_name']} is already loaded"})
                     fake.loaded[body["lora_name"]] = body["lora_path"]
                     fake.events.append(f"load {body['lora_name']}")
-                    return self._send(200, None, raw=b"")
+                    return self._send(200, None, raw=f"Success: LoRA adapter '{body['lora_name']}' added".encode())
                 if self.path == "/v1/unload_lora_adapter":
                     if fake.loaded.pop(body["lora_name"], None) is None:
                         return self._send(404, {"error": f"{body['lora_name']} is not loaded"})
                     fake.events.append(f"unload {body['lora_name']}")
-                    return self._send(200, None, raw=b"")
+                    return self._send(200, None, raw=f"Success: LoRA adapter '{body['lora_name']}' removed".encode())
                 if self.path != "/v1/completions":
                     return self._send(404, {"error": "not found"})
                 if body["model"] != fake.name and body["model"] not in fake.loaded:

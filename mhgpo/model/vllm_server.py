@@ -23,6 +23,7 @@ asked, or that does not answer within ``generation.server_timeout`` raises a
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import threading
 import time
@@ -42,7 +43,8 @@ HINT = "is it running? (mhgpo serve-generation starts one)"
 
 
 def adapter_name(agent: str | None, version: int) -> str:
-    """The versioned name an adapter is served under: ``AGENT-v{version}``, ``shared-v{version}`` for every agent's."""
+    """The versioned name an adapter is served under: ``AGENT-v{version}``, ``shared-v{version}`` for every agent's
+    (the run's tag after it, :class:`ServerGenerator`)."""
     return f"{agent or 'shared'}-v{version}"
 
 
@@ -72,6 +74,7 @@ class ServerGenerator:
         vocab_size: int | None = None,
         adapter_dir: Path | None = None,
         session: Any = None,
+        tag: str | None = None,
     ) -> None:
         import requests
 
@@ -90,15 +93,18 @@ class ServerGenerator:
         self._in_use: Counter[str] = Counter()  # a served adapter's name -> generations using it now
         self._lock = threading.Lock()
         self.unloaded: list[str] = []  # names unloaded so far, in order (what the tests and the logs read)
-        self.suffix = ""  # after every adapter's name: a rank's own (several ranks share the servers)
+        # after every adapter's name: this run's tag (a server outlives runs: a later run, or a resumed one, names its
+        # versions anew) and, under several ranks, the rank's (the ranks share the servers)
+        self.suffix = "" if tag == "" else f"-{tag or secrets.token_hex(3)}"
         self._pins = threading.local()  # a thread's pinned adapters (:meth:`pinned`)
         self._active, self._since, self._busy = 0, 0.0, 0.0  # requests in flight; since when; busy seconds so far
         self.models = {url: self._base_model(url) for url in self.urls}
 
     # ------------------------------------------------------------------------------------------------ HTTP
 
-    def _request(self, method: str, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One request's JSON answer; a :class:`ServiceError` naming ``url`` when it cannot be had."""
+    def _request(self, method: str, url: str, path: str, body: dict[str, Any] | None = None, parse: bool = True) -> Any:
+        """One request's JSON answer (``parse=False``: its text; vLLM answers a LoRA load or unload in plain text);
+        a :class:`ServiceError` naming ``url`` when it cannot be had."""
         import requests
 
         try:
@@ -114,8 +120,8 @@ class ServerGenerator:
         if answer.status_code != 200:
             text = " ".join(answer.text.split())[:200]
             raise ServiceError(f"generation server {url}: {path} answered HTTP {answer.status_code}: {text}")
-        if not answer.content:
-            return None
+        if not parse or not answer.content:
+            return answer.text
         try:
             return answer.json()
         except ValueError:
@@ -335,7 +341,7 @@ class ServerGenerator:
             body = {"lora_name": name, "lora_path": str(Path(folder).resolve())}
             self._each(
                 [(url, body) for url in self.urls],
-                lambda url, b: self._request("POST", url, "/v1/load_lora_adapter", b),
+                lambda url, b: self._request("POST", url, "/v1/load_lora_adapter", b, parse=False),
             )
         with self._lock:
             old = [n for n in self.adapters.values() if n not in new.values()]
@@ -347,7 +353,7 @@ class ServerGenerator:
     def _unload(self, name: str) -> None:
         self._each(
             [(url, {"lora_name": name}) for url in self.urls],
-            lambda url, b: self._request("POST", url, "/v1/unload_lora_adapter", b),
+            lambda url, b: self._request("POST", url, "/v1/unload_lora_adapter", b, parse=False),
         )
         self.unloaded.append(name)
         folder = self._folders.pop(name, None)
@@ -420,7 +426,7 @@ def build_server_generator(
         adapter_dir=folder,
     )
     if ranks is not None and ranks.world > 1:
-        generator.suffix = f"-r{ranks.rank}"
+        generator.suffix += f"-r{ranks.rank}"
     return generator
 
 

@@ -514,6 +514,7 @@ class Trainer:
             wall = max(time.perf_counter() - self._step_started, 1e-9)
             metrics["idle/trainer"] = min(self._rollout_wait / wall, 1.0)
             metrics["idle/server"] = max(0.0, 1.0 - (busy - self._busy_at) / wall)
+            metrics["seconds/step"] = wall  # from the rollouts' start (or the wait for them) to the hand-over's end
             self._step_started = None
         return metrics
 

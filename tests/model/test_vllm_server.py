@@ -27,7 +27,7 @@ class Tokenizer:
 
 def _client(*servers: FakeVLLMServer, timeout: float = 5.0, adapter_dir: Path | None = None) -> ServerGenerator:
     return ServerGenerator(
-        [s.url for s in servers], Tokenizer(), [EOS], timeout=timeout, vocab_size=100, adapter_dir=adapter_dir
+        [s.url for s in servers], Tokenizer(), [EOS], timeout=timeout, vocab_size=100, adapter_dir=adapter_dir, tag=""
     )
 
 
@@ -199,6 +199,16 @@ def test_generations_in_flight_hold_their_adapter_across_threads(server: FakeVLL
     assert "unload shared-v1" not in server.events  # the generation in flight still uses it
     thread.join()
     assert server.events[-1] == "unload shared-v1"
+
+
+def test_each_run_tags_its_adapters_names(server: FakeVLLMServer, tmp_path: Path) -> None:
+    """A server outlives runs: two runs (or a run and its resumption) load their versions under names of their own."""
+    first = ServerGenerator([server.url], Tokenizer(), [EOS], adapter_dir=tmp_path)
+    second = ServerGenerator([server.url], Tokenizer(), [EOS], adapter_dir=tmp_path)
+    assert first.suffix != second.suffix and len(first.suffix) == 7
+    first.set_adapters({None: _adapter(tmp_path / "a-v1", 1.0)}, 1)
+    second.set_adapters({None: _adapter(tmp_path / "b-v1", 1.0)}, 1)
+    assert set(server.loaded) == {"shared-v1" + first.suffix, "shared-v1" + second.suffix}
 
 
 def test_the_server_command_samples_as_mhgpo_needs() -> None:

@@ -66,10 +66,11 @@ def test_one_step_off_policy_every_trained_tree_is_one_version_old(
     for step, version in ((1, 0), (2, 0), (3, 1)):  # the version that sampled each tree, in the records
         assert {row["version"] for row in _records(out, step)} == {version}
     # each batch sampled on one version's adapter: step 2's trees on version 0's, grown while update 1 ran
+    tag = trainer.setup.generator.suffix
     models = [body["model"] for body in server.completions()]
-    assert models[0] == "shared-v0" and set(models) == {"shared-v0", "shared-v1"}
-    assert server.events[:2] == ["load shared-v0", "load shared-v1"]
-    assert "unload shared-v0" in server.events and set(server.loaded) == {"shared-v3"}
+    assert models[0] == f"shared-v0{tag}" and set(models) == {f"shared-v0{tag}", f"shared-v1{tag}"}
+    assert server.events[:2] == [f"load shared-v0{tag}", f"load shared-v1{tag}"]
+    assert f"unload shared-v0{tag}" in server.events and set(server.loaded) == {f"shared-v3{tag}"}
     # the checkpoint's data position is that of the completed steps: no question drawn ahead is skipped on resume
     assert json.loads((list_checkpoints(out)[-1] / "state.json").read_text())["position"] == 6
 

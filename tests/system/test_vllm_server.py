@@ -63,8 +63,16 @@ def _start(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
 def server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     process, url = _start(vllm_model_dir, tmp_path_factory.mktemp("server") / "server.log")
     yield url
+    _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
     process.terminate()
-    process.wait(60)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(30)
 
 
 def _config(model_dir: Path, world: Path, out: Path, url: str, **extra: object):
@@ -87,14 +95,19 @@ def test_the_servers_log_probs_are_the_trainers_after_every_hand_over(
     vllm_model_dir: Path, world: Path, tmp_path: Path, server: str
 ) -> None:
     out = tmp_path / "run"
-    trainer_for(_config(vllm_model_dir, world, out, server, steps=2), out).run()
+    trainer = trainer_for(_config(vllm_model_dir, world, out, server, steps=2), out)
+    trainer.run()
+    tag = trainer.setup.generator.suffix
     rows = read_metrics(out)
     assert [r["staleness/max"] for r in rows] == [0.0, 0.0]
     for r in rows:  # the check scored the step's outputs on the server, as the update's adapter
         assert 0 <= r["engine/logprob_gap_mean"] < IN_SYNC and r["engine/logprob_gap_max"] < 10 * IN_SYNC
         assert r["engine/old_logprob_gap"] < IN_SYNC and r["engine/is_ess"] > 1 - 1e-6
     served = [m["id"] for m in requests.get(server + "/v1/models", timeout=10).json()["data"]]
-    assert "shared-v2" in served and "shared-v1" not in served and "shared-v0" not in served
+    assert f"shared-v2{tag}" in served and f"shared-v1{tag}" not in served and f"shared-v0{tag}" not in served
+    trainer.setup.generator.close()  # (the run's adapters unloaded; the server keeps running)
+    served = [m["id"] for m in requests.get(server + "/v1/models", timeout=10).json()["data"]]
+    assert not any(name.endswith(tag) for name in served)
 
 
 def test_greedy_answers_on_the_server_are_the_in_process_engines(
