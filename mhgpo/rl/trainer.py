@@ -366,7 +366,7 @@ class Trainer:
         questions = self._next_questions(self.cfg.questions_per_step)
         self._ahead = Ahead(self, questions)
 
-    def _take_ahead(self, questions_needed: int) -> RolloutBatch | None:
+    def _take_ahead(self) -> RolloutBatch | None:
         """The trees grown ahead for this step (waiting for them; their error raised here), or None."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
@@ -397,9 +397,9 @@ class Trainer:
         return batch, adv_stats, apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
 
     def _grow(self, questions: list[Example], rng: np.random.Generator, pin: Any = None) -> RolloutBatch:
-        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rl.rollout.run_rollouts`), each
-        recording the policy version that sampled it. On a server the whole batch samples with one version's
-        adapters: those of `pin` (`ServerGenerator.pin`, taken when the batch was asked for), else the current."""
+        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rl.rollout.run_rollouts`). On a server
+        the whole batch samples with one version's adapters, those of `pin` (`ServerGenerator.pin`, taken when the
+        batch was asked for; else the current ones), and each tree records that version."""
         setup = self.setup
         pinned = getattr(setup.generator, "pinned", None)
         with pinned(pin) if pinned is not None else nullcontext(self.step) as version:
@@ -414,7 +414,8 @@ class Trainer:
                 on_error="skip",
                 grouped=False,
             )
-        batch.versions = [self.step if version is None else int(version)] * len(batch.examples)
+        if pinned is not None:  # (an engine that samples between updates holds the current version throughout)
+            batch.versions = [self.step if version is None else int(version)] * len(batch.examples)
         return batch
 
     def _gather_trees(self, questions: list[Example]) -> RolloutBatch:
@@ -451,7 +452,7 @@ class Trainer:
         groups as its first draw formed groups, or `filter_max_questions` questions have been drawn."""
         cfg = self.cfg
         self._waited = 0.0
-        grown = self._take_ahead(cfg.questions_per_step)
+        grown = self._take_ahead()
         questions = [] if grown is not None else self._next_questions(cfg.questions_per_step)
         batch, adv_stats, untrained = self._rollout(questions, grown)
         if not cfg.filter_zero_variance:
