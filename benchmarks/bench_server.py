@@ -4,7 +4,7 @@ cores and the trainer to the others (`taskset`), the demo's config without its w
 questions and G=4 a step, LoRA), the same seed. Run it in an environment with vLLM (`bash scripts/setup.sh
 --vllm`):
 
-    python benchmarks/bench_server.py --steps 4 --server-cpus 0 --trainer-cpus 1
+    python benchmarks/bench_server.py --steps 4 --server-cpus 0 --trainer-cpus 1 [key=value ...]
 
 It prints one row per setting: the mean over the steps after the first (the first step of a run one step off-policy
 has nothing grown ahead) of `seconds/step`, `seconds/rollout` (the rollouts, or the wait for those grown ahead),
@@ -60,7 +60,7 @@ def train(args: argparse.Namespace, url: str, staleness: int, out: Path) -> dict
     command += ["--config", str(REPO / "mhgpo" / "config" / "demo.yaml"), "--output-dir", str(out)]
     command += [f"steps={args.steps}", "warm_start.enabled=false", "eval_every=0", "save_every=0", "report_to=[]"]
     command += [f"precision={args.precision}", "generation.engine=vllm_server", f"generation.server_urls=[{url}]"]
-    command += [f"rollout.max_staleness={staleness}", "optim.gradient_checkpointing=false"]
+    command += [f"rollout.max_staleness={staleness}", "optim.gradient_checkpointing=false", *args.overrides]
     started = time.perf_counter()
     subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "TQDM_DISABLE": "1"})
     total = time.perf_counter() - started
@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--server-cpus", default="0")
     parser.add_argument("--trainer-cpus", default="1")
     parser.add_argument("--out", default="bench_server.json")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="more config overrides of both runs")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-server-"))
     process, url = start_server(args, work / "server.log")
