@@ -75,9 +75,9 @@ class FakeVLLMServer:
                 choices = []
                 for i, prompt in enumerate(prompts):
                     if body.get("logprob_token_ids"):
-                        wanted = body["logprob_token_ids"][0]
-                        top = [{f"token_id:{wanted}": -0.25 - 0.01 * len(prompt)}]
-                        logprobs = {"tokens": [f"token_id:{wanted}"], "token_logprobs": [-0.3], "top_logprobs": top}
+                        wanted = body["logprob_token_ids"]
+                        top = [{f"token_id:{w}": -0.25 - 0.01 * len(prompt) - 0.1 * k for k, w in enumerate(wanted)}]
+                        logprobs = {"tokens": [f"token_id:{wanted[0]}"], "token_logprobs": [-0.3], "top_logprobs": top}
                     else:
                         ids = fake.tokens(prompt, body)[: body["max_tokens"]]
                         logprobs = {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids)}

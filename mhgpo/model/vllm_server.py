@@ -289,40 +289,40 @@ class ServerGenerator:
     ) -> list[list[float]]:
         """The servers' log-probs of each output's tokens after its prompt, as ``agent``, at ``temperature``
         (``log_softmax(logits / T)``, as :meth:`generate` reports them; 0: greedy's): the sync check's engine side,
-        as :meth:`mhgpo.model.vllm_engine.VLLMGenerator.score` takes it in process. One request per output and
-        position (a token long, top-p 1, the log-prob of the output's token asked for with ``logprob_token_ids``),
-        on the first server, holding the adapter it scores with."""
+        as :meth:`mhgpo.model.vllm_engine.VLLMGenerator.score` takes it in process. One request per position, on the
+        first server, holding the adapter it scores with: every output that long, each a token long after its prompt
+        and the output's tokens before, top-p 1, the log-probs of the position's tokens asked for
+        (``logprob_token_ids``: every row's, each row reading its own)."""
         url = self.urls[0]
+        bad = f"generation server {url}: malformed answer to /v1/completions"
+        scored: list[list[float]] = [[] for _ in outputs]
         name = self._acquire(agent)
         try:
-            scored: list[list[float]] = []
-            for prompt, output in zip(prompts, outputs):
-                row = []
-                for t, token in enumerate(output):
-                    body = {
-                        "model": name or self.models[url],
-                        "prompt": [int(x) for x in list(prompt) + list(output[:t])],
-                        "max_tokens": 1,
-                        "temperature": temperature,
-                        "top_p": 1.0,
-                        "logprobs": 1,
-                        "logprob_token_ids": [int(token)],
-                        "return_tokens_as_token_ids": True,
-                    }
-                    answer = self._request("POST", url, "/v1/completions", body)
-                    try:
-                        value = answer["choices"][0]["logprobs"]["top_logprobs"][0][f"token_id:{int(token)}"]
-                    except (TypeError, KeyError, IndexError):
-                        raise ServiceError(
-                            f"generation server {url}: malformed answer to /v1/completions: no log-prob of token "
-                            f"{int(token)}"
-                        ) from None
-                    if not isinstance(value, (int, float)):
-                        raise ServiceError(
-                            f"generation server {url}: malformed answer: a log-prob that is not a number"
-                        )
-                    row.append(float(value))
-                scored.append(row)
+            for t in range(max((len(o) for o in outputs), default=0)):
+                rows = [i for i, o in enumerate(outputs) if len(o) > t]
+                body = {
+                    "model": name or self.models[url],
+                    "prompt": [[int(x) for x in list(prompts[i]) + list(outputs[i][:t])] for i in rows],
+                    "max_tokens": 1,
+                    "temperature": temperature,
+                    "top_p": 1.0,
+                    "logprobs": 1,
+                    "logprob_token_ids": sorted({int(outputs[i][t]) for i in rows}),
+                    "return_tokens_as_token_ids": True,
+                }
+                answer = self._request("POST", url, "/v1/completions", body)
+                try:
+                    choices = sorted(answer["choices"], key=lambda c: int(c["index"]))
+                    tops = [c["logprobs"]["top_logprobs"][0] for c in choices]
+                except (TypeError, KeyError, IndexError, ValueError):
+                    raise ServiceError(f"{bad}: no log-probs of the tokens asked for") from None
+                if len(tops) != len(rows):
+                    raise ServiceError(f"{bad}: {len(tops)} choices for {len(rows)} prompts")
+                for i, top in zip(rows, tops):
+                    value = top.get(f"token_id:{int(outputs[i][t])}") if isinstance(top, dict) else None
+                    if not isinstance(value, (int, float)) or isinstance(value, bool):
+                        raise ServiceError(f"{bad}: no log-prob of token {int(outputs[i][t])}")
+                    scored[i].append(float(value))
         finally:
             self._release(name)
         return scored

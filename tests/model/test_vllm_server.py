@@ -117,13 +117,14 @@ def test_one_adapter_per_agent_each_agent_samples_with_its_own(server: FakeVLLMS
     assert not (tmp_path / "adapters-v4").exists()
 
 
-def test_score_asks_for_each_output_token_by_id(server: FakeVLLMServer) -> None:
-    scored = _client(server).score([[1, 2]], [[5, 6]], temperature=0.7)
+def test_score_asks_for_each_position_of_every_output_at_once(server: FakeVLLMServer) -> None:
+    scored = _client(server).score([[1, 2], [3]], [[5, 6], [4]], temperature=0.7)
     bodies = server.completions()
-    assert [b["prompt"] for b in bodies] == [[1, 2], [1, 2, 5]]
-    assert [b["logprob_token_ids"] for b in bodies] == [[5], [6]]
+    assert [b["prompt"] for b in bodies] == [[[1, 2], [3]], [[1, 2, 5]]]
+    assert [b["logprob_token_ids"] for b in bodies] == [[4, 5], [6]]  # each row reads its own token's
     assert all(b["max_tokens"] == 1 and b["top_p"] == 1.0 and b["temperature"] == 0.7 for b in bodies)
-    assert scored == [[pytest.approx(-0.27), pytest.approx(-0.28)]]
+    # (the stand-in's log-prob of the k-th id asked for after a prompt of n tokens: -0.25 - 0.01 n - 0.1 k)
+    assert scored == [[pytest.approx(-0.37), pytest.approx(-0.28)], [pytest.approx(-0.26)]]
 
 
 @pytest.mark.parametrize(
