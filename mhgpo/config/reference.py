@@ -75,7 +75,10 @@ def valid_values() -> dict[type, dict[str, list[Valid]]]:
             "gpu_memory_utilization": [SHARE],
             "sync_check": [AT_LEAST_0],
             "sync_tolerance": [POSITIVE],
+            "server_urls": ["http(s)://HOST:PORT URLs, at least one under engine=vllm_server (none otherwise)"],
+            "server_timeout": [POSITIVE],
         },
+        c.RolloutConfig: {"max_staleness": [("0", "1"), "1 needs generation.engine=vllm_server and one process"]},
         c.SearchConfig: counts(
             ("top_k", "max_candidates", "snippet_words", "snippet_chars")
             + ("max_subqueries", "max_query_chars", "max_answer_words"),
@@ -129,8 +132,11 @@ def valid_values() -> dict[type, dict[str, list[Valid]]]:
             **counts(("max_grad_norm", "clip_eps"), [POSITIVE]),
             **counts(("ppo_epochs", "micro_batch_tokens", "logprob_chunk"), [AT_LEAST_1]),
             "old_logprobs": [ch.OLD_LOGPROBS],
-            "loss": [tuple(POLICY_LOSSES)],
-            "engine_is_cap": [Bound(1), "with a separate engine (generation.engine=vllm) and old_logprobs=trainer"],
+            "loss": [tuple(POLICY_LOSSES), "icepop: with a separate engine and old_logprobs=trainer"],
+            "engine_is_cap": [
+                Bound(1),
+                "with a separate engine (generation.engine=vllm or vllm_server) and old_logprobs=trainer",
+            ],
             "role_lr": ["{role: lr}: the team's roles, each lr > 0; with lora.per_role (RL runs only)"],
         },
         c.LoraConfig: {"r": [AT_LEAST_1], "alpha": [POSITIVE], "dropout": [Bound(0, 1, open_high=True)]},

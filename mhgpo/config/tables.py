@@ -118,11 +118,15 @@ class PolicyLoss:
     """A policy objective: ``function(logp, old_logp, ref_logp, advantages, weights, mask, clip_eps, kl_beta)``
     returns the micro-batch's loss (already weighted by the step-wide token weights) and its statistics
     (``n_tokens`` and any of ``kl``, ``clip_fraction``, ``ratio``); with `optim.engine_is_cap` it is also given
-    ``engine_logp=`` and ``is_cap=`` (the truncated importance weight); see `mhgpo.rl.losses.mhgpo_policy_loss`."""
+    ``engine_logp=`` and ``is_cap=`` (the truncated importance weight); see `mhgpo.rl.losses.mhgpo_policy_loss`.
+    ``engine``: the objective needs the sampler's log-probs (``engine_logp=``) whatever the cap: a separate engine
+    and `optim.old_logprobs=trainer`; ``stats``: the statistics it adds, averaged over the update's tokens."""
 
     name: str
     function: str
     summary: str
+    engine: bool = False
+    stats: tuple[str, ...] = ()
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
@@ -132,6 +136,14 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
             "clipped",
             "mhgpo.rl.losses:mhgpo_policy_loss",
             "min(r·A, clip(r, 1-ε, 1+ε)·A) - β·KL_k3 per token (paper Eq. target)",
+        ),
+        PolicyLoss(
+            "icepop",
+            "mhgpo.rl.losses:icepop_policy_loss",
+            "the clipped objective, a token's policy-gradient term dropped when its trainer / sampler probability "
+            "ratio leaves [0.5, 5] (IcePop)",
+            engine=True,
+            stats=("is_masked",),
         ),
     )
 }
@@ -148,12 +160,16 @@ class Engine:
     ``separate``: it holds a copy of the weights of its own, built on the initial weights before the policy wraps
     them and handed the new weights after every update (`mhgpo.rl.engine_sync`), one per rank under several; else it
     samples from the training model itself. ``require``: ``"module:function"`` that raises a one-line error when it
-    is not installed."""
+    is not installed. ``full_weights``: full fine-tuning's weights can be handed to it (else training needs LoRA).
+    ``remote``: it samples in other processes (servers), so that rollouts may overlap the update
+    (`rollout.max_staleness`)."""
 
     name: str
     build: str
     separate: bool = False
     require: str | None = None
+    full_weights: bool = True
+    remote: bool = False
 
 
 ENGINES: dict[str, Engine] = {
@@ -165,6 +181,13 @@ ENGINES: dict[str, Engine] = {
             "mhgpo.model.vllm_engine:build_vllm_generator",
             separate=True,
             require="mhgpo.model.vllm_engine:require_vllm",
+        ),
+        Engine(
+            "vllm_server",
+            "mhgpo.model.vllm_server:build_server_generator",
+            separate=True,
+            full_weights=False,
+            remote=True,
         ),
     )
 }

@@ -290,6 +290,19 @@ class TrainingRunConfig(TeamRunConfig):
 
 
 @dataclasses.dataclass
+class RolloutConfig:
+    """Section `rollout:`: how rollouts overlap training (docs/vllm.md, "Rollouts that overlap the update")."""
+
+    max_staleness: int = 0
+    """Updates a rollout tree may lag the weights it trains (0: synchronous; 1: the next step's trees are sampled
+    on a generation server while this step updates; an older tree is not trained)."""
+
+    def validate(self) -> None:
+        if self.max_staleness not in (0, 1):
+            raise InputError(f"rollout.max_staleness: expected 0 or 1, got {self.max_staleness!r}")
+
+
+@dataclasses.dataclass
 class TrainConfig(TrainingRunConfig):
     """`mhgpo train` and `mhgpo demo`: reinforcement learning of the team, after an optional warm start."""
 
@@ -351,6 +364,8 @@ class TrainConfig(TrainingRunConfig):
     """The critic of MAPPO and PPO."""
     generation: GenerationConfig = dataclasses.field(default_factory=GenerationConfig)
     """The engine that samples the rollouts."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """How rollouts overlap training."""
 
     def resolved(self) -> TrainConfig:
         """This config with the defaults that depend on other keys filled in (the loader calls it before
@@ -403,6 +418,7 @@ class TrainConfig(TrainingRunConfig):
         if self.optim.loss is not None and self.optim.loss not in POLICY_LOSSES:
             raise InputError(f"optim.loss: expected {one_of(tuple(POLICY_LOSSES))} (or null), got {self.optim.loss!r}")
         check_engine_is_cap(self)
+        check_engine_weights(self)
         if self.optim.role_lr and not (self.lora.enabled and self.lora.per_role):
             raise InputError(
                 "optim.role_lr: a learning rate per role needs an adapter per role (lora.enabled=true, "
@@ -431,6 +447,31 @@ def check_engine_is_cap(cfg: TrainConfig) -> None:
         raise InputError(
             "optim.engine_is_cap: the weight exp(log p_trainer - log p_engine) needs the trainer's old log-probs; "
             "with optim.old_logprobs=engine the ratio already divides by the engine's (use optim.old_logprobs=trainer)"
+        )
+
+
+def check_engine_weights(cfg: TrainConfig) -> None:
+    """What the engine must take: full fine-tuning needs an engine that takes full weights; a loss that needs the
+    sampler's log-probs (IcePop) needs a separate engine and the trainer's old log-probs; `rollout.max_staleness`
+    above 0 needs an engine in other processes (servers), which samples while the trainer updates."""
+    engine = ENGINES[cfg.generation.engine]
+    if not cfg.lora.enabled and not engine.full_weights:
+        raise InputError(
+            f"lora.enabled: generation.engine={engine.name} takes the trained weights as LoRA adapters; full "
+            f"fine-tuning would need vLLM's weight-transfer API, which mhgpo does not drive (use lora.enabled=true, "
+            f"or generation.engine=vllm)"
+        )
+    loss = POLICY_LOSSES[cfg.optim.loss or ALGORITHMS[cfg.algo].loss]
+    if loss.engine and not (engine.separate and cfg.optim.old_logprobs == "trainer"):
+        raise InputError(
+            f"optim.loss: {loss.name} compares the trainer's log-probs with the sampler's; it needs a separate engine "
+            f"(generation.engine=vllm or vllm_server, got {engine.name}) and optim.old_logprobs=trainer "
+            f"(got {cfg.optim.old_logprobs})"
+        )
+    if cfg.rollout.max_staleness > 0 and not engine.remote:
+        raise InputError(
+            f"rollout.max_staleness: rollouts overlap the update only on an engine in other processes "
+            f"(generation.engine=vllm_server); generation.engine={engine.name} samples between updates (set it to 0)"
         )
 
 

@@ -98,11 +98,15 @@ def sync(engine: Any, policy: Policy, scratch: Path, version: int, weights: dict
         engine.load_weights(weights.items(), version)
         return
     names = _adapter_names(policy)
+    # a server's adapters: a folder per version under the folder the servers read (an adapter of an older version
+    # may still be in use while this one is handed over); the in-process engine's: one folder, written again
+    served = getattr(engine, "adapter_dir", None)
+    folder = Path(served) / f"adapters-v{version}{getattr(engine, 'suffix', '')}" if served else scratch / "adapters"
     # (embeddings are no LoRA target here: `save_embedding_layers=False` skips peft's look for the base's config)
     policy.model.save_pretrained(
-        str(scratch / "adapters"), selected_adapters=list(names), save_embedding_layers=False, state_dict=weights
+        str(folder), selected_adapters=list(names), save_embedding_layers=False, state_dict=weights
     )
-    folders = {name: scratch / "adapters" / (name if name != LORA_ADAPTER else "") for name in names}
+    folders = {name: folder / (name if name != LORA_ADAPTER else "") for name in names}
     engine.set_adapters({(name if policy.roles else None): folder for name, folder in folders.items()}, version)
 
 
@@ -321,4 +325,17 @@ def old_logprobs(policy: Policy, samples: list[Sample], mode: str, ranks: Single
         )
     for s, lp in zip(with_output, recomputed):
         s.old_logprobs = [float(x) for x in lp]
-    return {"engine/old_logprob_gap": float(np.abs(engine_lp - trainer_lp).mean())}
+    k = np.exp(np.clip(trainer_lp - engine_lp, -50.0, 50.0))  # (N,) each token's trainer / sampler ratio
+    return {
+        "engine/old_logprob_gap": float(np.abs(engine_lp - trainer_lp).mean()),
+        "engine/is_ess": effective_sample_size(k),
+    }
+
+
+def effective_sample_size(weights: np.ndarray) -> float:
+    """Kish's effective sample size of importance ``weights`` (N,), as a share of N: ``(sum w)^2 / (N sum w^2)``, 1
+    when every weight is equal (the sampler is the trainer), near 1/N when one weight dominates; 1 for none."""
+    if weights.size == 0:
+        return 1.0
+    total, squares = float(weights.sum()), float((weights**2).sum())
+    return total * total / (weights.size * squares) if squares > 0 else 1.0

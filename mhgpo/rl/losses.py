@@ -108,6 +108,7 @@ def mhgpo_policy_loss(
     beta: float = 0.001,
     engine_logp: Tensor | None = None,
     is_cap: float | None = None,
+    pg_mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """MHGPO clipped surrogate with k3 KL penalty, paper Eq. (target), negated for minimisation.
 
@@ -127,6 +128,8 @@ def mhgpo_policy_loss(
         mask: (B, T) 1/True on output tokens, 0/False on prompt and padding.
         engine_logp: (B, T) log-probs under the engine that sampled the outputs, or None (no importance weight).
         is_cap: the importance weight's cap (given with ``engine_logp``, at least 1).
+        pg_mask: (B, T) the tokens whose policy-gradient term counts (None: every token of ``mask``); the KL term
+            counts on every token of ``mask`` (:func:`icepop_policy_loss` masks the tokens it drops).
 
     Returns ``(loss, stats)``: ``loss`` a scalar tensor; ``stats`` detached floats, unweighted means over the
     masked tokens of this micro-batch: ``clip_fraction`` (tokens where the clipped term is strictly smaller,
@@ -157,6 +160,8 @@ def mhgpo_policy_loss(
             f"engine_logp must have shape {tuple(logp.shape)} and is_cap be >= 1, got "
             f"{tuple(engine_logp.shape)} and {is_cap}"
         )
+    if pg_mask is not None and pg_mask.shape != logp.shape:
+        raise ValueError(f"pg_mask must have shape {tuple(logp.shape)}, got {tuple(pg_mask.shape)}")
     mask = mask.bool()  # (B, T)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
 
@@ -173,6 +178,8 @@ def mhgpo_policy_loss(
             torch.where(mask, old_logp, zero), torch.where(mask, engine_logp.to(logp.dtype), zero), is_cap
         )  # (B, T) (B, T)
         objective = rho * objective  # (B, T)
+    if pg_mask is not None:
+        objective = torch.where(pg_mask.bool(), objective, zero)  # (B, T)
     kl = None
     if ref_logp is not None:
         kl = k3_kl(torch.where(mask, logp, zero), torch.where(mask, ref_logp, zero))  # (B, T)
@@ -194,6 +201,49 @@ def mhgpo_policy_loss(
         if rho is not None:
             stats["is_weight"] = float(torch.where(mask, rho, zero).sum()) / denom
             stats["is_clipped"] = float((clipped & mask).sum()) / denom
+    return loss, stats
+
+
+ICEPOP_BAND = (0.5, 5.0)  # IcePop's band of the trainer / sampler probability ratio: tokens outside it are masked
+
+
+def icepop_mask(old_logp: Tensor, engine_logp: Tensor, band: tuple[float, float] = ICEPOP_BAND) -> Tensor:
+    """IcePop's token mask: True where the trainer / sampler probability ratio ``k = exp(old_logp - engine_logp)``
+    lies in ``band`` (both ends kept), False where the two engines disagree too much (the token is not trained).
+    ``old_logp``: the trainer's log-prob before the update; ``engine_logp``: the sampler's. Same shape, bool."""
+    log_k = (old_logp - engine_logp).detach()  # (B, T)
+    return (log_k >= math.log(band[0])) & (log_k <= math.log(band[1]))  # (B, T)
+
+
+def icepop_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    clip_eps: float = 0.2,
+    beta: float = 0.001,
+    engine_logp: Tensor | None = None,
+    is_cap: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The MHGPO objective (:func:`mhgpo_policy_loss`) with IcePop's mask on the sampler / trainer mismatch: a
+    token whose ratio ``exp(old_logp - engine_logp)`` (trainer before the update / sampler) leaves
+    :data:`ICEPOP_BAND` contributes no policy-gradient term (its KL term stays); the others are trained as by the
+    clipped objective (with ``is_cap``, also weighted by the truncated importance weight). ``engine_logp`` is
+    required: (B, T) the sampler's log-probs. Its stats add ``is_masked``, the share of the micro-batch's tokens
+    the mask dropped."""
+    if engine_logp is None:
+        raise ValueError("icepop needs engine_logp (the sampler's log-probs)")
+    if engine_logp.shape != logp.shape or old_logp.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError(f"engine_logp, old_logp and mask must have shape {tuple(logp.shape)}")
+    keep = icepop_mask(old_logp, engine_logp.to(old_logp.dtype))  # (B, T)
+    extra = {"engine_logp": engine_logp, "is_cap": is_cap} if is_cap is not None else {}
+    loss, stats = mhgpo_policy_loss(
+        logp, old_logp, ref_logp, advantages, weights, mask, clip_eps, beta, pg_mask=keep, **extra
+    )
+    m = mask.bool()  # (B, T)
+    stats["is_masked"] = float((m & ~keep).sum()) / max(int(m.sum()), 1)
     return loss, stats
 
 

@@ -85,14 +85,19 @@ class Policy:
         keep_reference: bool = True,
         roles: tuple[str, ...] = (),
         loss: Callable[..., tuple[torch.Tensor, dict[str, float]]] = mhgpo_policy_loss,
+        loss_engine: bool = False,
+        loss_stats: tuple[str, ...] = (),
     ):
         """``model`` comes stored as ``precision`` asks (:func:`mhgpo.model.precision.weight_dtype`: its frozen base
         under LoRA, all of it under full fine-tuning); ``precision`` is a resolved one (not ``auto``).
         ``keep_reference=False``: no frozen copy under full fine-tuning (a warm start has no KL term).
         ``roles``: the agents, which get one LoRA adapter each under ``lora.per_role`` (named after them).
-        ``loss``: the policy objective of a micro-batch (an entry of `mhgpo.config.tables.POLICY_LOSSES`)."""
+        ``loss``: the policy objective of a micro-batch (an entry of `mhgpo.config.tables.POLICY_LOSSES`);
+        ``loss_engine``: it is given the sampler's log-probs (``engine_logp=``) whatever the cap; ``loss_stats``: the
+        statistics it adds."""
         self.cfg = optim
         self.loss = loss
+        self.loss_engine, self.loss_stats = loss_engine, tuple(loss_stats)
         self.pad_id = pad_id
         self.ranks: Single = Single()  # the ranks of a data-parallel run (set by mhgpo.run.setup)
         self.lora = lora.enabled
@@ -297,7 +302,7 @@ class Policy:
             ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
             adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
             sampler = None
-            if cap is not None:  # the engine's log-probs (the old ones where it reported none: a weight of 1)
+            if cap is not None or self.loss_engine:  # the engine's (the old ones where it reported none: weight 1)
                 rows = [s.engine_logprobs if s.engine_logprobs is not None else s.old_logprobs for s in batch]
                 sampler = pad_rows([torch.tensor(r, dtype=logp.dtype) for r in rows], logp.shape[1]).to(logp.device)
             return self.loss(
@@ -309,7 +314,8 @@ class Policy:
                 mask,
                 self.cfg.clip_eps,
                 self.cfg.kl_beta,
-                **({"engine_logp": sampler, "is_cap": cap} if cap is not None else {}),
+                **({"engine_logp": sampler} if sampler is not None else {}),
+                **({"is_cap": cap} if cap is not None else {}),
             )
 
         applied_by_group = self.scheduler.get_last_lr()  # this update's rates (the scheduler then moves on)
@@ -321,7 +327,9 @@ class Policy:
             self.cfg,
             samples,
             batch_loss,
-            ("kl", "clip_fraction", "ratio") + (("is_weight", "is_clipped") if cap is not None else ()),
+            ("kl", "clip_fraction", "ratio")
+            + (("is_weight", "is_clipped") if cap is not None else ())
+            + self.loss_stats,
             by_agent=bool(self.roles),
             ranks=ranks,
         )
@@ -330,7 +338,9 @@ class Policy:
         if self.cfg.role_lr:  # each role's own (applied) rate
             totals.update({f"lr/{role}": lr for role, lr in zip(self.roles, applied_by_group)})
         totals["seconds/reference"] = reference_seconds
-        for key in ("is_weight", "is_clipped"):  # the engine's truncated importance weight: its mean, share capped
+        # the correction of the sampler / trainer mismatch: the truncated importance weight's mean and share capped,
+        # the share of tokens IcePop masked
+        for key in ("is_weight", "is_clipped", "is_masked"):
             if key in totals:
                 totals[f"engine/{key}"] = totals.pop(key)
         return totals

@@ -24,8 +24,10 @@ the update is cut across the ranks, and rank 0 writes the run.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,35 @@ class TrainingSetup:
     engine_scratch: Path | None = None  # generation.engine=vllm: the folder of the adapters handed to the engine
 
 
+class Ahead:
+    """The next step's rollout trees, grown in a thread (rollout.max_staleness=1) with a random stream of their own
+    (seeded by the run's seed and the data position, so that a run is repeatable), while the trainer updates on the
+    previous step's; :meth:`result` waits for them and raises what stopped them."""
+
+    def __init__(self, trainer: Trainer, questions: list[Example]) -> None:
+        self.questions = questions
+        self.batch: RolloutBatch | None = None
+        self.error: BaseException | None = None
+        rng = np.random.default_rng([trainer.cfg.seed, trainer.position])
+        pin = trainer.setup.generator.pin()  # the weights the engine holds now, whenever the thread starts
+
+        def grow() -> None:
+            try:
+                self.batch = trainer._grow(questions, rng, pin)
+            except BaseException as e:  # (raised in the trainer's thread by result)
+                self.error = e
+
+        self.thread = threading.Thread(target=grow, name="mhgpo-rollouts-ahead", daemon=True)
+        self.thread.start()
+
+    def result(self) -> RolloutBatch:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.batch is not None
+        return self.batch
+
+
 class TooManyFailures(InputError):
     """More questions failed in the workflow's methods than `max_failures` allows."""
 
@@ -107,6 +138,9 @@ class Trainer:
         self.cpu_seconds = 0.0  # the process's CPU time in the completed steps' rollouts and updates
         self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
         self._engine_synced = False  # whether a separate engine (vLLM) holds the policy's current weights
+        # rollout.max_staleness=1: the next step's trees, grown on the servers while this step updates
+        self._ahead: Ahead | None = None
+        self._step_started: float | None = None  # wall clock at the start of the step's collect (idle fractions)
         # `budget_minutes` (the warm start's config has none): the steps' time, and whether it ended the run
         self.budget = Budget(getattr(cfg, "budget_minutes", None), getattr(cfg, "budget_clock", "cpu"))
         self.stopped_on_budget = False
@@ -141,7 +175,7 @@ class Trainer:
         taken = snapshot(p.model, p.optimizer, self._extras()) if sharding.is_sharded(p.model) else None
         if not self.ranks.is_main:
             return self.run_dir / "checkpoints" / f"step_{self.step}"
-        state = {"position": self.position, "val_history": self.val_history, "failures": self.failures}
+        state = {"position": self.committed_position(), "val_history": self.val_history, "failures": self.failures}
         state.update(first_rewards=self.first_rewards, cpu_seconds=self.cpu_seconds)
         state["budget"] = self.budget.state()
         return save_checkpoint(
@@ -156,6 +190,11 @@ class Trainer:
             self._extras(),
             taken,
         )
+
+    def committed_position(self) -> int:
+        """The data position of the completed steps: the questions drawn for trees grown ahead (rollout.max_staleness)
+        belong to the next step, which a resumed run draws again."""
+        return self.position - (len(self._ahead.questions) if self._ahead is not None else 0)
 
     def _extras(self) -> dict[str, Any]:
         return {"critic": self.setup.critic.state()} if self.setup.critic is not None else {}
@@ -237,8 +276,13 @@ class Trainer:
         t0 = time.perf_counter()
         self._engine_ready()
         setup.policy.model.eval()
+        waited = 0.0
+        busy = self._busy()
         with self._decoding():
             batch, adv_stats, untrained, filter_stats = self._sample()
+        if cfg.rollout.max_staleness > 0:
+            waited = self._waited
+            self._grow_ahead()  # the next step's trees, sampled by these weights while this step updates
         trained = [n for n in batch.llm_nodes() if n.trained]
         samples = [
             Sample(
@@ -274,37 +318,105 @@ class Trainer:
             tokens_generated=batch.stats["tokens_generated"],
             **critic_stats,
             **engine_stats,
+            **self._staleness(batch),
             **{"seconds/rollout": time.perf_counter() - t0},
         )
+        if busy is not None:  # (learn adds the idle fractions, once the step's wall time is known)
+            self._step_started, self._busy_at, self._rollout_wait = (
+                t0,
+                busy,
+                (waited if cfg.rollout.max_staleness > 0 else time.perf_counter() - t0),
+            )
         return batch, samples, metrics
 
-    def _rollout(self, questions: list[Example]) -> tuple[RolloutBatch, dict[str, float], int]:
+    # ------------------------------------------------------------------------------------------- staleness
+
+    def _busy(self) -> float | None:
+        """The servers' busy seconds so far (an engine in other processes; else None)."""
+        busy = getattr(self.setup.generator, "busy_seconds", None)
+        return busy() if busy is not None else None
+
+    def _staleness(self, batch: RolloutBatch) -> dict[str, float]:
+        """The step's trees' staleness (the trainer's update count now minus the version that sampled each tree):
+        its mean and largest, and the trees older than `rollout.max_staleness`, which are not trained."""
+        if not batch.versions:
+            return {}
+        lag = [self.step - v for v in batch.versions]
+        return {
+            "staleness/mean": float(np.mean(lag)),
+            "staleness/max": float(max(lag)),
+            "staleness/dropped_trees": float(batch.stats.get("stale_trees", 0.0)),
+        }
+
+    def _drop_stale(self, batch: RolloutBatch) -> None:
+        """Untrain every tree older than `rollout.max_staleness` updates (group id -1, advantage 0: its groups are
+        its own, so the others' are unchanged) and count them in the batch's ``stale_trees``."""
+        bound = self.cfg.rollout.max_staleness
+        stale = {q for q, v in enumerate(batch.versions) if self.step - v > bound}
+        for n in batch.nodes:
+            if n.question_index in stale and n.group_id >= 0:
+                n.group_id, n.advantage = -1, 0.0
+        batch.stats["stale_trees"] = batch.stats.get("stale_trees", 0.0) + float(len(stale))
+
+    def _grow_ahead(self) -> None:
+        """Start growing the next step's trees in a thread (rollout.max_staleness=1), on the weights the engine
+        holds now: they are trained by the next step, one update later. Not past the run's last step."""
+        if self.step + 1 >= self.cfg.steps or not self.budget.fits():
+            return
+        questions = self._next_questions(self.cfg.questions_per_step)
+        self._ahead = Ahead(self, questions)
+
+    def _take_ahead(self) -> RolloutBatch | None:
+        """The trees grown ahead for this step (waiting for them; their error raised here), or None."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        t = time.perf_counter()
+        batch = ahead.result()
+        self._waited = time.perf_counter() - t
+        return batch
+
+    def _rollout(
+        self, questions: list[Example], grown: RolloutBatch | None = None
+    ) -> tuple[RolloutBatch, dict[str, float], int]:
         """Rollout trees of `questions`, their rewards and advantages (group ids for MHGPO / GRPO; the critic's
         GAE later, for MAPPO / PPO), and the role switches; returns the batch, group counts and untrained count."""
         cfg, setup = self.cfg, self.setup
-        batch = self._grow(questions, self.rng) if self.ranks.world == 1 else self._gather_trees(questions)
+        if grown is not None:
+            batch = grown
+        else:
+            batch = self._grow(questions, self.rng) if self.ranks.world == 1 else self._gather_trees(questions)
         assign_groups(batch, self._spec(), self.rng)  # (one process: run_rollouts' two halves, in its order)
         if setup.critic is None:
             adv_stats = assign_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng, cfg.advantage)
         else:
             assign_shared_rewards(batch, cfg.reward.aggr, cfg.reward.penalties, self.rng)
             adv_stats = {"n_groups": 0.0, "n_zero_variance_groups": 0.0}
+        if batch.versions:
+            self._drop_stale(batch)
         return batch, adv_stats, apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
 
-    def _grow(self, questions: list[Example], rng: np.random.Generator) -> RolloutBatch:
-        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rl.rollout.run_rollouts`)."""
+    def _grow(self, questions: list[Example], rng: np.random.Generator, pin: Any = None) -> RolloutBatch:
+        """The rollout trees of `questions`, scored, without group ids (`mhgpo.rl.rollout.run_rollouts`). On a server
+        the whole batch samples with one version's adapters, those of `pin` (`ServerGenerator.pin`, taken when the
+        batch was asked for; else the current ones), and each tree records that version."""
         setup = self.setup
-        return run_rollouts(
-            questions,
-            setup.workflow,
-            setup.generator,
-            setup.encode,
-            self._spec(),
-            rng,
-            max_rounds=self.cfg.max_rounds,
-            on_error="skip",
-            grouped=False,
-        )
+        pinned = getattr(setup.generator, "pinned", None)
+        with pinned(pin) if pinned is not None else nullcontext(self.step) as version:
+            batch = run_rollouts(
+                questions,
+                setup.workflow,
+                setup.generator,
+                setup.encode,
+                self._spec(),
+                rng,
+                max_rounds=self.cfg.max_rounds,
+                on_error="skip",
+                grouped=False,
+            )
+        if pinned is not None:  # (an engine that samples between updates holds the current version throughout)
+            batch.versions = [self.step if version is None else int(version)] * len(batch.examples)
+        return batch
 
     def _gather_trees(self, questions: list[Example]) -> RolloutBatch:
         """Several ranks: this rank grows the trees of its share of `questions` (its own random streams, seeded by
@@ -339,7 +451,10 @@ class Trainer:
         and more questions are drawn, `questions_per_step` at a time, until the step holds as many informative
         groups as its first draw formed groups, or `filter_max_questions` questions have been drawn."""
         cfg = self.cfg
-        batch, adv_stats, untrained = self._rollout(self._next_questions(cfg.questions_per_step))
+        self._waited = 0.0
+        grown = self._take_ahead()
+        questions = [] if grown is not None else self._next_questions(cfg.questions_per_step)
+        batch, adv_stats, untrained = self._rollout(questions, grown)
         if not cfg.filter_zero_variance:
             return batch, adv_stats, untrained, {}
         cap = cfg.filter_max_questions or 4 * cfg.questions_per_step
@@ -395,6 +510,13 @@ class Trainer:
             self._engine_synced = True
         if self.ranks.world > 1:  # the update's all-reduces (gradients, statistics), on rank 0
             metrics["seconds/train_communication"] = self.ranks.comm_seconds - comm
+        busy = self._busy()
+        if busy is not None and self._step_started is not None:  # the step's wall time, from its collect's start
+            wall = max(time.perf_counter() - self._step_started, 1e-9)
+            metrics["idle/trainer"] = min(self._rollout_wait / wall, 1.0)
+            metrics["idle/server"] = max(0.0, 1.0 - (busy - self._busy_at) / wall)
+            metrics["seconds/step"] = wall  # from the rollouts' start (or the wait for them) to the hand-over's end
+            self._step_started = None
         return metrics
 
     def train_step(self) -> dict[str, float]:
@@ -474,7 +596,7 @@ class Trainer:
                 metrics.update(revisit_metrics(self.first_rewards, question_rewards(batch)))
             metrics.update(self.budget.metrics(stopping=step < self.cfg.steps and self._ends_at(step)))
             self.step = step  # the update is done: the step is complete, whatever happens to its records
-            done.rng, done.position, done.failures = rng_states(self.rng), self.position, self.failures
+            done.rng, done.position, done.failures = rng_states(self.rng), self.committed_position(), self.failures
             failed = None
             if self._validates_at(step):
                 self.phase = "validation"

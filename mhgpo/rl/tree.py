@@ -69,6 +69,8 @@ class RolloutBatch:
     stats: dict[str, float]
     failures: list[RolloutFailure] = field(default_factory=list)  # questions left out (on_error="skip")
     ranks: list[int] = field(default_factory=list)  # per question, the rank that grew its tree (several ranks)
+    # per question, the policy version (the trainer's update count) whose weights sampled its whole tree
+    versions: list[int] = field(default_factory=list)
 
     def llm_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.kind == "llm"]
@@ -109,6 +111,7 @@ def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
     stats: dict[str, float] = {}
     failures: list[RolloutFailure] = []
     ranks: list[int] = []
+    versions: list[int] = []
     next_group = next_fork = 0
     for part, b in enumerate(batches):
         node_shift, question_shift = len(nodes), len(examples)
@@ -128,9 +131,18 @@ def merge_batches(batches: list[RolloutBatch]) -> RolloutBatch:
         fork_agents.extend(b.fork_agents)
         failures.extend(b.failures)
         ranks.extend(b.ranks)
+        versions.extend(b.versions)
         for k, v in b.stats.items():
             stats[k] = stats.get(k, 0.0) + v
-    return RolloutBatch(examples, nodes, fork_agents, stats, failures, ranks if len(ranks) == len(examples) else [])
+    return RolloutBatch(
+        examples,
+        nodes,
+        fork_agents,
+        stats,
+        failures,
+        ranks if len(ranks) == len(examples) else [],
+        versions if len(versions) == len(examples) else [],
+    )
 
 
 def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
@@ -159,6 +171,8 @@ def rollout_records(batch: RolloutBatch) -> list[dict[str, Any]]:
         }
         if batch.ranks:
             row["rank"] = batch.ranks[n.question_index]
+        if batch.versions:
+            row["version"] = batch.versions[n.question_index]
         if n.final_answer is not None:
             row.update(
                 final_answer=n.final_answer, terminal_reward=n.terminal, answers=list(ex.answers), question=ex.question

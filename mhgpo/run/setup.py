@@ -166,6 +166,11 @@ def check_ranks(cfg: Any, ranks: Single) -> None:
         raise InputError("only RL training (mhgpo train) runs on several processes")
     if sharding.requested() and cfg.lora.enabled and cfg.lora.per_role:
         raise InputError("FSDP: lora.per_role is not supported; launch with configs/accelerate/gpu_ddp.yaml")
+    if cfg.rollout.max_staleness > 0:
+        raise InputError(
+            f"rollout.max_staleness: rollouts that overlap the update run in one trainer process; with "
+            f"{ranks.world} processes set it to 0"
+        )
     if cfg.questions_per_step % ranks.world:
         raise InputError(
             f"questions_per_step={cfg.questions_per_step} is not divisible by the {ranks.world} "
@@ -296,6 +301,8 @@ def build_training(job: Job, with_val: bool = False, loaded: Any = None) -> Trai
         cfg.precision,
         roles=workflow.agents,
         loss=load_function(POLICY_LOSSES[cfg.optim.loss or algo.loss].function),
+        loss_engine=POLICY_LOSSES[cfg.optim.loss or algo.loss].engine,
+        loss_stats=POLICY_LOSSES[cfg.optim.loss or algo.loss].stats,
     )
     _share(policy, critic, ranks)
     if generator is None:

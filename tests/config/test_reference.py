@@ -174,5 +174,6 @@ def test_a_dumped_config_lists_its_own_keys_before_its_sections():
         "optim",
         "critic",
         "generation",
+        "rollout",
     ]
     assert list(to_dict(TrainConfig())["search"])[-3:] == ["rewriter", "reranker", "answerer"]

@@ -76,7 +76,9 @@ def test_a_new_policy_loss_is_one_table_entry(tiny_model_dir, world, tmp_path, m
     )
     rows = one_step(tiny_model_dir, world, tmp_path / "run", **{"optim.loss": "unclipped"})
     assert CALLS["loss"] >= 1 and rows[0]["clip_fraction"] == 0.0 and rows[0]["grad_norm"] > 0
-    with pytest.raises(InputError, match=r"^optim.loss: expected clipped or unclipped \(or null\), got 'nope'$"):
+    with pytest.raises(
+        InputError, match=r"^optim.loss: expected clipped, icepop or unclipped \(or null\), got 'nope'$"
+    ):
         make_config(tiny_model_dir, world, tmp_path / "x", **{"optim.loss": "nope"})
 
 
@@ -105,7 +107,7 @@ def test_tables_reject_unknown_names_naming_the_key(tiny_model_dir, world, tmp_p
     for key, value, message in (
         ("algo", "dpo", r"^algo: expected mhgpo, grpo, mappo or ppo, got 'dpo'$"),
         ("advantage", "x", r"^advantage: expected mhgpo, mhgpo_mean, agent or prompt_agent_turn, got 'x'$"),
-        ("generation.engine", "x", r"^generation.engine: expected hf or vllm, got 'x'$"),
+        ("generation.engine", "x", r"^generation.engine: expected hf, vllm or vllm_server, got 'x'$"),
     ):
         with pytest.raises(InputError, match=message):
             make_config(tiny_model_dir, world, tmp_path / "x", **{key: value})

@@ -75,7 +75,7 @@ def test_the_keys_default_to_the_trainers_own_generation() -> None:
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("generation.engine=sglang", r"^generation\.engine: expected hf or vllm, got 'sglang'$"),
+        ("generation.engine=sglang", r"^generation\.engine: expected hf, vllm or vllm_server, got 'sglang'$"),
         ("optim.old_logprobs=critic", r"^optim\.old_logprobs: expected trainer or engine, got 'critic'$"),
         ("generation.sync_tolerance=0", r"^generation\.sync_tolerance: must be positive, got 0"),
         ("generation.kv_cache_gb=-1", r"^generation\.kv_cache_gb: must be positive"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from mhgpo.errors import RunError
@@ -188,7 +189,11 @@ def test_the_engines_log_probs_are_kept_and_their_gap_is_not_finite_stops(monkey
     assert old_logprobs(None, samples, "engine") == {}  # at any temperature: the engine's are the project's
     assert [s.old_logprobs for s in samples] == [[-1.0], [-1.0, -1.0], []]
     stats = old_logprobs(Recomputes([[-1.5], [-1.0, -0.7]]), samples, "trainer")
-    assert stats == {"engine/old_logprob_gap": pytest.approx((0.5 + 0.0 + 0.3) / 3, rel=1e-6)}
+    k = np.exp([-0.5, 0.0, 0.3])  # each token's trainer / sampler ratio
+    assert stats == {
+        "engine/old_logprob_gap": pytest.approx((0.5 + 0.0 + 0.3) / 3, rel=1e-6),
+        "engine/is_ess": pytest.approx(k.sum() ** 2 / (3 * (k**2).sum()), rel=1e-6),
+    }
     assert samples[0].old_logprobs == [-1.5] and samples[0].engine_logprobs == [-1.0]
     assert samples[1].engine_logprobs == [-1.0, -1.0] and samples[1].old_logprobs == pytest.approx([-1.0, -0.7])
     fresh = [_sample("rewriter", [3]), _sample("answerer", [5])]
@@ -208,4 +213,8 @@ def test_the_engines_log_probs_are_kept_and_their_gap_is_not_finite_stops(monkey
     assert [s.output_ids for s in policy.asked[0]] == [[5, 6]]
     assert [s.old_logprobs for s in step] == [[-1.5], pytest.approx([-1.0, -0.7]), [-1.25]]
     assert [s.engine_logprobs for s in step] == [[-1.0], [-1.0, -1.0], [-1.0]]
-    assert stats == {"engine/old_logprob_gap": pytest.approx((0.5 + 0.0 + 0.3 + 0.25) / 4, rel=1e-6)}
+    k = np.exp([-0.5, 0.0, 0.3, -0.25])
+    assert stats == {
+        "engine/old_logprob_gap": pytest.approx((0.5 + 0.0 + 0.3 + 0.25) / 4, rel=1e-6),
+        "engine/is_ess": pytest.approx(k.sum() ** 2 / (4 * (k**2).sum()), rel=1e-6),
+    }

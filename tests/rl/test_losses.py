@@ -366,3 +366,80 @@ def test_value_loss_shape_errors():
         value_loss(x, torch.zeros(2, 4), x, torch.ones(2), torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="weights"):
         value_loss(x, x, x, torch.ones(3), torch.ones(2, 3, dtype=torch.bool))
+
+
+# ------------------------------------------------------------------------------------------------------- IcePop
+
+
+def _icepop_reference(logp, old, ref, engine, adv, agents, lengths, eps, beta):
+    """The IcePop objective as loops over agents, samples and tokens: a token whose trainer / sampler ratio
+    exp(old - engine) leaves [0.5, 5] has no policy-gradient term (its KL term stays)."""
+    total = 0.0
+    present = sorted(set(agents))
+    for agent in present:
+        mine = [i for i, a in enumerate(agents) if a == agent]
+        for i in mine:
+            n = int(lengths[i])
+            s = 0.0
+            for t in range(n):
+                r = torch.exp(logp[i, t] - old[i, t])
+                k = float(torch.exp(old[i, t] - engine[i, t]))
+                term = torch.minimum(r * adv[i], torch.clamp(r, 1 - eps, 1 + eps) * adv[i])
+                term = term if 0.5 <= k <= 5.0 else 0.0 * term
+                d = ref[i, t] - logp[i, t]
+                s = s + term - beta * (torch.exp(d) - d - 1)
+            total = total + s / n / len(mine)
+    return -total / len(present)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+def test_icepop_matches_its_formula_and_masks_the_tokens_outside_the_band(seed, beta):
+    from mhgpo.rl.losses import icepop_policy_loss
+
+    logp, old, ref, adv, agents, lengths, mask = _batch(seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    engine = old + 1.2 * torch.randn(old.shape, generator=g, dtype=torch.float64)  # ratios well outside [0.5, 5]
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    x = logp.clone().requires_grad_(True)
+    loss, stats = icepop_policy_loss(x, old, ref, adv, w, mask, 0.2, beta, engine)
+    y = logp.clone().requires_grad_(True)
+    expected = _icepop_reference(y, old, ref, engine, adv, agents, lengths, 0.2, beta)
+    assert abs(float(loss) - float(expected)) < 1e-12
+    loss.backward()
+    expected.backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=1e-12)
+    k = torch.exp(old - engine)  # (B, T)
+    outside = mask & ((k < 0.5) | (k > 5.0))
+    assert stats["is_masked"] == float(outside.sum()) / float(mask.sum())
+    assert 0.2 < stats["is_masked"] < 0.8
+    if beta == 0:  # a masked token carries no gradient; a kept one the plain objective's
+        assert bool((x.grad[outside] == 0).all())
+        z = logp.clone().requires_grad_(True)
+        mhgpo_policy_loss(z, old, ref, adv, w, mask, 0.2, beta)[0].backward()
+        kept = mask & ~outside
+        torch.testing.assert_close(x.grad[kept], z.grad[kept], rtol=0, atol=1e-15)
+
+
+def test_icepop_band_ends_are_kept_and_on_policy_it_is_the_clipped_loss():
+    from mhgpo.rl.losses import icepop_mask, icepop_policy_loss
+
+    old = torch.zeros(1, 5, dtype=torch.float64)
+    engine = -torch.log(torch.tensor([[0.5, 0.49, 5.0, 5.01, 1.0]], dtype=torch.float64))  # k = exp(old - engine)
+    assert icepop_mask(old, engine).tolist() == [[True, False, True, False, True]]
+    logp, old_b, ref, adv, agents, lengths, mask = _batch(3)
+    w = token_weights(agents, lengths, dtype=torch.float64)
+    ice, stats = icepop_policy_loss(logp, old_b, ref, adv, w, mask, 0.2, 0.001, old_b.clone())
+    plain, _ = mhgpo_policy_loss(logp, old_b, ref, adv, w, mask, 0.2, 0.001)
+    assert float(ice) == float(plain) and stats["is_masked"] == 0.0
+    with pytest.raises(ValueError, match="icepop needs engine_logp"):
+        icepop_policy_loss(logp, old_b, ref, adv, w, mask)
+
+
+def test_the_effective_sample_size_of_importance_weights():
+    from mhgpo.rl.engine_sync import effective_sample_size
+
+    assert effective_sample_size(np.ones(7)) == 1.0
+    assert effective_sample_size(np.array([1.0, 0.0, 0.0, 0.0])) == 0.25
+    assert effective_sample_size(np.array([2.0, 1.0])) == pytest.approx(9 / 10)
+    assert effective_sample_size(np.zeros(0)) == 1.0

@@ -1,0 +1,174 @@
+"""rollout.max_staleness on generation.engine=vllm_server, against a stand-in server (tests/fake_vllm_server.py; no
+vLLM): the trees of the next step are grown while this step updates, each records the version that sampled it, a
+tree older than the bound is not trained and is counted, and a server that fails stops the run with the completed
+steps saved. (The tiny model's own log-probs are not the stand-in's: the sync check's gap is not checked here.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fake_vllm_server import FakeVLLMServer
+from helpers import make_config, trainer_for
+
+from mhgpo.errors import InputError, ServiceError
+from mhgpo.model.checkpoint import list_checkpoints
+from mhgpo.runtime.runlog import read_metrics
+
+
+@pytest.fixture
+def server(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tiny_model_dir))
+    with FakeVLLMServer(vocab=vocab) as s:
+        yield s
+
+
+def _config(model_dir: Path, world: Path, out: Path, url: str, **extra: object):
+    settings = {
+        "generation.engine": "vllm_server",
+        "generation.server_urls": f"[{url}]",
+        "generation.sync_check": 0,
+        "generation.server_timeout": 10,
+        "precision": "fp32",
+        "eval_every": 0,
+        "steps": 3,
+        "save_every": 1,
+        "questions_per_step": 2,
+        "group_size": 2,
+        **extra,
+    }
+    return make_config(model_dir, world, out, **settings)
+
+
+def _records(out: Path, step: int) -> list[dict]:
+    path = out / "rollouts" / f"step_{step:06d}.jsonl"
+    if not path.exists():
+        path = next((out / "rollouts").glob(f"*{step}*"))
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_one_step_off_policy_every_trained_tree_is_one_version_old(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer
+) -> None:
+    out = tmp_path / "run"
+    trainer = trainer_for(_config(tiny_model_dir, world, out, server.url, **{"rollout.max_staleness": 1}), out)
+    trainer.run()
+    rows = read_metrics(out)
+    assert [r["staleness/max"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["staleness/mean"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["staleness/dropped_trees"] for r in rows] == [0.0, 0.0, 0.0]
+    for r in rows:
+        assert 0.0 <= r["idle/trainer"] <= 1.0 and 0.0 <= r["idle/server"] <= 1.0
+        assert 0.0 < r["engine/is_ess"] <= 1.0
+    for step, version in ((1, 0), (2, 0), (3, 1)):  # the version that sampled each tree, in the records
+        assert {row["version"] for row in _records(out, step)} == {version}
+    # each batch sampled on one version's adapter: step 2's trees on version 0's, grown while update 1 ran
+    tag = trainer.setup.generator.suffix
+    models = [body["model"] for body in server.completions()]
+    assert models[0] == f"shared-v0{tag}" and set(models) == {f"shared-v0{tag}", f"shared-v1{tag}"}
+    assert server.events[:2] == [f"load shared-v0{tag}", f"load shared-v1{tag}"]
+    assert f"unload shared-v0{tag}" in server.events and set(server.loaded) == {f"shared-v3{tag}"}
+    # the checkpoint's data position is that of the completed steps: no question drawn ahead is skipped on resume
+    assert json.loads((list_checkpoints(out)[-1] / "state.json").read_text())["position"] == 6
+
+
+def test_a_tree_older_than_the_bound_is_not_trained_and_is_counted(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mhgpo.model.vllm_server import ServerGenerator
+
+    pin = ServerGenerator.pin
+
+    def older(self):  # the trees grown ahead claim a version one update older than they are
+        names, version = pin(self)
+        return names, version - 1
+
+    out = tmp_path / "run"
+    trainer = trainer_for(
+        _config(tiny_model_dir, world, out, server.url, **{"rollout.max_staleness": 1, "steps": 2}), out
+    )
+    monkeypatch.setattr(ServerGenerator, "pin", older)
+    trainer.run()
+    first, second = read_metrics(out)
+    assert first["staleness/dropped_trees"] == 0.0 and first["samples"] > 0
+    assert second["staleness/max"] == 2.0 and second["staleness/dropped_trees"] == 2.0
+    assert second["samples"] == 0.0  # neither tree is trained
+    assert not any(row["trained"] for row in _records(out, 2))
+
+
+def test_synchronous_on_the_server_every_tree_is_the_current_version(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer
+) -> None:
+    out = tmp_path / "run"
+    trainer_for(_config(tiny_model_dir, world, out, server.url, steps=2), out).run()
+    rows = read_metrics(out)
+    assert [r["staleness/max"] for r in rows] == [0.0, 0.0]
+    assert [{row["version"] for row in _records(out, s)} for s in (1, 2)] == [{0}, {1}]
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_server_that_fails_stops_the_run_in_one_line_with_the_completed_steps_saved(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer, staleness: int
+) -> None:
+    out = tmp_path / "run"
+    trainer = trainer_for(_config(tiny_model_dir, world, out, server.url, **{"rollout.max_staleness": staleness}), out)
+    real = trainer.learn
+
+    def learn_then_break(samples, metrics):  # the server answers garbage from the second step's rollouts on
+        result = real(samples, metrics)
+        server.mode = "garbage"
+        return result
+
+    trainer.learn = learn_then_break
+    with pytest.raises(ServiceError) as info:
+        trainer.run()
+    # one step off-policy, step 2's trees were grown before the server broke: step 3's are the first it failed
+    failing = 2 + staleness
+    line = str(info.value)
+    assert "\n" not in line and line.startswith(f"step {failing}: generation server {server.url}: malformed answer")
+    assert f"(in its rollouts); the run stops at step {failing - 1}" in line
+    assert list_checkpoints(out)[-1].name == f"step_{failing - 1}"
+
+
+def test_a_slow_server_stops_the_run_at_its_timeout(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer
+) -> None:
+    import time
+
+    out = tmp_path / "run"
+    trainer = trainer_for(_config(tiny_model_dir, world, out, server.url, **{"generation.server_timeout": 1}), out)
+    server.mode, server.delay = "slow", 30.0
+    started = time.perf_counter()
+    with pytest.raises(ServiceError, match=r"within generation.server_timeout=1 s"):
+        trainer.run()
+    assert time.perf_counter() - started < 15
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (
+            {"rollout.max_staleness": 1, "generation.engine": "vllm", "generation.server_urls": "[]"},
+            "rollout.max_staleness: rollouts overlap",
+        ),
+        ({"rollout.max_staleness": 2}, "rollout.max_staleness: expected 0 or 1, got 2"),
+        ({"lora.enabled": False}, "lora.enabled: generation.engine=vllm_server takes the trained weights as LoRA"),
+        ({"optim.loss": "icepop", "optim.old_logprobs": "engine"}, "optim.loss: icepop compares"),
+        ({"generation.server_urls": "[ftp://x]"}, "generation.server_urls: 'ftp://x' is not an http://HOST:PORT"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused_naming_the_key(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, extra: dict, says: str
+) -> None:
+    with pytest.raises(InputError, match=says.replace("(", r"\(")):
+        _config(tiny_model_dir, world, tmp_path / "run", "http://127.0.0.1:1", **extra)
+
+
+def test_server_urls_belong_to_the_server_engine(tiny_model_dir: Path, world: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="generation.server_urls: only generation.engine=vllm_server"):
+        _config(tiny_model_dir, world, tmp_path / "run", "http://127.0.0.1:1", **{"generation.engine": "hf"})
+    with pytest.raises(InputError, match="generation.server_urls: generation.engine=vllm_server needs at least one"):
+        make_config(tiny_model_dir, world, tmp_path / "run", **{"generation.engine": "vllm_server"})

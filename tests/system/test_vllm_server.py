@@ -1,0 +1,181 @@
+"""generation.engine=vllm_server against a real vLLM server (`mhgpo serve-generation`, vLLM's OpenAI server in a
+process of its own; run with a venv that has vLLM: `bash scripts/setup.sh --vllm`; skipped without it), on the tiny
+model of tests/system/test_vllm.py in fp32: the server's log-probs of the step's outputs are the trainer's after
+every hand-over of the versioned adapter, and its greedy answers are the in-process engine's; one step off-policy,
+every trained tree is one version old and the figures say so; a server that dies stops the run in one line with the
+completed steps saved."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import requests  # noqa: E402
+from conftest import build_tiny_model  # noqa: E402
+from helpers import REPO, free_port, make_config, trainer_for  # noqa: E402
+
+from mhgpo.errors import ServiceError  # noqa: E402
+from mhgpo.model.checkpoint import list_checkpoints  # noqa: E402
+from mhgpo.runtime.runlog import read_metrics  # noqa: E402
+
+IN_SYNC = 1e-4  # fp32 on both sides
+START_SECONDS = 600
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-vllm"), hidden_size=64, heads=2, kv_heads=1, max_positions=4096
+    )
+
+
+def _start(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    command = [sys.executable, "-m", "mhgpo", "serve-generation", "--model", str(model_dir), "--precision", "fp32"]
+    command += ["--port", str(port), "--kv-cache-gb", "1", "--lora-rank", "16", "--adapters", "8"]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited ({process.returncode}): {log.read_text()[-3000:]}")
+        try:
+            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
+                return process, url
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    process.kill()
+    raise AssertionError(f"the server did not start in {START_SECONDS} s: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    process, url = _start(vllm_model_dir, tmp_path_factory.mktemp("server") / "server.log")
+    yield url
+    _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(30)
+
+
+def _config(model_dir: Path, world: Path, out: Path, url: str, **extra: object):
+    settings = {
+        "generation.engine": "vllm_server",
+        "generation.server_urls": f"[{url}]",
+        "generation.server_timeout": 120,
+        "precision": "fp32",
+        "eval_every": 0,
+        "save_every": 1,
+        "optim.lr": 0.05,
+        "questions_per_step": 2,
+        "group_size": 2,
+        **extra,
+    }
+    return make_config(model_dir, world, out, **settings)
+
+
+def test_the_servers_log_probs_are_the_trainers_after_every_hand_over(
+    vllm_model_dir: Path, world: Path, tmp_path: Path, server: str
+) -> None:
+    out = tmp_path / "run"
+    trainer = trainer_for(_config(vllm_model_dir, world, out, server, steps=2), out)
+    trainer.run()
+    tag = trainer.setup.generator.suffix
+    rows = read_metrics(out)
+    assert [r["staleness/max"] for r in rows] == [0.0, 0.0]
+    for r in rows:  # the check scored the step's outputs on the server, as the update's adapter
+        assert 0 <= r["engine/logprob_gap_mean"] < IN_SYNC and r["engine/logprob_gap_max"] < 10 * IN_SYNC
+        assert r["engine/old_logprob_gap"] < IN_SYNC and r["engine/is_ess"] > 1 - 1e-6
+    served = [m["id"] for m in requests.get(server + "/v1/models", timeout=10).json()["data"]]
+    assert f"shared-v2{tag}" in served and f"shared-v1{tag}" not in served and f"shared-v0{tag}" not in served
+    trainer.setup.generator.close()  # (the run's adapters unloaded; the server keeps running)
+    served = [m["id"] for m in requests.get(server + "/v1/models", timeout=10).json()["data"]]
+    assert not any(name.endswith(tag) for name in served)
+
+
+def test_greedy_answers_on_the_server_are_the_in_process_engines(
+    vllm_model_dir: Path, world: Path, server: str
+) -> None:
+    from mhgpo.api import evaluate
+
+    settings = [
+        f"model={vllm_model_dir}",
+        f"data=hotpotqa:{world / 'dev.jsonl'}",
+        "limit=3",
+        "precision=fp32",
+        f"retrieval.corpus={world / 'corpus.jsonl'}",
+        "search.rewriter.max_new_tokens=8",
+        "search.reranker.max_new_tokens=4",
+        "search.answerer.max_new_tokens=6",
+        "generation.kv_cache_gb=1",
+    ]
+    local = evaluate(overrides=[*settings, "generation.engine=vllm"], progress=False)
+    gc.collect()
+    remote = evaluate(
+        overrides=[*settings, "generation.engine=vllm_server", f"generation.server_urls=[{server}]"], progress=False
+    )
+    assert [p["prediction"] for p in remote.predictions] == [p["prediction"] for p in local.predictions]
+    assert remote.metrics["f1"] == local.metrics["f1"]
+
+
+def test_one_step_off_policy_every_trained_tree_is_one_version_old(
+    vllm_model_dir: Path, world: Path, tmp_path: Path, server: str
+) -> None:
+    out = tmp_path / "run"
+    cfg = _config(vllm_model_dir, world, out, server, steps=3, **{"rollout.max_staleness": 1, "optim.loss": "icepop"})
+    trainer_for(cfg, out).run()
+    rows = read_metrics(out)
+    assert [r["staleness/max"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["staleness/dropped_trees"] for r in rows] == [0.0, 0.0, 0.0]
+    for step in (2, 3):  # the trees of steps 2 and 3 were sampled by the weights of updates 0 and 1
+        records = [json.loads(x) for x in (out / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert {r["version"] for r in records} == {step - 2}
+    first, later = rows[0], rows[1:]
+    assert first["engine/old_logprob_gap"] < IN_SYNC and first["engine/is_masked"] == 0.0
+    # one update old at a large learning rate: the trainer's log-probs moved away from the sampler's
+    assert all(r["engine/old_logprob_gap"] > 100 * IN_SYNC and r["engine/is_ess"] < 1 for r in later)
+    assert all(0.0 <= r["engine/is_masked"] <= 1.0 for r in later)
+    assert all(0.0 <= r["idle/trainer"] <= 1.0 and 0.0 <= r["idle/server"] <= 1.0 for r in rows)
+    assert all(r["engine/logprob_gap_mean"] < IN_SYNC for r in rows)  # the check: the server holds each update
+
+
+def test_a_server_that_dies_stops_the_run_in_one_line_with_the_completed_steps_saved(
+    vllm_model_dir: Path, world: Path, tmp_path: Path
+) -> None:
+    process, url = _start(vllm_model_dir, tmp_path / "server.log")
+    out = tmp_path / "run"
+    trainer = trainer_for(_config(vllm_model_dir, world, out, url, steps=3), out)
+    real = trainer.learn
+
+    def learn_then_kill(samples, metrics):  # the server dies once the first step's update is handed over
+        result = real(samples, metrics)
+        process.kill()
+        process.wait(60)
+        return result
+
+    trainer.learn = learn_then_kill
+    try:
+        with pytest.raises(ServiceError) as info:
+            trainer.run()
+    finally:
+        process.kill()
+    line = str(info.value)
+    assert "\n" not in line and line.startswith(f"step 2: generation server {url}: cannot connect")
+    assert list_checkpoints(out)[-1].name == "step_1"
