@@ -128,17 +128,24 @@ def _segment_mask(owner: torch.Tensor, style: str) -> torch.Tensor:
     return additive.masked_fill_(~allowed, torch.finfo(torch.float32).min)
 
 
+MICRO_BATCH_COST = 128  # what a micro-batch costs beyond its padded tokens, in tokens (the cut weighs it)
+
+
 def micro_batches(
     prompts: Sequence[Sequence[int]],
     output_lens: Sequence[int],
     max_tokens: int,
     keys: Sequence[Hashable] | None = None,
     share: bool = True,
+    least_padding: bool = True,
 ) -> list[list[int]]:
     """Sample indices cut into micro-batches: samples with the same key only (the same temperature, or the same
     agent), each micro-batch's segments padded to its longest within ``max_tokens`` (rows × longest), a segment that
     would not fit alone split into segments that each repeat the prompt (a single sample longer than the budget gets a
-    micro-batch of its own). ``share=False``: one sample per segment. Segments are packed shortest first."""
+    micro-batch of its own). ``share=False``: one sample per segment. Segments are packed shortest first, and cut
+    into runs of about one length: with ``least_padding`` the cut of the sorted segments with the fewest padded
+    tokens, each micro-batch counted ``MICRO_BATCH_COST`` tokens more (:func:`least_padded_cut`); without it, each
+    micro-batch filled in turn until the next segment would not fit (a short segment then pads to a long one)."""
     keys = list(keys) if keys is not None else [None] * len(prompts)
     groups = segments(prompts, keys) if share else [[i] for i in range(len(prompts))]
     pieces: list[tuple[Hashable, int, int, list[int]]] = []  # (key, segment length, group, sample indices)
@@ -153,6 +160,15 @@ def micro_batches(
         pieces.append((keys[group[0]], segment_length(p, [output_lens[j] for j in piece]), g, piece))
     order = sorted(range(len(pieces)), key=lambda n: (repr(pieces[n][0]), pieces[n][1], n))
     batches: list[list[int]] = []
+    if least_padding:
+        start = 0
+        for end in range(1, len(order) + 1):  # each key's run of the sorted pieces is cut on its own
+            if end == len(order) or pieces[order[end]][0] != pieces[order[start]][0]:
+                run = order[start:end]
+                cuts = least_padded_cut([pieces[n][1] for n in run], [pieces[n][2] for n in run], max_tokens)
+                batches += [run[lo:hi] for lo, hi in cuts]
+                start = end
+        return [[i for n in batch for i in pieces[n][3]] for batch in batches]
     current: list[int] = []  # piece numbers
     for n in order:
         if current:
@@ -169,3 +185,26 @@ def micro_batches(
     if current:
         batches.append(current)
     return [[i for n in batch for i in pieces[n][3]] for batch in batches]
+
+
+def least_padded_cut(lengths: Sequence[int], groups: Sequence[int], max_tokens: int) -> list[tuple[int, int]]:
+    """Runs ``[lo, hi)`` of ``lengths`` (ascending) with the fewest padded tokens in all (a run pads to its last
+    length), each run counted ``MICRO_BATCH_COST`` tokens more: within ``max_tokens`` (a run of one may exceed it)
+    and no two pieces of one group (``groups``) in a run. Exact, by dynamic programming over the run ends."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n  # best[j]: the least cost of the first j lengths
+    start = [0] * (n + 1)
+    for hi in range(1, n + 1):
+        seen: set[int] = set()
+        for lo in range(hi - 1, -1, -1):  # the run [lo, hi), longest lengths[hi - 1]
+            if groups[lo] in seen or (hi - lo > 1 and (hi - lo) * lengths[hi - 1] > max_tokens):
+                break
+            seen.add(groups[lo])
+            cost = best[lo] + (hi - lo) * lengths[hi - 1] + MICRO_BATCH_COST
+            if cost < best[hi]:
+                best[hi], start[hi] = cost, lo
+    runs, hi = [], n
+    while hi > 0:
+        runs.append((start[hi], hi))
+        hi = start[hi]
+    return runs[::-1]

@@ -15,8 +15,8 @@ import torch
 from mhgpo.config import CriticConfig, LoraConfig, OptimConfig
 from mhgpo.model.logprobs import backbone_and_head, output_logprobs
 from mhgpo.model.modules import enable_gradient_checkpointing
+from mhgpo.model.packing import MICRO_BATCH_COST, pack, segment_length, segments
 from mhgpo.model.packing import micro_batches as pack_micro_batches
-from mhgpo.model.packing import pack, segment_length
 from mhgpo.model.trained import load_model
 from mhgpo.rl.critic import Critic
 from mhgpo.rl.policy import Policy, Sample, micro_batches
@@ -112,8 +112,51 @@ def test_micro_batches_keep_groups_whole_split_large_ones_and_stay_within_the_bu
             members = [i for i, p in enumerate(prompts) if tuple(p) == prompt]
             if segment_length(len(prompt), [lens[i] for i in members]) <= budget:
                 assert sum(any(i in b for i in members) for b in batches) == 1
-    assert len(pack_micro_batches(prompts, lens, 10**6, keys)) == 2  # one per key
+    assert len(pack_micro_batches(prompts, lens, 10**6, keys, least_padding=False)) == 2  # one per key
     assert len(pack_micro_batches(prompts, lens, 1, keys)) == len(prompts)
+
+
+def _padded_cost(prompts, lens, batches) -> int:
+    """Padded tokens of `batches` (rows × longest segment), each micro-batch counted MICRO_BATCH_COST more."""
+    total = 0
+    for b in batches:
+        segs: dict[tuple, list[int]] = {}
+        for i in b:
+            segs.setdefault(tuple(prompts[i]), []).append(i)
+        total += len(segs) * max(segment_length(len(p), [lens[i] for i in idx]) for p, idx in segs.items())
+    return total + MICRO_BATCH_COST * len(batches)
+
+
+def test_the_least_padded_cut_is_the_cheapest_of_every_cut_and_never_costs_more_than_filling_in_turn() -> None:
+    """The default cut of the sorted segments has the fewest padded tokens (+ MICRO_BATCH_COST per micro-batch) of
+    all cuts into runs within the budget (every cut enumerated on small cases), so never more than filling each
+    micro-batch in turn; both keep the budget, keys and groups as above."""
+    rng = random.Random(5)
+    for _case in range(40):
+        prompts, lens = [], []
+        for g in range(rng.randrange(1, 9)):
+            prompt = [g] * rng.randrange(20, 400)
+            for _ in range(rng.choice([1, 2, 4])):
+                prompts.append(prompt)
+                lens.append(rng.randrange(1, 40))
+        budget = rng.choice([512, 1024, 2048])
+        best = pack_micro_batches(prompts, lens, budget)
+        greedy = pack_micro_batches(prompts, lens, budget, least_padding=False)
+        assert sorted(i for b in best for i in b) == list(range(len(prompts)))
+        assert _padded_cost(prompts, lens, best) <= _padded_cost(prompts, lens, greedy)
+        seg_lengths = sorted(
+            segment_length(len(prompts[g[0]]), [lens[i] for i in g]) for g in segments(prompts)
+        )  # (the groups fit these budgets whole)
+        if len(seg_lengths) <= 10:  # every cut of the sorted lengths into contiguous runs
+            n, cheapest = len(seg_lengths), None
+            for mask in range(2 ** max(n - 1, 0)):
+                cuts = [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+                runs = list(zip(cuts, cuts[1:]))
+                if any(hi - lo > 1 and (hi - lo) * seg_lengths[hi - 1] > budget for lo, hi in runs):
+                    continue
+                cost = sum((hi - lo) * seg_lengths[hi - 1] + MICRO_BATCH_COST for lo, hi in runs)
+                cheapest = cost if cheapest is None else min(cheapest, cost)
+            assert _padded_cost(prompts, lens, best) == cheapest
 
 
 # ---------------------------------------------------------------------------------------------- equivalence
@@ -349,3 +392,33 @@ def test_no_sharing_where_the_attention_takes_no_custom_mask_or_slides() -> None
         mask_style(SimpleNamespace(_attn_implementation="sdpa", layer_types=["full_attention", "sliding_attention"]))
         is None
     )
+
+
+def test_the_least_padded_cut_leaves_the_warm_start_step_and_the_update_as_filling_in_turn(
+    tiny_model_dir, monkeypatch
+) -> None:
+    """The micro-batches of the least padded cut hold other samples together than those filled in turn: a
+    warm-start step, then an RL update (clipped ratios, a KL term), give the same loss and statistics and the same
+    accumulated gradients to float32 rounding (1e-6: rows padded to other widths, the micro-batches' sums added in
+    another order)."""
+    import mhgpo.model.packing as packing
+
+    cut = packing.micro_batches
+    runs = []
+    for least in (True, False):
+        monkeypatch.setattr(packing, "micro_batches", lambda *a, least=least, **k: cut(*a, **k, least_padding=least))
+        loaded = fresh(tiny_model_dir)
+        samples = group_samples(loaded)
+        seen_batches = micro_batches(samples, 80, share=False)
+        torch.manual_seed(0)
+        optim = OptimConfig(lr=1e-2, micro_batch_tokens=80, kl_beta=0.1, share_prefix=False)
+        policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=4), 10, keep_reference=False)
+        seen = recording_steps(policy.optimizer, policy.model)
+        warm = sft_update(policy, samples)
+        update = policy.update(samples)
+        runs.append((seen_batches, warm, update, seen))
+    assert runs[0][0] != runs[1][0]  # the cuts differ on this batch
+    for k in (1, 2):
+        assert_stats_close(runs[0][k], runs[1][k], 1e-6)
+    for a, b in zip(runs[0][3], runs[1][3], strict=True):
+        assert_grads_close(a, b, 1e-6)
