@@ -9,8 +9,10 @@ out: a row's machine time, comparable between rows). Its first point also carrie
 so that a row's end can be compared with its start question by question (`mhgpo.experiments.stats`).
 
 A warm start is *healthy* (:func:`healthy`) when its greedy team writes invalid Reranker ids on at most 5% of the
-validation questions and the Rewriter breaks its `### ... ###` format on at most 10% of them: RL from a broken
-format first repairs it, a gain of another kind, reported apart.
+validation questions, the Rewriter breaks its `### ... ###` format on at most 10% of them, and the Reranker passes on
+at least 80% of the gold passages the retriever found (where the data names them): RL from a broken format first
+repairs it, and from a Reranker that drops the second hop's passage first relearns to keep it, gains of another
+kind, reported apart.
 """
 
 from __future__ import annotations
@@ -27,16 +29,20 @@ from mhgpo.io import atomic_write_json
 
 STARTS = "starts"  # OUT/DATA/starts/: the step-0 validations, one per (starting model, validation)
 HEALTH = {"reranker/invalid_rate": 0.05, "rewriter/penalty_rate": 0.1}  # the most a healthy warm start shows
+HEALTH_LEAST = {"reranker/gold_recall": 0.8}  # the least it shows
 SCORES = ("f1", "em", "acc")
 
 
 def healthy(metrics: dict[str, Any]) -> bool | None:
-    """Whether a validation's behaviour figures meet :data:`HEALTH`; None when it has none of them (a team without a
-    Reranker or a Rewriter: nothing to judge)."""
-    known = [(k, v) for k, v in HEALTH.items() if isinstance(metrics.get(k), (int, float))]
-    if not known:
+    """Whether a validation's behaviour figures meet :data:`HEALTH` and :data:`HEALTH_LEAST`; None when it has none
+    of them (a team without a Reranker or a Rewriter: nothing to judge). A figure it lacks is not judged."""
+    most = [(k, b) for k, b in HEALTH.items() if isinstance(metrics.get(k), (int, float))]
+    least = [(k, b) for k, b in HEALTH_LEAST.items() if isinstance(metrics.get(k), (int, float))]
+    if not most and not least:
         return None
-    return all(float(metrics[k]) <= bound + 1e-12 for k, bound in known)
+    return all(float(metrics[k]) <= b + 1e-12 for k, b in most) and all(
+        float(metrics[k]) >= b - 1e-12 for k, b in least
+    )
 
 
 def start_key(cfg: TrainConfig, folder: Path) -> str:

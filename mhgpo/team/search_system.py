@@ -264,12 +264,13 @@ class SearchSystem(Workflow):
                 {"queries": list(p.queries), "reason": p.reason},
             )
         if agent == RERANKER:
-            p = parse_reranker(output, len(state.get("candidates")))
-            return StepResult(
-                state.with_values(selected=p.selected),
-                cfg.reranker_penalty if p.penalised else 0.0,
-                {"selected": list(p.selected), "invalid": p.invalid, "reason": p.reason},
-            )
+            candidates = state.get("candidates")
+            p = parse_reranker(output, len(candidates))
+            info = {"selected": list(p.selected), "invalid": p.invalid, "reason": p.reason}
+            if state.example.supporting_titles:  # how many gold passages were retrieved, and how many passed on
+                gold = gold_ids(candidates, state.example.supporting_titles)
+                info.update(gold=len(gold), gold_selected=len(set(gold) & set(p.selected)))
+            return StepResult(state.with_values(selected=p.selected), cfg.reranker_penalty if p.penalised else 0.0, info)
         if agent == ANSWERER:
             answer, long = parse_answer(output, cfg.max_answer_words)
             return StepResult(
@@ -350,10 +351,16 @@ class SearchSystem(Workflow):
         if agent == REWRITER:
             return {"num_subqueries": mean_of(calls, lambda n: len(n.info.get("queries", [])))}
         if agent == RERANKER:  # invalid: a duplicated or out-of-range id, or no id at all
-            return {
+            out = {
                 "num_selected": mean_of(calls, lambda n: len(n.info.get("selected", []))),
                 "invalid_rate": mean_of(calls, breaks_format),
             }
+            # gold_recall: of the gold passages retrieved, the share the Reranker passes on (calls that retrieved
+            # one; a Reranker that drops the second hop's passage starves the Answerer without breaking a format)
+            found = [n for n in calls if n.info.get("gold")]
+            if found:
+                out["gold_recall"] = mean_of(found, lambda n: n.info["gold_selected"] / n.info["gold"])
+            return out
         # starts_with_document: answers that open like a Reranker's candidate list ("Document 0: ..."), the sign
         # of one role's format leaking into another through the shared weights
         return {"answer_words": mean_of(calls, _answer_words), "starts_with_document": mean_of(calls, _copies_document)}

@@ -623,14 +623,17 @@ def test_question_diffs_pair_by_seed_and_question():
     assert question_diffs({"a": {0: {}}, "b": {0: {}}}, "a", "b") == []  # results without their questions
 
 
-def test_a_healthy_warm_start_is_judged_on_both_formats():
+def test_a_healthy_warm_start_is_judged_on_both_formats_and_the_gold_passages_kept():
     from mhgpo.experiments.curves import healthy
 
-    assert healthy({"reranker/invalid_rate": 0.05, "rewriter/penalty_rate": 0.1}) is True  # the bounds themselves
-    assert healthy({"reranker/invalid_rate": 0.06, "rewriter/penalty_rate": 0.0}) is False
-    assert healthy({"reranker/invalid_rate": 0.0, "rewriter/penalty_rate": 0.11}) is False
-    assert healthy({"reranker/invalid_rate": 0.0}) is True  # a team without a Rewriter: the Reranker alone
-    assert healthy({"f1": 50.0}) is None  # neither role: nothing to judge
+    bounds = {"reranker/invalid_rate": 0.05, "rewriter/penalty_rate": 0.1, "reranker/gold_recall": 0.8}
+    assert healthy(bounds) is True  # the bounds themselves
+    assert healthy({**bounds, "reranker/invalid_rate": 0.06}) is False
+    assert healthy({**bounds, "rewriter/penalty_rate": 0.11}) is False
+    assert healthy({**bounds, "reranker/gold_recall": 0.79}) is False  # formats kept, the second hop dropped
+    assert healthy({"reranker/invalid_rate": 0.0}) is True  # a team without a Rewriter, data without gold titles
+    assert healthy({"reranker/gold_recall": 0.5}) is False  # judged on the figure it has
+    assert healthy({"f1": 50.0}) is None  # none of them: nothing to judge
 
 
 def test_a_kept_run_whose_record_or_evaluation_config_is_not_one_is_named(tmp_path):

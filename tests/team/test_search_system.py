@@ -260,3 +260,30 @@ def test_penalty_values_come_from_config():
     s = system.init_state(Example("q", "Q?", ("a",)))
     assert system.apply(s, REWRITER, "no block").penalty == -0.25
     assert system.apply(s, ANSWERER, " ".join(["w"] * 40)).penalty == -2.0
+
+
+def test_the_reranker_behaviour_counts_the_retrieved_gold_passages_it_keeps():
+    """gold_recall: over the calls that retrieved a gold passage, the mean share of them the Reranker selected;
+    absent where no call retrieved one (or the data names no gold titles)."""
+    from types import SimpleNamespace
+
+    passages = [Passage("a", "Alpha", "x a"), Passage("b", "Beta", "x b"), Passage("c", "Gamma", "x c")]
+    system = SearchSystem(FakeRetriever(passages), SearchConfig(top_k=3))
+
+    def reranked(example: Example, output: str) -> SimpleNamespace:
+        s = system.apply(system.init_state(example), REWRITER, "### x ###").state
+        [r] = system.call_tools(RETRIEVER, [s])
+        step = system.apply(r.state, RERANKER, output)
+        return SimpleNamespace(info=step.info, penalty=step.penalty)
+
+    two = Example("q1", "Q?", ("a",), supporting_titles=("Alpha", "Gamma"))  # gold candidates 0 and 2
+    none = Example("q2", "Q?", ("a",), supporting_titles=("Delta",))  # no gold passage retrieved
+    plain = Example("q3", "Q?", ("a",))  # no gold titles at all
+    both, first, wrong = reranked(two, "0, 2"), reranked(two, "0, 1"), reranked(two, "1")
+    assert (both.info["gold"], both.info["gold_selected"], first.info["gold_selected"]) == (2, 2, 1)
+    assert "gold" not in reranked(plain, "0").info and reranked(none, "0").info["gold"] == 0
+    calls = [both, first, wrong, reranked(none, "0"), reranked(plain, "0")]
+    b = system.behaviour(RERANKER, calls)
+    assert b["gold_recall"] == (1.0 + 0.5 + 0.0) / 3 and b["num_selected"] == (2 + 2 + 1 + 1 + 1) / 5
+    assert b["invalid_rate"] == 0.0
+    assert "gold_recall" not in system.behaviour(RERANKER, [reranked(none, "0"), reranked(plain, "1")])
