@@ -128,7 +128,9 @@ class Trainer:
         progress = progress and self.ranks.is_main
         self.cfg, self.setup, self.run_dir, self.progress = cfg, setup, Path(run_dir), progress
         self._guard: StopGuard | None = None
-        self.phase = "rollouts"  # where the current step is: rollouts, update (weights of no step), records
+        # where the current step is: rollouts, update (weights of no step), validation, records, hand-over (the
+        # update's weights to a server that failed, after the step was saved)
+        self.phase = "rollouts"
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
@@ -138,6 +140,8 @@ class Trainer:
         self.cpu_seconds = 0.0  # the process's CPU time in the completed steps' rollouts and updates
         self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
         self._engine_synced = False  # whether a separate engine (vLLM) holds the policy's current weights
+        # a server that failed while the step's update was handed over: the step is saved, then the run stops
+        self._handover_error: ServiceError | None = None
         # rollout.max_staleness=1: the next step's trees, grown on the servers while this step updates
         self._ahead: Ahead | None = None
         self._step_started: float | None = None  # wall clock at the start of the step's collect (idle fractions)
@@ -300,7 +304,9 @@ class Trainer:
         if setup.engine_scratch is not None:  # a separate engine sampled them: whose old log-probs the ratio takes
             from mhgpo.rl.engine_sync import old_logprobs
 
-            engine_stats = old_logprobs(setup.policy, samples, cfg.optim.old_logprobs, self.ranks)
+            engine_stats = old_logprobs(
+                setup.policy, samples, cfg.optim.old_logprobs, self.ranks, cfg.generation.engine
+            )
         critic_stats = setup.critic.estimate(samples) if setup.critic is not None else {}
         if setup.critic is not None:
             for n, s in zip(trained, samples):  # the records show each output's mean token advantage
@@ -506,8 +512,15 @@ class Trainer:
         if self.setup.engine_scratch is not None:  # the new weights to the engine, checked (a gap stops the run)
             from mhgpo.rl.engine_sync import sync_after_update
 
-            metrics.update(sync_after_update(self.setup, self.cfg, samples, self.step + 1, self.run_dir, self.ranks))
-            self._engine_synced = True
+            try:
+                metrics.update(
+                    sync_after_update(self.setup, self.cfg, samples, self.step + 1, self.run_dir, self.ranks)
+                )
+                self._engine_synced = True
+            except ServiceError as e:  # a server failed in the hand-over: the update is good, the step completes
+                if self.ranks.world > 1:  # (the other ranks wait in the check's collectives: all stop here)
+                    raise
+                self._handover_error = e
         if self.ranks.world > 1:  # the update's all-reduces (gradients, statistics), on rank 0
             metrics["seconds/train_communication"] = self.ranks.comm_seconds - comm
         busy = self._busy()
@@ -525,6 +538,9 @@ class Trainer:
         self._last_batch = batch
         metrics = self.learn(samples, metrics)
         self.step += 1
+        handover, self._handover_error = self._handover_error, None
+        if handover is not None:
+            raise handover
         return metrics
 
     def run(self) -> dict[str, Any]:
@@ -598,7 +614,8 @@ class Trainer:
             self.step = step  # the update is done: the step is complete, whatever happens to its records
             done.rng, done.position, done.failures = rng_states(self.rng), self.committed_position(), self.failures
             failed = None
-            if self._validates_at(step):
+            handover, self._handover_error = self._handover_error, None  # (no validation: no engine holds the step)
+            if self._validates_at(step) and handover is None:
                 self.phase = "validation"
                 try:
                     metrics.update(self._validate_in_run(log, step))
@@ -609,12 +626,15 @@ class Trainer:
             if batch is not None and self.ranks.is_main:
                 write_rollouts(self.run_dir, step, rollout_records(batch))
             log.log(step, metrics)
-            if self._saves_at(step) or failed is not None:
+            if self._saves_at(step) or failed is not None or handover is not None:
                 self._save_or_stop()
                 done.saved_step = step
             if failed is not None:
                 self.phase = "validation"
                 raise failed
+            if handover is not None:  # the step is saved: a resumed run hands its weights over first
+                self.phase = "hand-over"
+                raise handover
         if guard.deferred and self.ranks.any(guard.pending):  # several ranks: a signal on any stops them all here
             raise KeyboardInterrupt
         return metrics
