@@ -161,10 +161,12 @@ def save_checkpoint(
     keep: int,
     extras: Extras | None = None,
     taken: Snapshot | None = None,
+    aside: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write `checkpoints/step_N/`. `rng` comes from :func:`mhgpo.model.statecodec.rng_states`; `trainer_state` is JSON
     (position, validation history); `extras` are further trained modules with their optimisers (the critic);
-    `taken`: their :func:`snapshot` already taken (by every rank of a sharded model), else it is taken here."""
+    `taken`: their :func:`snapshot` already taken (by every rank of a sharded model), else it is taken here;
+    `aside`: further tensors kept as they are, `NAME.safetensors` each (the weights that sample trees grown ahead)."""
     taken = taken or snapshot(model, optimizer, extras)
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -180,6 +182,8 @@ def save_checkpoint(
             _write_tensors(tmp / f"{name}.safetensors", tensors)
             optimizers[name] = encode(opt_state, opt_tensors, f"{name}/")
         _write_tensors(tmp / OPTIMIZER_FILE, opt_tensors)
+        for name, tensors in (aside or {}).items():
+            _write_tensors(tmp / f"{name}.safetensors", tensors)
         sched_tensors: dict[str, torch.Tensor] = {}
         sched = encode(scheduler.state_dict(), sched_tensors, "") if scheduler is not None else None
         if sched_tensors:

@@ -198,6 +198,61 @@ def test_a_failed_sync_check_on_the_server_names_the_server_engine(
     )
 
 
+def test_a_resumed_run_one_step_off_policy_grows_the_trees_ahead_as_the_uninterrupted_run(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zlib
+
+    from transformers import AutoTokenizer
+
+    from mhgpo.rl.policy import Policy
+    from mhgpo.run.pipeline import resume
+
+    vocab = len(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+    def tokens(prompt, body):  # the stand-in samples by the prompt, the request's seed and the adapter's version
+        version = body["model"].split("-")[1] if "-v" in body["model"] else "base"
+        h = zlib.crc32(repr((prompt[-1], body.get("seed"), version)).encode())
+        return [(h >> k) % vocab for k in (0, 8, 16)]
+
+    def run(out: Path, server: FakeVLLMServer) -> None:
+        cfg = _config(tiny_model_dir, world, out, server.url, **{"rollout.max_staleness": 1, "steps": 4})
+        trainer_for(cfg, out).run()
+
+    reference = tmp_path / "reference"
+    with FakeVLLMServer(vocab=vocab, tokens=tokens) as server:
+        run(reference, server)
+    out = tmp_path / "cut"
+    real_update, calls = Policy.update, []
+
+    def update(self, samples):  # interrupted in step 3's update: step 2's checkpoint is the last
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_update(self, samples)
+
+    monkeypatch.setattr(Policy, "update", update)
+    with FakeVLLMServer(vocab=vocab, tokens=tokens) as server, pytest.raises(KeyboardInterrupt):
+        run(out, server)
+    monkeypatch.setattr(Policy, "update", real_update)
+    last = list_checkpoints(out)[-1]
+    state = json.loads((last / "state.json").read_text())
+    assert last.name == "step_2" and (state["position"], state["ahead_version"]) == (4, 1)
+    port = int(server.url.rsplit(":", 1)[1])
+    with FakeVLLMServer(vocab=vocab, tokens=tokens, port=port) as again:  # the server started again, same address
+        assert resume(out, progress=False).step == 4
+    # step 3's trees grown again on version 1's adapter, handed over before the checkpoint's own (version 2)
+    assert [e.rsplit("-", 1)[0] for e in again.events[:2]] == ["load shared-v1", "load shared-v2"]
+    got, want = read_metrics(out), read_metrics(reference)
+    drop = ("seconds/", "memory/", "idle/")
+    assert [{k: v for k, v in r.items() if not k.startswith(drop)} for r in got] == [
+        {k: v for k, v in r.items() if not k.startswith(drop)} for r in want
+    ]
+    for step in (1, 2, 3, 4):
+        assert _records(out, step) == _records(reference, step)
+    assert [r["version"] for r in _records(out, 3)][:1] == [1]
+
+
 def test_a_slow_server_stops_the_run_at_its_timeout(
     tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer
 ) -> None:
