@@ -4,6 +4,7 @@
   full fine-tuning); `critic.safetensors` the same for the MAPPO / PPO critic.
 - `optimizer.safetensors`: the tensors of every optimiser's state (the actor's under `actor/`, the critic's under
   `critic/`).
+- `ahead.safetensors` (one step off-policy, when trees grew ahead as it was taken): the adapters that grow them.
 - `state.json`: the format version, step, data position, validation history, the optimisers' state structure
   (which refers to the tensors above by key), the scheduler, every RNG state, and the size of each file.
 
