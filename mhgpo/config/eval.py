@@ -94,6 +94,9 @@ class GenerationConfig:
     adapter_dir: str | None = None
     """vllm_server: the folder the trained adapters are written to, which every server reads (null: a scratch
     folder of this machine)."""
+    seeded: bool = True
+    """vllm, vllm_server, training: each request samples with its own seed, drawn from the run's seed (false: from
+    the engine's own stream)."""
 
     def validate(self) -> None:
         if self.engine not in ENGINES:

@@ -4,6 +4,7 @@
   full fine-tuning); `critic.safetensors` the same for the MAPPO / PPO critic.
 - `optimizer.safetensors`: the tensors of every optimiser's state (the actor's under `actor/`, the critic's under
   `critic/`).
+- `ahead.safetensors` (one step off-policy, when trees grew ahead as it was taken): the adapters that grow them.
 - `state.json`: the format version, step, data position, validation history, the optimisers' state structure
   (which refers to the tensors above by key), the scheduler, every RNG state, and the size of each file.
 
@@ -161,10 +162,12 @@ def save_checkpoint(
     keep: int,
     extras: Extras | None = None,
     taken: Snapshot | None = None,
+    aside: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write `checkpoints/step_N/`. `rng` comes from :func:`mhgpo.model.statecodec.rng_states`; `trainer_state` is JSON
     (position, validation history); `extras` are further trained modules with their optimisers (the critic);
-    `taken`: their :func:`snapshot` already taken (by every rank of a sharded model), else it is taken here."""
+    `taken`: their :func:`snapshot` already taken (by every rank of a sharded model), else it is taken here;
+    `aside`: further tensors kept as they are, `NAME.safetensors` each (the weights that sample trees grown ahead)."""
     taken = taken or snapshot(model, optimizer, extras)
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -180,6 +183,8 @@ def save_checkpoint(
             _write_tensors(tmp / f"{name}.safetensors", tensors)
             optimizers[name] = encode(opt_state, opt_tensors, f"{name}/")
         _write_tensors(tmp / OPTIMIZER_FILE, opt_tensors)
+        for name, tensors in (aside or {}).items():
+            _write_tensors(tmp / f"{name}.safetensors", tensors)
         sched_tensors: dict[str, torch.Tensor] = {}
         sched = encode(scheduler.state_dict(), sched_tensors, "") if scheduler is not None else None
         if sched_tensors:

@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -146,6 +147,40 @@ def adapter_digest(folder: str | Path) -> str:
     return tensor_digest(load_file(str(Path(folder) / "adapter_model.safetensors")).items())
 
 
+SEED_STREAM = 0x5EED  # tags the key of a rollout batch's seed stream (the batch's other streams have none)
+
+
+class RequestSeeds:
+    """Per-request sampling seeds, thread by thread: inside :meth:`seeded`, each :meth:`take` of the thread takes the
+    next seeds of a stream seeded by the key given (the trainer's: the run's seed, the data position of a rollout
+    batch, the rank; :data:`SEED_STREAM` after it), one per prompt, in the order of the batch's calls and of each
+    call's prompts. An engine passes each prompt's seed to vLLM (``SamplingParams.seed``, the completions API's
+    ``seed``), whose sampler then draws that prompt's tokens from a generator of its own: a prompt's draw depends on
+    its seed alone, not on the engine, the batch it is scheduled in or what the process drew before."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @contextmanager
+    def seeded(self, key: Iterable[int]) -> Iterator[None]:
+        """Within it, this thread's generations take their seeds from the stream of ``key`` (ints >= 0)."""
+        import numpy as np
+
+        before = getattr(self._local, "stream", None)
+        self._local.stream = np.random.default_rng([*(int(k) for k in key), SEED_STREAM])
+        try:
+            yield
+        finally:
+            self._local.stream = before
+
+    def take(self, count: int) -> list[int] | None:
+        """The next ``count`` seeds of this thread's stream (each in [0, 2**63)); None outside :meth:`seeded`."""
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            return None
+        return [int(x) for x in stream.integers(0, 2**63 - 1, size=count, dtype="int64")]
+
+
 @dataclass
 class Held:
     """What the engine holds, as it reports it (:meth:`VLLMGenerator.held`): ``version``, the trainer's update
@@ -212,6 +247,7 @@ class VLLMGenerator:
                 **options,
             )
         self.dtype = dtype
+        self.seeds = RequestSeeds()  # the rollouts' per-request seeds (:meth:`seeded`)
         self.adapters: dict[str | None, Any] = {}  # agent (None: every agent) -> its LoRARequest
         self._digests: dict[int, str] = {}  # a LoRARequest's id -> the digest of the adapter it was loaded from
         self.version: int | None = None  # the trainer's update count of the weights last handed over
@@ -229,23 +265,35 @@ class VLLMGenerator:
     def _adapter(self, agent: str | None) -> Any:
         return self.adapters.get(agent, self.adapters.get(None))
 
+    def seeded(self, key: Iterable[int]) -> Any:
+        """Within it, this thread's generations sample with per-request seeds from the stream of ``key``
+        (:class:`RequestSeeds`); outside it, vLLM's sampler draws from the process's generator."""
+        return self.seeds.seeded(key)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Complete every prompt once; results in the order of ``prompts``."""
+        """Complete every prompt once; results in the order of ``prompts``. Inside :meth:`seeded`, each prompt
+        samples with its own seed (greedy decoding takes none)."""
         from vllm import SamplingParams as VParams
         from vllm import TokensPrompt
 
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty")
-        sampling = VParams(
-            max_tokens=params.max_new_tokens,
-            temperature=params.temperature,
-            top_p=1.0 if params.greedy else params.top_p,
-            logprobs=0,
-            stop_token_ids=self.eos_ids,
-            detokenize=False,
-            skip_special_tokens=True,
-        )
+        seeds = self.seeds.take(len(prompts))
+
+        def sampling_params(seed: int | None) -> Any:
+            return VParams(
+                max_tokens=params.max_new_tokens,
+                temperature=params.temperature,
+                top_p=1.0 if params.greedy else params.top_p,
+                logprobs=0,
+                stop_token_ids=self.eos_ids,
+                detokenize=False,
+                skip_special_tokens=True,
+                seed=None if params.greedy else seed,
+            )
+
+        sampling = sampling_params(None) if seeds is None else [sampling_params(seed) for seed in seeds]
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
             sampling,

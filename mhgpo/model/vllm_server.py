@@ -37,9 +37,10 @@ from typing import Any
 from mhgpo.config.eval import check_server_urls
 from mhgpo.errors import InputError, ServiceError
 from mhgpo.model.generation import Generation, SamplingParams
-from mhgpo.model.vllm_engine import Held, adapter_digest
+from mhgpo.model.vllm_engine import Held, RequestSeeds, adapter_digest
 
 HINT = "is it running? (mhgpo serve-generation starts one)"
+MAX_IN_FLIGHT = 64  # requests in flight at once from one call (a seeded call sends one per prompt)
 
 
 def adapter_name(agent: str | None, version: int) -> str:
@@ -85,6 +86,13 @@ class ServerGenerator:
         self.vocab_size = vocab_size
         self.adapter_dir = adapter_dir
         self.session = session or requests.Session()
+        if session is None:  # a connection per request in flight (a seeded call sends one request per prompt)
+            from requests.adapters import HTTPAdapter
+
+            adapter = HTTPAdapter(pool_maxsize=MAX_IN_FLIGHT)
+            self.session.mount("http://", adapter)
+            self.session.mount("https://", adapter)
+        self.seeds = RequestSeeds()  # the rollouts' per-request seeds (:meth:`seeded`)
         self.dtype = "server"  # (the sync check compares no tensors of a server)
         self.version: int | None = None  # the trainer's update count of the adapters last handed over
         self.adapters: dict[str | None, str] = {}  # agent (None: every agent) -> its served name, the current ones
@@ -137,11 +145,11 @@ class ServerGenerator:
             raise ServiceError(f"generation server {url}: malformed answer to /v1/models: no model listed") from None
 
     def _each(self, work: list[tuple[str, Any]], call: Any) -> list[Any]:
-        """``call(url, item)`` for each ``(url, item)`` of ``work``, at once (one thread per item); the results in
-        order, the first error raised."""
+        """``call(url, item)`` for each ``(url, item)`` of ``work``, at once (a thread per item, up to
+        :data:`MAX_IN_FLIGHT`); the results in order, the first error raised."""
         if len(work) == 1:
             return [call(*work[0])]
-        with ThreadPoolExecutor(len(work)) as pool:
+        with ThreadPoolExecutor(min(len(work), MAX_IN_FLIGHT)) as pool:
             return list(pool.map(lambda pair: call(*pair), work))
 
     # ------------------------------------------------------------------------------------------- sampling
@@ -211,14 +219,22 @@ class ServerGenerator:
         with self._lock:
             return dict(self._in_use)
 
+    def seeded(self, key: Any) -> Any:
+        """Within it, this thread's generations sample with per-request seeds from the stream of ``key``
+        (:class:`~mhgpo.model.vllm_engine.RequestSeeds`), as the in-process engine does; outside it, each server
+        draws from its process's generator."""
+        return self.seeds.seeded(key)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Complete every prompt once; results in the order of ``prompts``. The prompts are shared among the servers
-        in contiguous parts, each sent at once."""
+        in contiguous parts, each sent at once; inside :meth:`seeded` (and not greedy) each prompt is a request of
+        its own with its own ``seed`` (the completions API takes one seed a request), all sent at once."""
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty")
         if not prompts:
             return []
+        seeds = self.seeds.take(len(prompts))
         name = self._acquire(params.agent)
         self._started()
         try:
@@ -226,16 +242,19 @@ class ServerGenerator:
             for k, url in enumerate(self.urls):
                 size = len(prompts) // len(self.urls) + (k < len(prompts) % len(self.urls))
                 if size:
-                    parts.append((url, prompts[start : start + size]))
+                    if seeds is None or params.greedy:
+                        parts.append((url, (prompts[start : start + size], None)))
+                    else:
+                        parts += [(url, ([prompts[i]], seeds[i])) for i in range(start, start + size)]
                 start += size
-            done = self._each(parts, lambda url, part: self._complete(url, part, params, name))
+            done = self._each(parts, lambda url, part: self._complete(url, part[0], params, name, part[1]))
         finally:
             self._ended()
             self._release(name)
         return [g for part in done for g in part]
 
     def _complete(
-        self, url: str, prompts: list[list[int]], params: SamplingParams, name: str | None
+        self, url: str, prompts: list[list[int]], params: SamplingParams, name: str | None, seed: int | None = None
     ) -> list[Generation]:
         body = {
             "model": name or self.models[url],
@@ -249,6 +268,8 @@ class ServerGenerator:
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": True,
         }
+        if seed is not None:
+            body["seed"] = seed
         answer = self._request("POST", url, "/v1/completions", body)
         try:
             choices = sorted(answer["choices"], key=lambda c: int(c["index"]))

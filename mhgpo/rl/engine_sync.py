@@ -234,14 +234,20 @@ def pooled(check: SyncCheck, ranks: Single) -> dict[str, float]:
 
 
 def verdict(
-    check: SyncCheck, limit: float, step: int, last_checkpoint: str, rank: int | None = None
+    check: SyncCheck,
+    limit: float,
+    step: int,
+    last_checkpoint: str,
+    rank: int | None = None,
+    engine: str = "vllm",
 ) -> RunError | None:
     """The error that stops the run after ``step``'s update (None: the engine is in sync), from one rank's
     ``check``: the engine does not hold the trained weights; a log-prob that is not finite; or a mean gap above
-    ``limit``. ``rank``: the rank named in the line (None: one process). Pure, so that the ranks' verdicts can be
-    combined (:func:`stop_if_any`)."""
+    ``limit``. ``rank``: the rank named in the line (None: one process); ``engine``: the `generation.engine` the
+    line names (``vllm`` or ``vllm_server``). Pure, so that the ranks' verdicts can be combined
+    (:func:`stop_if_any`)."""
     on_rank = f", on rank {rank}," if rank is not None else ""
-    head = f"generation.engine=vllm: after the update of step {step}{on_rank}"
+    head = f"generation.engine={engine}: after the update of step {step}{on_rank}"
     tail = f"the run stops; {last_checkpoint}"
     if check.stale is not None:
         return EngineOutOfSync(f"{head} the engine does not hold the trained weights ({check.stale}); {tail}")
@@ -290,18 +296,21 @@ def sync_after_update(
     check = check_sync(setup.generator, setup.policy, samples, cfg.generation.sync_check, step, ranks, weights)
     kept = list_checkpoints(run_dir)
     last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
-    stop_if_any(verdict(check, tolerance(cfg), step, last, ranks.rank if ranks.world > 1 else None), ranks)
+    rank = ranks.rank if ranks.world > 1 else None
+    stop_if_any(verdict(check, tolerance(cfg), step, last, rank, cfg.generation.engine), ranks)
     out.update(pooled(check, ranks), **{"seconds/engine_check": time.perf_counter() - t})
     return out
 
 
-def old_logprobs(policy: Policy, samples: list[Sample], mode: str, ranks: Single | None = None) -> dict[str, float]:
+def old_logprobs(
+    policy: Policy, samples: list[Sample], mode: str, ranks: Single | None = None, engine: str = "vllm"
+) -> dict[str, float]:
     """Set the samples' old log-probs as `optim.old_logprobs` asks: ``engine`` keeps the engine's; ``trainer``
     recomputes them with the policy, keeps the engine's beside them (``engine_logprobs``, for `optim.engine_is_cap`)
     and returns their mean per-token gap to the engine's (``engine/old_logprob_gap``). Under several ``ranks`` each
     rank recomputes the samples its update will take (:func:`~mhgpo.rl.policy.owned`) and the ranks' rows are
     gathered, so that every rank holds them all. A log-prob that is not finite on either side stops the run
-    (:class:`EngineGapNotFinite`), before the update."""
+    (:class:`EngineGapNotFinite`, its line naming the `generation.engine`, ``engine``), before the update."""
     with_output = [s for s in samples if s.output_ids]
     for s in with_output:
         s.engine_logprobs = list(s.old_logprobs)
@@ -319,7 +328,7 @@ def old_logprobs(policy: Policy, samples: list[Sample], mode: str, ranks: Single
     bad = (int((~np.isfinite(engine_lp)).sum()), int((~np.isfinite(trainer_lp)).sum()))
     if any(bad):
         raise EngineGapNotFinite(
-            f"generation.engine=vllm: the log-probs of the step's outputs are not finite (NaN or infinite at "
+            f"generation.engine={engine}: the log-probs of the step's outputs are not finite (NaN or infinite at "
             f"{bad[0]} of {engine_lp.size} tokens on the engine's side, {bad[1]} on the trainer's); the run stops "
             f"before the update"
         )

@@ -85,21 +85,28 @@ class TrainingSetup:
     engine_scratch: Path | None = None  # generation.engine=vllm: the folder of the adapters handed to the engine
 
 
+AHEAD_FILE = "ahead"  # a checkpoint's ahead.safetensors: the weights that grow the trees of its next step
+
+
 class Ahead:
     """The next step's rollout trees, grown in a thread (rollout.max_staleness=1) with a random stream of their own
     (seeded by the run's seed and the data position, so that a run is repeatable), while the trainer updates on the
     previous step's; :meth:`result` waits for them and raises what stopped them."""
 
-    def __init__(self, trainer: Trainer, questions: list[Example]) -> None:
+    def __init__(self, trainer: Trainer, questions: list[Example], weights: dict[str, torch.Tensor]) -> None:
         self.questions = questions
         self.batch: RolloutBatch | None = None
         self.error: BaseException | None = None
         rng = np.random.default_rng([trainer.cfg.seed, trainer.position])
         pin = trainer.setup.generator.pin()  # the weights the engine holds now, whenever the thread starts
+        # those weights (the LoRA adapters' tensors) and their version: a checkpoint taken while the trees grow keeps
+        # them, so that a resumed run grows the same trees on the same weights (:meth:`Trainer._resume_ahead`)
+        self.version, self.weights = pin[1], weights
+        position = trainer.position  # (the sampling seeds' key: the batch's, as a resumed run draws it again)
 
         def grow() -> None:
             try:
-                self.batch = trainer._grow(questions, rng, pin)
+                self.batch = trainer._grow(questions, rng, pin, position)
             except BaseException as e:  # (raised in the trainer's thread by result)
                 self.error = e
 
@@ -128,7 +135,9 @@ class Trainer:
         progress = progress and self.ranks.is_main
         self.cfg, self.setup, self.run_dir, self.progress = cfg, setup, Path(run_dir), progress
         self._guard: StopGuard | None = None
-        self.phase = "rollouts"  # where the current step is: rollouts, update (weights of no step), records
+        # where the current step is: rollouts, update (weights of no step), validation, records, hand-over (the
+        # update's weights to a server that failed, after the step was saved)
+        self.phase = "rollouts"
         self.rng = np.random.default_rng(cfg.seed)
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
@@ -138,8 +147,12 @@ class Trainer:
         self.cpu_seconds = 0.0  # the process's CPU time in the completed steps' rollouts and updates
         self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
         self._engine_synced = False  # whether a separate engine (vLLM) holds the policy's current weights
+        # a server that failed while the step's update was handed over: the step is saved, then the run stops
+        self._handover_error: ServiceError | None = None
         # rollout.max_staleness=1: the next step's trees, grown on the servers while this step updates
         self._ahead: Ahead | None = None
+        # a resumed run's checkpoint taken while trees grew ahead: the version and weights that grew them
+        self._ahead_saved: tuple[int, dict[str, torch.Tensor]] | None = None
         self._step_started: float | None = None  # wall clock at the start of the step's collect (idle fractions)
         # `budget_minutes` (the warm start's config has none): the steps' time, and whether it ended the run
         self.budget = Budget(getattr(cfg, "budget_minutes", None), getattr(cfg, "budget_clock", "cpu"))
@@ -178,6 +191,9 @@ class Trainer:
         state = {"position": self.committed_position(), "val_history": self.val_history, "failures": self.failures}
         state.update(first_rewards=self.first_rewards, cpu_seconds=self.cpu_seconds)
         state["budget"] = self.budget.state()
+        aside = None
+        if self._ahead is not None and self._ahead.version is not None:  # trees grown ahead, on older weights
+            state["ahead_version"], aside = int(self._ahead.version), {AHEAD_FILE: self._ahead.weights}
         return save_checkpoint(
             self.run_dir,
             self.step,
@@ -189,6 +205,7 @@ class Trainer:
             self.cfg.keep_checkpoints,
             self._extras(),
             taken,
+            aside,
         )
 
     def committed_position(self) -> int:
@@ -208,6 +225,11 @@ class Trainer:
         """Load a checkpoint; every file is checked against the model before anything changes."""
         state = load_checkpoint(path, self.live())
         self._engine_synced = False
+        self._ahead_saved = None
+        if "ahead_version" in state and self.cfg.rollout.max_staleness > 0:
+            from safetensors.torch import load_file
+
+            self._ahead_saved = (int(state["ahead_version"]), load_file(str(Path(path) / f"{AHEAD_FILE}.safetensors")))
         self.step, self.position = int(state["step"]), int(state["position"])
         self.val_history = list(state.get("val_history", []))
         self.failures = int(state.get("failures", 0))
@@ -274,6 +296,7 @@ class Trainer:
         ids for MHGPO / GRPO; the critic's GAE for MAPPO / PPO)."""
         cfg, setup = self.cfg, self.setup
         t0 = time.perf_counter()
+        self._resume_ahead()
         self._engine_ready()
         setup.policy.model.eval()
         waited = 0.0
@@ -300,7 +323,9 @@ class Trainer:
         if setup.engine_scratch is not None:  # a separate engine sampled them: whose old log-probs the ratio takes
             from mhgpo.rl.engine_sync import old_logprobs
 
-            engine_stats = old_logprobs(setup.policy, samples, cfg.optim.old_logprobs, self.ranks)
+            engine_stats = old_logprobs(
+                setup.policy, samples, cfg.optim.old_logprobs, self.ranks, cfg.generation.engine
+            )
         critic_stats = setup.critic.estimate(samples) if setup.critic is not None else {}
         if setup.critic is not None:
             for n, s in zip(trained, samples):  # the records show each output's mean token advantage
@@ -363,8 +388,24 @@ class Trainer:
         holds now: they are trained by the next step, one update later. Not past the run's last step."""
         if self.step + 1 >= self.cfg.steps or not self.budget.fits():
             return
+        from mhgpo.rl.engine_sync import trainer_weights
+
+        weights = {name: t.detach().clone() for name, t in trainer_weights(self.setup.policy).items()}
         questions = self._next_questions(self.cfg.questions_per_step)
-        self._ahead = Ahead(self, questions)
+        self._ahead = Ahead(self, questions, weights)
+
+    def _resume_ahead(self) -> None:
+        """A run resumed from a checkpoint taken while the next step's trees grew ahead: grow them again as the
+        uninterrupted run did, on the weights of their version (kept in the checkpoint, handed to the engine under
+        that version), from the same data position and seeds; then the checkpoint's own weights are handed over."""
+        if self._ahead_saved is None:
+            return
+        from mhgpo.rl.engine_sync import sync
+
+        (version, weights), self._ahead_saved = self._ahead_saved, None
+        sync(self.setup.generator, self.setup.policy, self.setup.engine_scratch, version, weights)
+        self._ahead = Ahead(self, self._next_questions(self.cfg.questions_per_step), weights)
+        self._engine_synced = False  # (the current weights follow, before this step's update)
 
     def _take_ahead(self) -> RolloutBatch | None:
         """The trees grown ahead for this step (waiting for them; their error raised here), or None."""
@@ -396,13 +437,23 @@ class Trainer:
             self._drop_stale(batch)
         return batch, adv_stats, apply_role_switches(batch, cfg.train_roles, cfg.frozen_roles)
 
-    def _grow(self, questions: list[Example], rng: np.random.Generator, pin: Any = None) -> RolloutBatch:
+    def _grow(
+        self, questions: list[Example], rng: np.random.Generator, pin: Any = None, position: int | None = None
+    ) -> RolloutBatch:
         """The rollout trees of `questions`, scored, without group ids (`mhgpo.rl.rollout.run_rollouts`). On a server
         the whole batch samples with one version's adapters, those of `pin` (`ServerGenerator.pin`, taken when the
-        batch was asked for; else the current ones), and each tree records that version."""
+        batch was asked for; else the current ones), and each tree records that version. On vLLM (in the process or
+        a server; `generation.seeded`) each request samples with a seed of its own, from a stream keyed by the run's
+        seed, the batch's data position (`position`, that after its questions were drawn; None: the trainer's now)
+        and the rank (`VLLMGenerator.seeded`): the same rollouts from either engine, and from a resumed run."""
         setup = self.setup
         pinned = getattr(setup.generator, "pinned", None)
-        with pinned(pin) if pinned is not None else nullcontext(self.step) as version:
+        seeded = getattr(setup.generator, "seeded", None) if self.cfg.generation.seeded else None
+        key = (self.cfg.seed, self.position if position is None else position, self.ranks.rank)
+        with (
+            pinned(pin) if pinned is not None else nullcontext(self.step) as version,
+            seeded(key) if seeded is not None else nullcontext(),
+        ):
             batch = run_rollouts(
                 questions,
                 setup.workflow,
@@ -506,8 +557,15 @@ class Trainer:
         if self.setup.engine_scratch is not None:  # the new weights to the engine, checked (a gap stops the run)
             from mhgpo.rl.engine_sync import sync_after_update
 
-            metrics.update(sync_after_update(self.setup, self.cfg, samples, self.step + 1, self.run_dir, self.ranks))
-            self._engine_synced = True
+            try:
+                metrics.update(
+                    sync_after_update(self.setup, self.cfg, samples, self.step + 1, self.run_dir, self.ranks)
+                )
+                self._engine_synced = True
+            except ServiceError as e:  # a server failed in the hand-over: the update is good, the step completes
+                if self.ranks.world > 1:  # (the other ranks wait in the check's collectives: all stop here)
+                    raise
+                self._handover_error = e
         if self.ranks.world > 1:  # the update's all-reduces (gradients, statistics), on rank 0
             metrics["seconds/train_communication"] = self.ranks.comm_seconds - comm
         busy = self._busy()
@@ -525,6 +583,9 @@ class Trainer:
         self._last_batch = batch
         metrics = self.learn(samples, metrics)
         self.step += 1
+        handover, self._handover_error = self._handover_error, None
+        if handover is not None:
+            raise handover
         return metrics
 
     def run(self) -> dict[str, Any]:
@@ -598,7 +659,8 @@ class Trainer:
             self.step = step  # the update is done: the step is complete, whatever happens to its records
             done.rng, done.position, done.failures = rng_states(self.rng), self.committed_position(), self.failures
             failed = None
-            if self._validates_at(step):
+            handover, self._handover_error = self._handover_error, None  # (no validation: no engine holds the step)
+            if self._validates_at(step) and handover is None:
                 self.phase = "validation"
                 try:
                     metrics.update(self._validate_in_run(log, step))
@@ -609,12 +671,15 @@ class Trainer:
             if batch is not None and self.ranks.is_main:
                 write_rollouts(self.run_dir, step, rollout_records(batch))
             log.log(step, metrics)
-            if self._saves_at(step) or failed is not None:
+            if self._saves_at(step) or failed is not None or handover is not None:
                 self._save_or_stop()
                 done.saved_step = step
             if failed is not None:
                 self.phase = "validation"
                 raise failed
+            if handover is not None:  # the step is saved: a resumed run hands its weights over first
+                self.phase = "hand-over"
+                raise handover
         if guard.deferred and self.ranks.any(guard.pending):  # several ranks: a signal on any stops them all here
             raise KeyboardInterrupt
         return metrics

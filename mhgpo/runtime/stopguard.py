@@ -145,11 +145,12 @@ def _save_last(trainer: Trainer, stop: BaseException, done: Completed, quiet: bo
 def failed_step(trainer: Trainer, e: BaseException, log: Any, guard: StopGuard | None, done: Completed) -> RunError:
     """The one-line error that stops a run whose step raised `e`: in its rollouts or its records the completed
     steps are saved first (a step cut short in its rollouts is rewound), as on Ctrl-C; in its update nothing is
-    saved (the weights are no step's). errors.jsonl gets the step, the phase and the traceback."""
+    saved (the weights are no step's); in the hand-over of its update to a generation server the step is complete
+    and saved already. errors.jsonl gets the step, the phase and the traceback."""
     import traceback
 
-    phase = trainer.phase  # rollouts, update, validation or records
-    failing = trainer.step if phase in ("validation", "records") else trainer.step + 1
+    phase = trainer.phase  # rollouts, update, validation, records or hand-over (after the step was saved)
+    failing = trainer.step if phase in ("validation", "records", "hand-over") else trainer.step + 1
     kept = list_checkpoints(trainer.run_dir)
     if phase == "update":
         saved = f"the update's weights belong to no step and are not saved; {_last(kept)}"

@@ -69,6 +69,42 @@ def test_a_request_asks_for_token_ids_and_their_log_probs(server: FakeVLLMServer
     assert greedy[0].output_ids == [2, 3, 4]
 
 
+def test_seeded_each_prompt_is_a_request_with_its_own_seed_from_the_stream(server: FakeVLLMServer) -> None:
+    import numpy as np
+
+    from mhgpo.model.vllm_engine import SEED_STREAM, RequestSeeds
+
+    client = _client(server)
+    params = SamplingParams(max_new_tokens=2, temperature=1.0, top_p=0.9)
+    with client.seeded((3, 8, 0)):
+        out = client.generate([[1, 2], [4], [5, 6]], params)
+        client.generate([[9]], params)  # the next call takes the stream's next seed
+        client.generate([[9]], SamplingParams(max_new_tokens=2, temperature=0.0))  # greedy: one request, no seed
+    stream = np.random.default_rng([3, 8, 0, SEED_STREAM]).integers(0, 2**63 - 1, size=6, dtype="int64")
+    bodies = server.completions()
+    assert sorted((b["prompt"], b["seed"]) for b in bodies[:3]) == sorted(
+        [([[1, 2]], int(stream[0])), ([[4]], int(stream[1])), ([[5, 6]], int(stream[2]))]
+    )
+    assert (bodies[3]["prompt"], bodies[3]["seed"]) == ([[9]], int(stream[3]))
+    assert bodies[4]["prompt"] == [[9]] and "seed" not in bodies[4]
+    assert [g.output_ids for g in out] == [[3, 4], [5, 6], [7, 8]]  # in the order of the prompts
+    client.generate([[1], [2]], params)  # outside it: one request, the server's own stream
+    assert server.completions()[-1]["prompt"] == [[1], [2]] and "seed" not in server.completions()[-1]
+    seeds = RequestSeeds()
+    assert seeds.take(2) is None
+    with seeds.seeded((3, 8, 0)):
+        assert seeds.take(5) == [int(x) for x in stream[:5]]
+        with seeds.seeded((3, 9, 0)):  # (nested: another batch's stream, then this one's again, where it was)
+            assert seeds.take(1) != [int(stream[5])]
+        assert seeds.take(1) == [int(stream[5])]
+    took = []
+    with seeds.seeded((3, 8, 0)):
+        thread = threading.Thread(target=lambda: took.append(seeds.take(1)))  # another thread: no stream of its own
+        thread.start()
+        thread.join()
+        assert took == [None] and seeds.take(1) == [int(stream[0])]
+
+
 def test_prompts_are_shared_among_the_servers_in_order() -> None:
     with FakeVLLMServer() as a, FakeVLLMServer() as b:
         client = _client(a, b)

@@ -95,6 +95,8 @@ def test_the_verdict_of_a_check() -> None:
         "checkpoint is step_2"
     )
     assert isinstance(verdict(SyncCheck(not_finite=(0, 2), tokens=5), 1e-3, 3, last), EngineGapNotFinite)
+    served = verdict(SyncCheck(not_finite=(0, 2), tokens=5), 1e-3, 3, last, engine="vllm_server")
+    assert str(served).startswith("generation.engine=vllm_server: after the update of step 3 the log-probs")
     old = SyncCheck({"engine/logprob_gap_mean": 0.0}, tokens=40, stale="it holds the weights of update 2, the "
                     "trainer those of update 3")  # fmt: skip
     assert str(verdict(old, 1e-3, 3, last)) == (
@@ -204,6 +206,8 @@ def test_the_engines_log_probs_are_kept_and_their_gap_is_not_finite_stops(monkey
     ):
         old_logprobs(Recomputes([[float("nan")], [-1.0]]), fresh, "trainer")
     assert fresh[0].old_logprobs == [-1.0]  # left as they were
+    with pytest.raises(EngineGapNotFinite, match=r"^generation\.engine=vllm_server: the log-probs of the step's"):
+        old_logprobs(Recomputes([[float("nan")], [-1.0]]), fresh, "trainer", engine="vllm_server")
 
     # two ranks: each recomputes the samples its update takes (by tokens: rank 0 the longest) and gets the others'
     step = [_sample("rewriter", [3]), _sample("answerer", [5, 6], 0.7), _sample("reranker", [7])]

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from fake_vllm_server import FakeVLLMServer
 from helpers import make_config, trainer_for
 
@@ -131,6 +132,125 @@ def test_a_server_that_fails_stops_the_run_in_one_line_with_the_completed_steps_
     assert "\n" not in line and line.startswith(f"step {failing}: generation server {server.url}: malformed answer")
     assert f"(in its rollouts); the run stops at step {failing - 1}" in line
     assert list_checkpoints(out)[-1].name == f"step_{failing - 1}"
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_server_that_dies_in_the_hand_over_stops_the_run_after_saving_the_updated_step(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer, staleness: int
+) -> None:
+    from safetensors.torch import load_file
+
+    from mhgpo.model.checkpoint import trainable_state
+
+    out = tmp_path / "run"
+    trainer = trainer_for(_config(tiny_model_dir, world, out, server.url, **{"rollout.max_staleness": staleness}), out)
+    policy = trainer.setup.policy
+    real = policy.update
+    updated = {}
+
+    def update_then_die(samples):  # the server dies once step 2's update is done, before its adapter is handed over
+        result = real(samples)
+        if trainer.step == 1:
+            updated.update({k: t.detach().clone() for k, t in trainable_state(policy.model).items()})
+            server.close()
+        return result
+
+    policy.update = update_then_die
+    with pytest.raises(ServiceError) as info:
+        trainer.run()
+    line = str(info.value)
+    assert "\n" not in line and line == (
+        f"step 2: generation server {server.url}: cannot connect (ConnectionError); is it running? (mhgpo "
+        f"serve-generation starts one) (in its hand-over); the run stops at step 2; its completed steps are saved "
+        f"(its last checkpoint is step_2); continue with: mhgpo train --resume {out}"
+    )
+    # the updated step is saved: its weights (not step 1's), its metrics, its rollouts; the questions drawn ahead
+    # for step 3 are not (a resumed run draws them again)
+    last = list_checkpoints(out)[-1]
+    assert last.name == "step_2" and json.loads((last / "state.json").read_text())["position"] == 4
+    saved = load_file(str(last / "model.safetensors"))
+    assert updated and set(saved) == set(updated) and all(torch.equal(saved[k], t) for k, t in updated.items())
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2] and "seconds/engine_sync" in rows[0]
+    assert "seconds/engine_sync" not in rows[1]  # (the hand-over did not end)
+    assert (out / "rollouts" / "step_000002.jsonl").exists()
+    errors = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["phase"]) for e in errors] == [(2, "hand-over")]
+
+
+def test_a_failed_sync_check_on_the_server_names_the_server_engine(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer
+) -> None:
+    from mhgpo.rl.engine_sync import EngineOutOfSync
+
+    out = tmp_path / "run"  # the stand-in's log-probs are not the tiny model's: the check's gap stops the run
+    trainer = trainer_for(_config(tiny_model_dir, world, out, server.url, **{"generation.sync_check": 2}), out)
+    with pytest.raises(EngineOutOfSync) as info:
+        trainer.run()
+    line = str(info.value)
+    assert line.startswith(
+        "generation.engine=vllm_server: after the update of step 1 the engine's log-probs of the step's outputs "
+        "differ from the trainer's by "
+    )
+    assert line.endswith(
+        "(generation.sync_tolerance=0.001): the engine does not sample from the trained weights; the run stops; it "
+        "has no checkpoint yet"
+    )
+
+
+def test_a_resumed_run_one_step_off_policy_grows_the_trees_ahead_as_the_uninterrupted_run(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zlib
+
+    from transformers import AutoTokenizer
+
+    from mhgpo.rl.policy import Policy
+    from mhgpo.run.pipeline import resume
+
+    vocab = len(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+    def tokens(prompt, body):  # the stand-in samples by the prompt, the request's seed and the adapter's version
+        version = body["model"].split("-")[1] if "-v" in body["model"] else "base"
+        h = zlib.crc32(repr((prompt[-1], body.get("seed"), version)).encode())
+        return [(h >> k) % vocab for k in (0, 8, 16)]
+
+    def run(out: Path, server: FakeVLLMServer) -> None:
+        cfg = _config(tiny_model_dir, world, out, server.url, **{"rollout.max_staleness": 1, "steps": 4})
+        trainer_for(cfg, out).run()
+
+    reference = tmp_path / "reference"
+    with FakeVLLMServer(vocab=vocab, tokens=tokens) as server:
+        run(reference, server)
+    out = tmp_path / "cut"
+    real_update, calls = Policy.update, []
+
+    def update(self, samples):  # interrupted in step 3's update: step 2's checkpoint is the last
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_update(self, samples)
+
+    monkeypatch.setattr(Policy, "update", update)
+    with FakeVLLMServer(vocab=vocab, tokens=tokens) as server, pytest.raises(KeyboardInterrupt):
+        run(out, server)
+    monkeypatch.setattr(Policy, "update", real_update)
+    last = list_checkpoints(out)[-1]
+    state = json.loads((last / "state.json").read_text())
+    assert last.name == "step_2" and (state["position"], state["ahead_version"]) == (4, 1)
+    port = int(server.url.rsplit(":", 1)[1])
+    with FakeVLLMServer(vocab=vocab, tokens=tokens, port=port) as again:  # the server started again, same address
+        assert resume(out, progress=False).step == 4
+    # step 3's trees grown again on version 1's adapter, handed over before the checkpoint's own (version 2)
+    assert [e.rsplit("-", 1)[0] for e in again.events[:2]] == ["load shared-v1", "load shared-v2"]
+    got, want = read_metrics(out), read_metrics(reference)
+    drop = ("seconds/", "memory/", "idle/")
+    assert [{k: v for k, v in r.items() if not k.startswith(drop)} for r in got] == [
+        {k: v for k, v in r.items() if not k.startswith(drop)} for r in want
+    ]
+    for step in (1, 2, 3, 4):
+        assert _records(out, step) == _records(reference, step)
+    assert [r["version"] for r in _records(out, 3)][:1] == [1]
 
 
 def test_a_slow_server_stops_the_run_at_its_timeout(

