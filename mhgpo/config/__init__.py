@@ -48,6 +48,7 @@ from mhgpo.config.train import (
     WarmStartConfig,
     critic_lr,
     default_sampler,
+    rollout_pipelined,
 )
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "check_system",
     "critic_lr",
     "default_sampler",
+    "rollout_pipelined",
     "demo_config_path",
     "dump_config",
     "from_dict",

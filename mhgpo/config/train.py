@@ -13,6 +13,7 @@ from mhgpo.config.choices import (
     RR_REGROUP,
     SCHEDULES,
     TRACKERS,
+    is_retriever_url,
     one_of,
 )
 from mhgpo.config.eval import GenerationConfig, TeamRunConfig
@@ -296,6 +297,9 @@ class RolloutConfig:
     max_staleness: int = 0
     """Updates a rollout tree may lag the weights it trains (0: synchronous; 1: the next step's trees are sampled
     on a generation server while this step updates; an older tree is not trained)."""
+    pipeline: bool | None = None
+    """Tool calls and rewards of each generation batch run while the next batches generate, same results (null: on
+    with a retrieval service or a generation server, where it pays)."""
 
     def validate(self) -> None:
         if self.max_staleness not in (0, 1):
@@ -473,6 +477,14 @@ def check_engine_weights(cfg: TrainConfig) -> None:
             f"rollout.max_staleness: rollouts overlap the update only on an engine in other processes "
             f"(generation.engine=vllm_server); generation.engine={engine.name} samples between updates (set it to 0)"
         )
+
+
+def rollout_pipelined(cfg: TrainConfig) -> bool:
+    """Whether the rollouts pipeline their tool calls and rewards (`rollout.pipeline`; null: where the tools wait on
+    a retrieval service or the engine samples in other processes, so that the overlap pays)."""
+    if cfg.rollout.pipeline is not None:
+        return bool(cfg.rollout.pipeline)
+    return is_retriever_url(cfg.retrieval.retriever) or ENGINES[cfg.generation.engine].remote
 
 
 def check_report_to(names: list[str]) -> None:

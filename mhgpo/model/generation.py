@@ -79,6 +79,24 @@ class Generator(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
 
 
+# what a generator that reports its batches as they finish calls with each: the indices of its prompts in the call's
+# list, and their generations
+OnChunk = Callable[[list[int], list[Generation]], None]
+
+
+def generate_in_chunks(
+    generator: Generator, prompts: list[list[int]], params: SamplingParams, on_chunk: OnChunk
+) -> list[Generation]:
+    """``generator.generate(prompts, params)``, with ``on_chunk`` called on each batch as it finishes where the
+    generator reports its batches (``reports_chunks``, :class:`HFGenerator`), else once on the whole call. The
+    generations, their batches and the random numbers drawn are those of a plain ``generate``."""
+    if getattr(generator, "reports_chunks", False):
+        return generator.generate(prompts, params, on_chunk=on_chunk)  # type: ignore[call-arg]
+    generations = generator.generate(prompts, params)
+    on_chunk(list(range(len(generations))), generations)
+    return generations
+
+
 class _Nucleus(LogitsProcessor):
     """Sampling's warper (a transformers logits processor): ``logits / T``, then top-p as transformers'
     ``TopPLogitsWarper`` keeps it (a token stays when the probability of the tokens ranked above it is below p; the
@@ -293,8 +311,14 @@ class HFGenerator:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """Complete every prompt once; results come back in the order of ``prompts``."""
+    reports_chunks = True  # generate takes on_chunk (generate_in_chunks)
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_chunk: OnChunk | None = None
+    ) -> list[Generation]:
+        """Complete every prompt once; results come back in the order of ``prompts``. The prompts are decoded in
+        batches of ``batch_size``, shortest first; ``on_chunk(indices, generations)`` is called after each batch (the
+        batch's indices in ``prompts``), in the decoding's thread and modes: it should only hand them on."""
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty")
@@ -310,8 +334,11 @@ class HFGenerator:
             with as_agent, casts_off, torch.inference_mode(), autocast(self.precision, self.device):
                 for start in range(0, len(order), self.batch_size):
                     chunk = order[start : start + self.batch_size]
-                    for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], params)):
+                    generations = self._generate_batch([prompts[i] for i in chunk], params)
+                    for i, generation in zip(chunk, generations):
                         results[i] = generation
+                    if on_chunk is not None:
+                        on_chunk(chunk, generations)
         finally:
             self.model.train(was_training)
         return [r for r in results if r is not None]

@@ -22,6 +22,9 @@ within `max_rounds`) either stops the batch with a `WorkflowError` naming file, 
 (`on_error="raise"`), or is left out of the batch whole and reported in `RolloutBatch.failures`
 (`on_error="skip"`): the other questions' trees, group ids and rewards are those of a batch without it.
 A `ServiceError` of a tool (its retrieval service is down) is no question's failure: it stops the batch.
+
+`pipeline=True` (`rollout.pipeline`): the tool calls and rewards of each generation batch are worked out in a thread
+while the engine generates the next batches (`mhgpo.rl.pipeline`); the results are the same.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ import numpy as np
 from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.data.records import Example
 from mhgpo.errors import ServiceError
-from mhgpo.model.generation import Generator, SamplingParams
+from mhgpo.model.generation import Generator, SamplingParams, generate_in_chunks
 from mhgpo.rl.grouping import assign_groups
+from mhgpo.rl.pipeline import Failed, Prefetch
 from mhgpo.rl.tree import Branch, Node, RolloutBatch, RolloutSpec
 from mhgpo.team.loader import RolloutFailure, WorkflowError, failure
 from mhgpo.team.workflow import State, StepResult, Workflow
@@ -93,16 +97,39 @@ def run_rollouts(
     max_rounds: int = 64,
     on_error: str = "raise",
     grouped: bool = True,
+    pipeline: bool | Prefetch = False,
 ) -> RolloutBatch:
     """Run every tree of the batch breadth-first; assign group ids; score the leaves (`workflow.reward`).
 
     `on_error`: "raise" (a failing question stops with a `WorkflowError`) or "skip" (it is left out and listed in
     the batch's `failures`). `grouped=False`: the trees without group ids, for :func:`assign_groups` later (several
-    ranks each grow the trees of their questions, and the whole step's trees are grouped together)."""
+    ranks each grow the trees of their questions, and the whole step's trees are grouped together). `pipeline`:
+    tool calls and rewards worked out while later generation batches run (`mhgpo.rl.pipeline`; a `Prefetch` of
+    one's own: its worker, closed here)."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error: expected raise or skip, got {on_error!r}")
+    prefetch = pipeline if isinstance(pipeline, Prefetch) else Prefetch(workflow) if pipeline else None
+    try:
+        return _run_rollouts(examples, workflow, generator, encode, spec, rng, max_rounds, on_error, grouped, prefetch)
+    finally:
+        if prefetch is not None:
+            prefetch.close()
+
+
+def _run_rollouts(
+    examples: list[Example],
+    workflow: Workflow,
+    generator: Generator,
+    encode: Callable[[list[dict[str, str]]], list[int]],
+    spec: RolloutSpec,
+    rng: np.random.Generator,
+    max_rounds: int,
+    on_error: str,
+    grouped: bool,
+    prefetch: Prefetch | None,
+) -> RolloutBatch:
     starts, fork_agents = initial_branches(len(examples), workflow, spec, rng)
-    guard = _Guard(workflow, examples, on_error)
+    guard = _Guard(workflow, examples, on_error, prefetch)
     nodes: list[Node] = []
     live = []
     for fork_id, (q, fork_agent) in enumerate(starts):
@@ -164,8 +191,9 @@ class _Guard:
     """Calls the workflow's methods for one question at a time and turns what goes wrong into a failure of that
     question: raised at once as a `WorkflowError` (on_error="raise") or recorded (on_error="skip")."""
 
-    def __init__(self, workflow: Workflow, examples: list[Example], on_error: str):
+    def __init__(self, workflow: Workflow, examples: list[Example], on_error: str, prefetch: Prefetch | None = None):
         self.workflow, self.examples, self.on_error = workflow, examples, on_error
+        self.prefetch = prefetch  # rollout.pipeline: tool calls and rewards worked out ahead
         self.failures: dict[int, RolloutFailure] = {}
         self.names = set(workflow.agents) | set(workflow.tools)
 
@@ -183,6 +211,10 @@ class _Guard:
             return fn(*args)
         except Exception as e:
             return self.fail(q, method, agent, e)
+
+    def taken(self, q: int, method: str, agent: str | None, value: Any) -> Any:
+        """A value worked out ahead, as :meth:`call` would have returned it (a `Failed` call fails the question)."""
+        return self.fail(q, method, agent, value.exc) if isinstance(value, Failed) else value
 
     def alive(self, branches: list[Branch]) -> list[Branch]:
         return [b for b in branches if b.question_index not in self.failures]
@@ -236,9 +268,15 @@ def _finish(b: Branch, nodes: list[Node], workflow: Workflow, guard: _Guard) -> 
         guard.fail(q, "next_agent", None, problem="returned None before any agent was called")
         return
     example = b.state.example
-    answer = guard.call(q, "final_answer", None, workflow.final_answer, b.state)
-    terminal = guard.call(q, "reward", None, lambda: float(workflow.reward(b.state, example)))
-    trace = guard.call(q, "trace", None, workflow.trace, b.state)
+    ahead = guard.prefetch.finish(b.ahead, b.state) if guard.prefetch is not None and b.ahead is not None else None
+    if ahead is not None:  # (rollout.pipeline) worked out while later batches generated
+        answer, terminal, trace = (
+            guard.taken(q, m, None, v) for m, v in zip(("final_answer", "reward", "trace"), ahead)
+        )
+    else:
+        answer = guard.call(q, "final_answer", None, workflow.final_answer, b.state)
+        terminal = guard.call(q, "reward", None, lambda: float(workflow.reward(b.state, example)))
+        trace = guard.call(q, "trace", None, workflow.trace, b.state)
     if _FAILED in (answer, terminal, trace):
         return
     leaf = nodes[b.parent_id]
@@ -258,17 +296,33 @@ def _run_tool(tool: str, branches: list[Branch], nodes: list[Node], guard: _Guar
     """One batched call of the tool for every waiting branch; if it raises, each state is tried alone, so that
     only the questions it fails on are failures."""
     workflow = guard.workflow
+    results: list[Any] = [None] * len(branches)
+    ahead: set[int] = set()  # (rollout.pipeline) the branches whose call was made while later batches generated
+    if guard.prefetch is not None:
+        for i, b in enumerate(branches):
+            worked = guard.prefetch.tool_result(b.ahead, b.state, tool) if b.ahead is not None else None
+            if worked is not None:
+                results[i] = worked.tool_result
+                ahead.add(i)
+    rest = [i for i in range(len(branches)) if i not in ahead]
+    alone = False
     try:
-        results = list(workflow.call_tools(tool, [b.state for b in branches]))
-        if len(results) != len(branches):
-            raise ValueError(f"returned {len(results)} results for {len(branches)} states")
+        if rest or not ahead:
+            called = list(workflow.call_tools(tool, [branches[i].state for i in rest]))
+            if len(called) != len(rest):
+                raise ValueError(f"returned {len(called)} results for {len(rest)} states")
+            for i, res in zip(rest, called):
+                results[i] = res
     except ServiceError:  # a service the tool needs is down: not one question's failure
         raise
     except Exception:
-        results = []
-        for b in branches:
+        alone = True
+    for i, b in enumerate(branches):
+        if i in ahead:
+            results[i] = guard.taken(b.question_index, "call_tools", tool, results[i])
+        elif alone:
             res = guard.call(b.question_index, "call_tools", tool, workflow.call_tools, tool, [b.state])
-            results.append(res[0] if isinstance(res, list) and len(res) == 1 else res)
+            results[i] = res[0] if isinstance(res, list) and len(res) == 1 else res
     out = []
     for b, res in zip(branches, results):
         res = guard.step_result(b.question_index, "call_tools", tool, res)
@@ -336,10 +390,22 @@ def _run_agent(
         params = _sampling_params(workflow, agent, spec.greedy)
     except Exception as e:  # not one question's failure: every question needs it
         raise WorkflowError(failure(workflow, "sampling", None, agent, e).message()) from e
-    generations = generator.generate(prompts, params)
+    prefetch = guard.prefetch
+    if prefetch is None:
+        generations = generator.generate(prompts, params)
+    else:  # (rollout.pipeline) each batch's tool calls and rewards are worked out while the next batches generate
+        call = prefetch.call()
+        generations = generate_in_chunks(
+            generator,
+            prompts,
+            params,
+            lambda indices, gens: prefetch.submit(
+                [((call, i), owners[i][0].state, agent, g) for i, g in zip(indices, gens)]
+            ),
+        )
     out: list[Branch] = []
     new_nodes: list[Node] = []
-    for (b, fork_agent, fork_here, oversample), gen in zip(owners, generations):
+    for i, ((b, fork_agent, fork_here, oversample), gen) in enumerate(zip(owners, generations)):
         res = guard.step_result(
             b.question_index,
             "apply",
@@ -370,5 +436,6 @@ def _run_agent(
         visits = dict(b.visits)
         visits[agent] = node.visit + 1
         forked = b.forked or fork_here
-        out.append(Branch(b.question_index, res.state, node.node_id, b.fork_id, fork_agent, forked, visits))
+        key = (call, i) if prefetch is not None else None
+        out.append(Branch(b.question_index, res.state, node.node_id, b.fork_id, fork_agent, forked, visits, key))
     return AgentRound(out, new_nodes, len(generations), sum(len(g.output_ids) for g in generations))

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhgpo.config import TrainConfig, dump_config, to_dict
+from mhgpo.config import TrainConfig, dump_config, rollout_pipelined, to_dict
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError, NotFinite, RunError, ServiceError
 from mhgpo.model import sharding
@@ -464,6 +464,7 @@ class Trainer:
                 max_rounds=self.cfg.max_rounds,
                 on_error="skip",
                 grouped=False,
+                pipeline=rollout_pipelined(self.cfg),
             )
         if pinned is not None:  # (an engine that samples between updates holds the current version throughout)
             batch.versions = [self.step if version is None else int(version)] * len(batch.examples)

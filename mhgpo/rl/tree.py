@@ -57,6 +57,7 @@ class Branch:
     fork_agent: str | None
     forked: bool = False
     visits: dict[str, int] = field(default_factory=dict)
+    ahead: Any = None  # rollout.pipeline: the key of what was worked out ahead for this branch (mhgpo/rl/pipeline.py)
 
 
 @dataclass

@@ -142,3 +142,19 @@ def test_config_errors_name_the_key() -> None:
         ("ppo", "llm"): "chains",
     }
     assert dataclasses.asdict(load_config(TrainConfig, None, ["algo=mappo", "group_size=1"]))["group_size"] == 1
+
+
+def test_rollout_pipeline_is_on_where_it_pays_unless_set() -> None:
+    from mhgpo.config import rollout_pipelined
+
+    def pipelined(*overrides: str) -> bool:
+        return rollout_pipelined(load_config(TrainConfig, None, list(overrides)))
+
+    assert not pipelined()  # in-process decoding, in-process BM25: nothing waits
+    assert pipelined("retrieval.retriever=http://127.0.0.1:8000/retrieve")
+    assert pipelined("generation.engine=vllm_server", "generation.server_urls=[http://127.0.0.1:8001]")
+    assert pipelined("rollout.pipeline=true") and not pipelined(
+        "rollout.pipeline=false", "retrieval.retriever=http://127.0.0.1:8000/retrieve"
+    )
+    with pytest.raises(InputError, match=r"^rollout\.pipeline: "):
+        load_config(TrainConfig, None, ["rollout.pipeline=sometimes"])
