@@ -74,11 +74,14 @@ class Prefetch:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._by_key: dict[Any, _Job] = {}
         self._calls = 0
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="mhgpo-rollout-pipeline", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the worker once the work queued is done (it is not waited for)."""
+        """Stop the worker: the work queued and not started is dropped, the work under way ends (it is not waited
+        for; a rollout that stopped on an error makes no more calls of a service that may be down)."""
+        self._closed = True
         self._jobs.put(None)
 
     # ------------------------------------------------------------------------------------- the rollout's side
@@ -127,6 +130,9 @@ class Prefetch:
             job = self._jobs.get()
             if job is None:
                 return
+            if self._closed:
+                job.future.set_result({})
+                continue
             try:
                 job.future.set_result(self._work(job.items))
             except BaseException as e:  # (a bug here must not hang the rollout: it calls the workflow itself)

@@ -21,7 +21,7 @@ from mhgpo.rl.pipeline import Prefetch
 from mhgpo.rl.rollout import run_rollouts
 from mhgpo.rl.tree import RolloutSpec
 from mhgpo.team.loader import WorkflowError
-from mhgpo.team.search_system import ANSWERER, RETRIEVER, SearchSystem
+from mhgpo.team.search_system import ANSWERER, RETRIEVER, REWRITER, SearchSystem
 
 SAMPLERS = ["is", "fof", "fof_os", "rr", "chains", "none"]
 
@@ -224,3 +224,28 @@ def test_a_pipelined_training_run_is_the_run_without_it_bit_for_bit(
         train(make_config(tiny_model_dir, world, out, **settings, **{"rollout.pipeline": pipeline}), progress=False)
         runs[pipeline] = out
     assert_same_run(runs["true"], runs["false"])
+
+
+def test_work_queued_when_the_rollout_stops_is_dropped() -> None:
+    calls: list[int] = []
+    started, hold = threading.Event(), threading.Event()
+
+    class Held(SearchSystem):
+        def call_tools(self, tool, states):
+            calls.append(len(states))
+            started.set()
+            assert hold.wait(30)
+            return super().call_tools(tool, states)
+
+    system = Held(FakeRetriever(), SearchConfig())
+    prefetch = Prefetch(system)
+    state = system.init_state(EXAMPLES[0])
+    gen = Generation([1], [2], [-0.1], "### a query ###", True)
+
+    for n in range(3):
+        prefetch.submit([((1, n), state, REWRITER, gen)])
+    assert started.wait(30)
+    prefetch.close()
+    hold.set()
+    prefetch._thread.join(30)
+    assert calls == [1]  # the first job was under way; the two queued were dropped
