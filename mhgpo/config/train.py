@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from mhgpo.config.choices import (
     AGGREGATORS,
@@ -479,12 +480,15 @@ def check_engine_weights(cfg: TrainConfig) -> None:
         )
 
 
-def rollout_pipelined(cfg: TrainConfig) -> bool:
+def rollout_pipelined(cfg: Any) -> bool:
     """Whether the rollouts pipeline their tool calls and rewards (`rollout.pipeline`; null: where the tools wait on
-    a retrieval service or the engine samples in other processes, so that the overlap pays)."""
-    if cfg.rollout.pipeline is not None:
-        return bool(cfg.rollout.pipeline)
-    return is_retriever_url(cfg.retrieval.retriever) or ENGINES[cfg.generation.engine].remote
+    a retrieval service or the engine samples in other processes, so that the overlap pays). `cfg`: a training
+    config, or an evaluation's or a warm start's (no `rollout` section: null; no `generation` section: hf)."""
+    choice = getattr(getattr(cfg, "rollout", None), "pipeline", None)
+    if choice is not None:
+        return bool(choice)
+    engine = getattr(getattr(cfg, "generation", None), "engine", "hf")
+    return is_retriever_url(cfg.retrieval.retriever) or ENGINES[engine].remote
 
 
 def check_report_to(names: list[str]) -> None:

@@ -76,11 +76,13 @@ def evaluate_examples(
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
     on_error: str = "raise",
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    pipeline: bool = False,
 ) -> EvalResult:
     """Greedy, one chain per question, `batch_size` questions breadth-first at a time; `on_batch` receives each
     batch's prediction records as soon as the batch is finished. A question whose rollout fails in a workflow
     method stops the evaluation (`on_error="raise"`) or is left out of the metrics and returned in `failures`
-    (`on_error="skip"`); so does a question whose prompt is longer than `max_prompt_tokens`."""
+    (`on_error="skip"`); so does a question whose prompt is longer than `max_prompt_tokens`. `pipeline`: tool
+    calls and rewards worked out while later generation batches run (`rollout.pipeline`, `mhgpo.rl.pipeline`)."""
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -91,7 +93,7 @@ def evaluate_examples(
     with tqdm(total=len(examples), desc=desc, unit="q", disable=not progress, dynamic_ncols=True) as bar:
         for lo in range(0, len(examples), batch_size):
             chunk = examples[lo : lo + batch_size]
-            batch = run_rollouts(chunk, workflow, generator, encode, spec, rng, on_error=on_error)
+            batch = run_rollouts(chunk, workflow, generator, encode, spec, rng, on_error=on_error, pipeline=pipeline)
             failures.extend(batch.failures)
             chains: list[list[Node]] = [[] for _ in batch.examples]
             for n in batch.nodes:

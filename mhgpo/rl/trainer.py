@@ -289,6 +289,7 @@ class Trainer:
             desc=desc or "eval",
             on_error="skip",
             max_prompt_tokens=self.cfg.max_prompt_tokens,
+            pipeline=rollout_pipelined(self.cfg),
         )
 
     def collect(self) -> tuple[RolloutBatch, list[Sample], dict[str, float]]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mhgpo.config import EvalConfig, dump_config, load_config, to_dict
+from mhgpo.config import EvalConfig, dump_config, load_config, rollout_pipelined, to_dict
 from mhgpo.config.eval import is_custom
 from mhgpo.config.load import first_difference, lookup, merge_trees, names_key, read_mapping
 from mhgpo.errors import InputError
@@ -213,6 +213,7 @@ def run_evaluation(
                 desc=desc,
                 on_batch=keep if out is not None else None,
                 max_prompt_tokens=cfg.max_prompt_tokens,
+                pipeline=rollout_pipelined(cfg),
             )
         except KeyboardInterrupt:
             raise _interrupted(out, len(examples)) from None

@@ -156,5 +156,9 @@ def test_rollout_pipeline_is_on_where_it_pays_unless_set() -> None:
     assert pipelined("rollout.pipeline=true") and not pipelined(
         "rollout.pipeline=false", "retrieval.retriever=http://127.0.0.1:8000/retrieve"
     )
+    from mhgpo.config import EvalConfig, SFTConfig
+
+    assert rollout_pipelined(load_config(EvalConfig, None, ["retrieval.retriever=http://127.0.0.1:8000/retrieve"]))
+    assert not rollout_pipelined(load_config(EvalConfig, None, [])) and not rollout_pipelined(SFTConfig())
     with pytest.raises(InputError, match=r"^rollout\.pipeline: "):
         load_config(TrainConfig, None, ["rollout.pipeline=sometimes"])

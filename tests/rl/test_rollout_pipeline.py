@@ -249,3 +249,15 @@ def test_work_queued_when_the_rollout_stops_is_dropped() -> None:
     hold.set()
     prefetch._thread.join(30)
     assert calls == [1]  # the first job was under way; the two queued were dropped
+
+
+def test_a_pipelined_evaluation_is_the_evaluation_without_it() -> None:
+    from mhgpo.rl.evaluation import evaluate_examples
+
+    results = [
+        evaluate_examples(
+            EXAMPLES, search_system(), ChunkedGenerator(), encode, batch_size=2, progress=False, pipeline=pipeline
+        )
+        for pipeline in (False, True)
+    ]
+    assert results[0].predictions == results[1].predictions and results[0].predictions
