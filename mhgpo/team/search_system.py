@@ -270,7 +270,9 @@ class SearchSystem(Workflow):
             if state.example.supporting_titles:  # how many gold passages were retrieved, and how many passed on
                 gold = gold_ids(candidates, state.example.supporting_titles)
                 info.update(gold=len(gold), gold_selected=len(set(gold) & set(p.selected)))
-            return StepResult(state.with_values(selected=p.selected), cfg.reranker_penalty if p.penalised else 0.0, info)
+            return StepResult(
+                state.with_values(selected=p.selected), cfg.reranker_penalty if p.penalised else 0.0, info
+            )
         if agent == ANSWERER:
             answer, long = parse_answer(output, cfg.max_answer_words)
             return StepResult(
