@@ -29,14 +29,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from mhgpo.config.eval import check_server_urls
 from mhgpo.errors import InputError, ServiceError
-from mhgpo.model.generation import Generation, SamplingParams
+from mhgpo.model.generation import Generation, OnChunk, SamplingParams
 from mhgpo.model.vllm_engine import Held, RequestSeeds, adapter_digest
 
 HINT = "is it running? (mhgpo serve-generation starts one)"
@@ -144,13 +144,22 @@ class ServerGenerator:
         except (TypeError, KeyError, IndexError, AttributeError):
             raise ServiceError(f"generation server {url}: malformed answer to /v1/models: no model listed") from None
 
-    def _each(self, work: list[tuple[str, Any]], call: Any) -> list[Any]:
+    def _each(self, work: list[tuple[str, Any]], call: Any, on_done: Any = None) -> list[Any]:
         """``call(url, item)`` for each ``(url, item)`` of ``work``, at once (a thread per item, up to
-        :data:`MAX_IN_FLIGHT`); the results in order, the first error raised."""
+        :data:`MAX_IN_FLIGHT`); the results in order, the first error raised. ``on_done(k, result)``: called in
+        this thread on each item's result as it comes, in the order they come."""
         if len(work) == 1:
-            return [call(*work[0])]
+            done = [call(*work[0])]
+            if on_done is not None:
+                on_done(0, done[0])
+            return done
         with ThreadPoolExecutor(min(len(work), MAX_IN_FLIGHT)) as pool:
-            return list(pool.map(lambda pair: call(*pair), work))
+            futures = {pool.submit(call, *pair): k for k, pair in enumerate(work)}
+            if on_done is not None:
+                for future in as_completed(futures):
+                    if future.exception() is None:
+                        on_done(futures[future], future.result())
+            return [f.result() for f in futures]
 
     # ------------------------------------------------------------------------------------------- sampling
 
@@ -225,10 +234,16 @@ class ServerGenerator:
         draws from its process's generator."""
         return self.seeds.seeded(key)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    reports_chunks = True  # generate takes on_chunk (mhgpo.model.generation.generate_in_chunks)
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_chunk: OnChunk | None = None
+    ) -> list[Generation]:
         """Complete every prompt once; results in the order of ``prompts``. The prompts are shared among the servers
         in contiguous parts, each sent at once; inside :meth:`seeded` (and not greedy) each prompt is a request of
-        its own with its own ``seed`` (the completions API takes one seed a request), all sent at once."""
+        its own with its own ``seed`` (the completions API takes one seed a request), all sent at once.
+        ``on_chunk(indices, generations)`` is called in this thread on each request's answer as it comes (its
+        prompts' indices in ``prompts``): the rollout's pipeline (``rollout.pipeline``) works on them meanwhile."""
         for i, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty")
@@ -238,16 +253,22 @@ class ServerGenerator:
         name = self._acquire(params.agent)
         self._started()
         try:
-            parts, start = [], 0
+            parts, where, start = [], [], 0
             for k, url in enumerate(self.urls):
                 size = len(prompts) // len(self.urls) + (k < len(prompts) % len(self.urls))
                 if size:
                     if seeds is None or params.greedy:
                         parts.append((url, (prompts[start : start + size], None)))
+                        where.append(list(range(start, start + size)))
                     else:
                         parts += [(url, ([prompts[i]], seeds[i])) for i in range(start, start + size)]
+                        where += [[i] for i in range(start, start + size)]
                 start += size
-            done = self._each(parts, lambda url, part: self._complete(url, part[0], params, name, part[1]))
+            done = self._each(
+                parts,
+                lambda url, part: self._complete(url, part[0], params, name, part[1]),
+                None if on_chunk is None else lambda k, generations: on_chunk(where[k], generations),
+            )
         finally:
             self._ended()
             self._release(name)

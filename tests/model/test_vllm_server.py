@@ -4,6 +4,7 @@ generation uses them, and the one-line stops of a server that answers garbage, f
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -103,6 +104,33 @@ def test_seeded_each_prompt_is_a_request_with_its_own_seed_from_the_stream(serve
         thread.start()
         thread.join()
         assert took == [None] and seeds.take(1) == [int(stream[0])]
+
+
+def test_each_requests_answer_is_reported_as_it_comes_with_its_prompts_indices(server: FakeVLLMServer) -> None:
+    """on_chunk (the rollout's pipeline): called in the caller's thread on every request's generations, with the
+    indices of its prompts; together they are the call's results, whatever order the answers came in."""
+    client = _client(server)
+    params = SamplingParams(max_new_tokens=2, temperature=1.0, top_p=0.9)
+    for seeded in (True, False):
+        chunks: list[tuple[list[int], list[list[int]], str]] = []
+
+        def report(idx: list[int], gens: list, chunks: list = chunks) -> None:
+            chunks.append((idx, [g.output_ids for g in gens], threading.current_thread().name))
+
+        with client.seeded((3, 8, 0)) if seeded else contextlib.nullcontext():
+            out = client.generate([[1, 2], [4], [5, 6]], params, on_chunk=report)
+        assert sorted(len(idx) for idx, _, _ in chunks) == ([1, 1, 1] if seeded else [3])  # a request a prompt
+        by_index = {i: ids for idx, gens, _ in chunks for i, ids in zip(idx, gens)}
+        assert by_index == dict(enumerate(g.output_ids for g in out))
+        assert {name for *_, name in chunks} == {threading.current_thread().name}
+    with FakeVLLMServer() as a, FakeVLLMServer() as b:  # two servers, unseeded: a part each
+        chunks = []
+        _client(a, b).generate(
+            [[10], [20], [30]],
+            SamplingParams(max_new_tokens=1),
+            on_chunk=lambda i, g: chunks.append((i, [x.output_ids for x in g])),
+        )
+        assert sorted(chunks) == [([0, 1], [[11], [21]]), ([2], [[31]])]
 
 
 def test_prompts_are_shared_among_the_servers_in_order() -> None:
