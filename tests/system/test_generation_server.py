@@ -134,9 +134,9 @@ def test_synchronous_on_the_server_the_rollouts_and_metrics_are_the_in_process_e
         calls: list = []
         real = trainer.setup.generator.generate
 
-        def record(prompts, params, real=real, calls=calls):
-            done = real(prompts, params)
-            calls.append([(g.prompt_ids, g.output_ids, g.logprobs) for g in done])
+        def record(prompts, params, real=real, calls=calls, **chunks):  # (on_chunk: the rollout's pipeline)
+            done = real(prompts, params, **chunks)
+            calls.append([(g.prompt_ids, g.output_ids, g.logprobs, "on_chunk" in chunks) for g in done])
             return done
 
         trainer.setup.generator.generate = record
@@ -147,11 +147,13 @@ def test_synchronous_on_the_server_the_rollouts_and_metrics_are_the_in_process_e
         gc.collect()
     (local, local_rows, local_out), (remote, remote_rows, remote_out) = runs["vllm"], runs["vllm_server"]
     assert len(local) == len(remote) and sum(len(c) for c in local) >= 20
+    # rollout.pipeline (null): on for the server, off in the process; the results do not depend on it
+    assert {g[3] for c in remote for g in c} == {True} and {g[3] for c in local for g in c} == {False}
     for a, b in zip(local, remote):
-        assert [(p, o) for p, o, _ in a] == [(p, o) for p, o, _ in b]  # the same prompts, the same tokens
-        for (_, _, x), (_, _, y) in zip(a, b):
-            assert max((abs(u - v) for u, v in zip(x, y)), default=0.0) < 1e-5
-    assert len({tuple(o) for c in local for _, o, _ in c}) > 1  # (sampled, not all alike)
+        assert [g[:2] for g in a] == [g[:2] for g in b]  # the same prompts, the same tokens
+        for x, y in zip(a, b):
+            assert max((abs(u - v) for u, v in zip(x[2], y[2])), default=0.0) < 1e-5
+    assert len({tuple(g[1]) for c in local for g in c}) > 1  # (sampled, not all alike)
     for a, b in zip(local_rows, remote_rows):
         assert {k for k in b if k not in a} == {"staleness/mean", "staleness/max", "staleness/dropped_trees"} | {
             k for k in b if k.startswith(("idle/", "seconds/step"))
