@@ -166,6 +166,34 @@ def format_accuracy(demos: list[Demonstration], workflow: Workflow, generator: G
     return out
 
 
+def over_budget(demos: list[Demonstration], workflow: Workflow) -> dict[str, tuple[int, int, int]]:
+    """Per agent, the demonstrations whose gold output (its stop token included) is longer than the agent's
+    `max_new_tokens`: (how many, the longest, the budget). Sampling cuts such an output before its end, so a warm
+    start that learns it teaches an output the agent cannot finish (a format break where the format closes)."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for agent in dict.fromkeys(d.agent for d in demos):
+        budget = workflow.sampling(agent).max_new_tokens
+        longer = [len(d.target_ids) for d in demos if d.agent == agent and len(d.target_ids) > budget]
+        if longer:
+            out[agent] = (len(longer), max(longer), budget)
+    return out
+
+
+def warn_over_budget(demos: list[Demonstration], workflow: Workflow) -> dict[str, int]:
+    """One warning line per agent with demonstrations longer than its budget (:func:`over_budget`); their counts."""
+    found = over_budget(demos, workflow)
+    for agent, (n, longest, budget) in found.items():
+        total = sum(d.agent == agent for d in demos)
+        print(
+            f"mhgpo: warning: {n} of {total} {agent} demonstrations are longer than its max_new_tokens={budget} "
+            f"(the longest {longest} tokens with its stop token): sampling cuts them before their end; raise the "
+            f"{agent}'s max_new_tokens to at least {longest}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {agent: n for agent, (n, _, _) in found.items()}
+
+
 def held_out(demos: list[Demonstration], per_agent: int) -> list[Demonstration]:
     """The first `per_agent` demonstrations of each agent."""
     counts: dict[str, int] = {}

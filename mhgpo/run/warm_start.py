@@ -8,7 +8,7 @@ from typing import Any
 from mhgpo.config import SFTConfig
 from mhgpo.io import atomic_write_json
 from mhgpo.model.distributed import current
-from mhgpo.rl.sft import SFTTrainer
+from mhgpo.rl.sft import SFTTrainer, warn_over_budget
 from mhgpo.run.resuming import continue_run, run_config
 from mhgpo.run.rundir import RunLock, require_empty_run_dir
 from mhgpo.run.setup import Job, build_sft, settle
@@ -32,6 +32,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True, workflow: Any = None, reason:
                 "questions": len(trainer.setup.train),
                 "demonstrations": counts,
                 "stopped_at": {k.split("/", 1)[1]: v for k, v in trainer.skipped.items()},
+                "over_budget": warn_over_budget(trainer.demos, trainer.setup.workflow),
             },
         )
         trainer.run()

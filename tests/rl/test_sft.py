@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from mhgpo.config import RetrievalConfig, SearchConfig, SFTConfig, load_config
+from mhgpo.config.eval import AgentSampling
 from mhgpo.data.formats import load_hotpotqa
 from mhgpo.errors import InputError
 from mhgpo.model.pretrained import encode_chat
 from mhgpo.model.trained import load_model
 from mhgpo.rl.losses import token_weights
 from mhgpo.rl.policy import Policy, Sample
-from mhgpo.rl.sft import collect_demonstrations, sft_loss, sft_update, target_encoder
+from mhgpo.rl.sft import collect_demonstrations, over_budget, sft_loss, sft_update, target_encoder
 from mhgpo.run.warm_start import resume_sft, run_sft
 from mhgpo.runtime.runlog import read_metrics
 from mhgpo.team.build import build_workflow
@@ -88,6 +89,13 @@ def test_demonstrations_are_the_teams_prompts_with_gold_outputs(tiny_lm, world: 
             assert {p.title for p in shown} <= set(example.supporting_titles)
             assert d.target == example.answers[0] and grounded(d.target, example.question, shown)
     assert any(d.target != "None" for d in by_agent[RERANKER]) and by_agent[ANSWERER]
+    # the demonstrations longer than their agent's max_new_tokens (sampling would cut them), per agent
+    lengths = sorted(len(d.target_ids) for d in by_agent[REWRITER])
+    for budget in (lengths[-1], lengths[-1] - 1, lengths[0] - 1):  # a budget equal to the longest holds it
+        workflow.config = SearchConfig(rewriter=AgentSampling(max_new_tokens=budget))
+        n = sum(length > budget for length in lengths)
+        assert over_budget(demos, workflow) == ({REWRITER: (n, lengths[-1], budget)} if n else {})
+    assert n == len(lengths)
 
 
 def _samples(tiny_lm) -> list[Sample]:
@@ -146,7 +154,9 @@ def test_sft_loss_weights_masked_tokens_zero() -> None:
     assert float(sft_loss(logp, mask, w)) == pytest.approx(0.5 * (1.5 + 3.0))
 
 
-def test_sft_run_directory_learning_and_start_for_rl(tiny_model_dir: Path, world: Path, tmp_path: Path) -> None:
+def test_sft_run_directory_learning_and_start_for_rl(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "sft"
     trainer = run_sft(
         sft_config(
@@ -167,6 +177,14 @@ def test_sft_run_directory_learning_and_start_for_rl(tiny_model_dir: Path, world
     assert (out / "checkpoints" / "step_12" / "model.safetensors").is_file()
     counts = json.loads((out / "demonstrations.json").read_text())
     assert counts["questions"] == 4 and counts["demonstrations"]["rewriter"] == 4
+    # every gold sub-query list is longer than this config's 6 Rewriter tokens: counted, and said once an agent
+    assert counts["over_budget"] == {
+        a: n for a, (n, _, _) in over_budget(trainer.demos, trainer.setup.workflow).items()
+    }
+    assert counts["over_budget"]["rewriter"] == 4
+    warned = [line for line in capsys.readouterr().err.splitlines() if "demonstrations are longer" in line]
+    assert len(warned) == len(counts["over_budget"])
+    assert "mhgpo: warning: 4 of 4 rewriter demonstrations are longer than its max_new_tokens=6" in warned[0]
     assert load_config(SFTConfig, out / "config.yaml").steps == 12
 
 
