@@ -25,8 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import requests
-
 REPO = Path(__file__).resolve().parents[1]
 PASSAGE = (
     "The Berlin Wall was a guarded concrete barrier that encircled West Berlin from 1961 to 1989, separating it "
@@ -77,16 +75,14 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen,
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
-                return process, url
-        except requests.RequestException:
-            pass
-        time.sleep(2)
-    process.kill()
-    raise SystemExit(f"the server did not start (log: {log})")
+    from mhgpo.errors import ServiceError
+    from mhgpo.model.vllm_server import wait_until_serving
+
+    try:
+        wait_until_serving(process, url, 900, log)
+    except ServiceError as e:
+        raise SystemExit(str(e)) from None
+    return process, url
 
 
 def main() -> None:

@@ -24,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
-
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("seconds/step", "seconds/rollout", "seconds/train", "idle/trainer", "idle/server", "staleness/mean")
 
@@ -43,16 +41,14 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen,
     command += ["--kv-cache-gb", str(args.kv_cache_gb), "--seed", "0"]
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
-                return process, url
-        except requests.RequestException:
-            pass
-        time.sleep(2)
-    process.kill()
-    raise SystemExit(f"the server did not start (log: {log})")
+    from mhgpo.errors import ServiceError
+    from mhgpo.model.vllm_server import wait_until_serving
+
+    try:
+        wait_until_serving(process, url, 900, log)
+    except ServiceError as e:
+        raise SystemExit(str(e)) from None
+    return process, url
 
 
 def train(args: argparse.Namespace, url: str, staleness: int, out: Path) -> dict[str, float]:

@@ -260,25 +260,13 @@ def server_case_command(folder: str, port: int, lora_rank: int, adapters: int, c
 
 def start_server(command: list[str], port: int, log: Path, timeout: float) -> tuple[subprocess.Popen, str]:
     """Start the server of `command` (its output to `log`) and wait until it answers, at most `timeout` seconds."""
-    import requests
-
-    from mhgpo.model.vllm_server import server_environment
+    from mhgpo.model.vllm_server import server_environment, wait_until_serving
 
     env = server_environment(1.0, dict(os.environ))
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the vLLM server exited ({process.returncode}); its log: {log}")
-        try:
-            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
-                return process, url
-        except requests.RequestException:
-            pass
-        time.sleep(2)
-    process.kill()
-    raise RuntimeError(f"the vLLM server did not answer within {timeout:.0f} s; its log: {log}")
+    wait_until_serving(process, url, timeout, log)
+    return process, url
 
 
 def stop_server(process: subprocess.Popen) -> None:

@@ -537,3 +537,22 @@ def server_environment(kv_cache_gb: float, base: dict[str, str]) -> dict[str, st
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
     return env
+
+
+def wait_until_serving(process: Any, url: str, timeout: float, log: Path) -> None:
+    """Wait until the server started as ``process`` answers ``url``'s ``/v1/models``, at most ``timeout`` seconds;
+    a server that exits, or does not answer in time (then killed), raises a `ServiceError` naming ``log``."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServiceError(f"the generation server exited ({process.returncode}); its log: {log}")
+        try:
+            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    process.kill()
+    raise ServiceError(f"the generation server did not answer {url} within {timeout:.0f} s; its log: {log}")

@@ -296,3 +296,28 @@ def test_the_server_command_samples_as_mhgpo_needs() -> None:
         assert part in line
     env = server_environment(1.6, {"PATH": "/bin"})
     assert env == {"PATH": "/bin", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def test_waiting_for_a_server_returns_once_it_answers_and_names_the_log_when_it_exits_or_stays_silent(
+    server: FakeVLLMServer, tmp_path: Path
+) -> None:
+    from mhgpo.model.vllm_server import wait_until_serving
+
+    class Process:
+        def __init__(self, code: int | None) -> None:
+            self.returncode, self.killed = code, False
+
+        def poll(self) -> int | None:
+            return self.returncode
+
+        def kill(self) -> None:
+            self.killed = True
+
+    log = tmp_path / "server.log"
+    wait_until_serving(Process(None), server.url, 5, log)  # answers: returns at once
+    with pytest.raises(ServiceError, match=f"exited \\(3\\); its log: {log}"):
+        wait_until_serving(Process(3), server.url, 5, log)
+    silent = Process(None)
+    with pytest.raises(ServiceError, match=f"did not answer http://127.0.0.1:9 within 0 s; its log: {log}"):
+        wait_until_serving(silent, "http://127.0.0.1:9", 0.1, log)
+    assert silent.killed

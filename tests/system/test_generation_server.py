@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from helpers import REPO, free_port, make_config, trainer_for  # noqa: E402
 
 from mhgpo.errors import ServiceError  # noqa: E402
 from mhgpo.model.checkpoint import list_checkpoints  # noqa: E402
+from mhgpo.model.vllm_server import wait_until_serving  # noqa: E402
 from mhgpo.runtime.runlog import read_metrics  # noqa: E402
 
 IN_SYNC = 1e-4  # fp32 on both sides
@@ -46,18 +46,11 @@ def _start(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited ({process.returncode}): {log.read_text()[-3000:]}")
-        try:
-            if requests.get(url + "/v1/models", timeout=5).status_code == 200:
-                return process, url
-        except requests.RequestException:
-            pass
-        time.sleep(2)
-    process.kill()
-    raise AssertionError(f"the server did not start in {START_SECONDS} s: {log.read_text()[-3000:]}")
+    try:
+        wait_until_serving(process, url, START_SECONDS, log)
+    except ServiceError as e:
+        raise AssertionError(f"{e}: {log.read_text()[-3000:]}") from None
+    return process, url
 
 
 @pytest.fixture(scope="module")
