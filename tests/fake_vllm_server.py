@@ -1,7 +1,8 @@
 """A tiny stand-in for vLLM's OpenAI-compatible server, in this process (a thread), for the tests of
 `generation.engine=vllm_server` that need no vLLM: it answers `/v1/models`, `/v1/completions` (token ids in, token
 ids out as vLLM's ``return_tokens_as_token_ids`` gives them, each with a log-prob), `/v1/load_lora_adapter` and
-`/v1/unload_lora_adapter`, records every request, and can be told to answer garbage, to be slow or to fail."""
+`/v1/unload_lora_adapter`, with ``dev_mode`` (vLLM's development mode) `/collective_rpc` (``reload_weights``) and
+`/reset_prefix_cache`, records every request, and can be told to answer garbage, to be slow or to fail."""
 
 from __future__ import annotations
 
@@ -9,16 +10,24 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+
+from safetensors import safe_open
 
 
 class FakeVLLMServer:
     """``tokens(prompt, body) -> list[int]``: the completion of one prompt (default: 3 tokens, the prompt's last id
     + 1, + 2, + 3, modulo ``vocab``); each token's log-prob is ``-0.5``. ``mode``: ``ok``, ``garbage`` (an answer
-    that is no completion), ``not_json``, ``slow`` (waits ``delay`` seconds before answering), ``error`` (HTTP 500)."""
+    that is no completion), ``not_json``, ``slow`` (waits ``delay`` seconds before answering), ``error`` (HTTP 500).
+    ``dev_mode``: it answers `/collective_rpc` and `/reset_prefix_cache` (else 404, as vLLM does outside it); each
+    ``reload_weights`` is recorded in ``reloaded`` (the path, or the file's tensors' names at that time)."""
 
-    def __init__(self, vocab: int = 100, tokens: Any = None, name: str = "mhgpo", port: int = 0) -> None:
-        self.vocab, self.name, self.mode, self.delay = vocab, name, "ok", 0.0
+    def __init__(
+        self, vocab: int = 100, tokens: Any = None, name: str = "mhgpo", port: int = 0, dev_mode: bool = False
+    ) -> None:
+        self.vocab, self.name, self.mode, self.delay, self.dev_mode = vocab, name, "ok", 0.0, dev_mode
+        self.reloaded: list[tuple[str, list[str]]] = []  # (weights_path, names of its model.safetensors' tensors)
         self.tokens = tokens or (lambda prompt, body: [(prompt[-1] + k) % vocab for k in (1, 2, 3)])
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.loaded: dict[str, str] = {}  # adapter name -> its path
@@ -63,6 +72,16 @@ class FakeVLLMServer:
                         return self._send(404, {"error": f"{body['lora_name']} is not loaded"})
                     fake.events.append(f"unload {body['lora_name']}")
                     return self._send(200, None, raw=f"Success: LoRA adapter '{body['lora_name']}' removed".encode())
+                if self.path in ("/collective_rpc", "/reset_prefix_cache") and fake.dev_mode:
+                    if self.path == "/reset_prefix_cache":
+                        fake.events.append("reset_prefix_cache")
+                        return self._send(200, {"success": True})
+                    path = body["kwargs"]["weights_path"]
+                    file = Path(path) / "model.safetensors"
+                    names = sorted(safe_open(str(file), "pt").keys()) if file.is_file() else []
+                    fake.reloaded.append((path, names))
+                    fake.events.append(f"reload {path}")
+                    return self._send(200, {"results": [None]})
                 if self.path != "/v1/completions":
                     return self._send(404, {"error": "not found"})
                 if body["model"] != fake.name and body["model"] not in fake.loaded:

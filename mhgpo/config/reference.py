@@ -78,7 +78,7 @@ def valid_values() -> dict[type, dict[str, list[Valid]]]:
             "server_urls": ["http(s)://HOST:PORT URLs, at least one under engine=vllm_server (none otherwise)"],
             "server_timeout": [POSITIVE],
         },
-        c.RolloutConfig: {"max_staleness": [("0", "1"), "1 needs generation.engine=vllm_server and one process"]},
+        c.RolloutConfig: {"max_staleness": [("0", "1"), "1 needs generation.engine=vllm_server, LoRA and one process"]},
         c.SearchConfig: counts(
             ("top_k", "max_candidates", "snippet_words", "snippet_chars")
             + ("max_subqueries", "max_query_chars", "max_answer_words"),

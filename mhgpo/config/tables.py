@@ -186,7 +186,6 @@ ENGINES: dict[str, Engine] = {
             "vllm_server",
             "mhgpo.model.vllm_server:build_server_generator",
             separate=True,
-            full_weights=False,
             remote=True,
         ),
     )

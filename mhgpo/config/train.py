@@ -458,13 +458,13 @@ def check_engine_is_cap(cfg: TrainConfig) -> None:
 def check_engine_weights(cfg: TrainConfig) -> None:
     """What the engine must take: full fine-tuning needs an engine that takes full weights; a loss that needs the
     sampler's log-probs (IcePop) needs a separate engine and the trainer's old log-probs; `rollout.max_staleness`
-    above 0 needs an engine in other processes (servers), which samples while the trainer updates."""
+    above 0 needs an engine in other processes (servers), which samples while the trainer updates, and LoRA (full
+    weights are reloaded in place: no tree may grow across a hand-over)."""
     engine = ENGINES[cfg.generation.engine]
     if not cfg.lora.enabled and not engine.full_weights:
         raise InputError(
-            f"lora.enabled: generation.engine={engine.name} takes the trained weights as LoRA adapters; full "
-            f"fine-tuning would need vLLM's weight-transfer API, which mhgpo does not drive (use lora.enabled=true, "
-            f"or generation.engine=vllm)"
+            f"lora.enabled: generation.engine={engine.name} takes the trained weights as LoRA adapters only "
+            f"(use lora.enabled=true)"
         )
     loss = POLICY_LOSSES[cfg.optim.loss or ALGORITHMS[cfg.algo].loss]
     if loss.engine and not (engine.separate and cfg.optim.old_logprobs == "trainer"):
@@ -477,6 +477,12 @@ def check_engine_weights(cfg: TrainConfig) -> None:
         raise InputError(
             f"rollout.max_staleness: rollouts overlap the update only on an engine in other processes "
             f"(generation.engine=vllm_server); generation.engine={engine.name} samples between updates (set it to 0)"
+        )
+    if cfg.rollout.max_staleness > 0 and not cfg.lora.enabled:
+        raise InputError(
+            f"rollout.max_staleness: full fine-tuning reloads the servers' weights in place, so no rollout may grow "
+            f"across a hand-over (set it to 0, or train LoRA adapters: lora.enabled=true); got "
+            f"{cfg.rollout.max_staleness}"
         )
 
 

@@ -13,8 +13,16 @@ an adapter every agent shares), loaded at run time (``/v1/load_lora_adapter``; t
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) from a folder the servers can read. A generation asks for the adapter of
 its version by name and holds it until its answer is in: an adapter is unloaded (``/v1/unload_lora_adapter``) only
 once it is no longer the current one and no generation uses it any more, so that rollouts sampled while the trainer
-hands over the next version finish on the weights they started on. Full fine-tuning has no such path on a server
-here: it is refused with one line (:func:`build_server_generator`).
+hands over the next version finish on the weights they started on.
+
+Full fine-tuning hands over every weight instead (:meth:`ServerGenerator.load_weights`): the trainer writes them
+(safetensors, Hugging Face names) to a folder of their version under the folder the servers read, and each server
+reloads its model's weights from there in place (vLLM's ``reload_weights`` through ``/collective_rpc``, a route a
+server has only in vLLM's development mode, ``VLLM_SERVER_DEV_MODE=1``: `mhgpo serve-generation --full-weights`),
+then empties its prefix cache (its cached keys and values are the old weights'). vLLM's weight-transfer engines
+(NCCL, CUDA IPC) need GPUs on both sides; this path needs only a shared folder. The weights change in place, so no
+generation may run across a hand-over: full fine-tuning on a server is synchronous (``rollout.max_staleness=0``) and
+one process (`mhgpo.config.train.check_engine_weights`).
 
 A server that cannot be reached, that answers with an error or with something that is not a completion of what was
 asked, or that does not answer within ``generation.server_timeout`` raises a
@@ -28,7 +36,7 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,12 +109,15 @@ class ServerGenerator:
         self._in_use: Counter[str] = Counter()  # a served adapter's name -> generations using it now
         self._lock = threading.Lock()
         self.unloaded: list[str] = []  # names unloaded so far, in order (what the tests and the logs read)
+        self._weights: Path | None = None  # full fine-tuning: the folder of the weights the servers hold
         # after every adapter's name: this run's tag (a server outlives runs: a later run, or a resumed one, names its
         # versions anew) and, under several ranks, the rank's (the ranks share the servers)
         self.suffix = "" if tag == "" else f"-{tag or secrets.token_hex(3)}"
         self._pins = threading.local()  # a thread's pinned adapters (:meth:`pinned`)
         self._active, self._since, self._busy = 0, 0.0, 0.0  # requests in flight; since when; busy seconds so far
-        self.models = {url: self._base_model(url) for url in self.urls}
+        based = {url: self._base_model(url) for url in self.urls}
+        self.models = {url: name for url, (name, _) in based.items()}
+        self.roots = {url: root for url, (_, root) in based.items()}  # the folders the servers' weights came from
 
     # ------------------------------------------------------------------------------------------------ HTTP
 
@@ -135,12 +146,13 @@ class ServerGenerator:
         except ValueError:
             raise ServiceError(f"generation server {url}: malformed answer to {path}: not JSON") from None
 
-    def _base_model(self, url: str) -> str:
-        """The name of the model ``url`` serves (the first of ``/v1/models`` without a parent: not an adapter)."""
+    def _base_model(self, url: str) -> tuple[str, str]:
+        """The name of the model ``url`` serves (the first of ``/v1/models`` without a parent: not an adapter) and
+        the folder it was loaded from (its ``root``)."""
         listed = self._request("GET", url, "/v1/models")
         try:
             models = [m for m in listed["data"] if not m.get("parent")]
-            return str(models[0]["id"])
+            return str(models[0]["id"]), str(models[0].get("root") or "")
         except (TypeError, KeyError, IndexError, AttributeError):
             raise ServiceError(f"generation server {url}: malformed answer to /v1/models: no model listed") from None
 
@@ -392,6 +404,46 @@ class ServerGenerator:
         for name in idle:
             self._unload(name)
 
+    def load_weights(self, named: Iterable[tuple[str, Any]], version: int) -> None:
+        """Full fine-tuning's hand-over: the weights ``named`` (Hugging Face names, as ``model.state_dict()`` gives
+        them), those of the trainer's update ``version``, written to ``adapter_dir/weights-v{version}`` and reloaded
+        in place by every server from there, each server's prefix cache emptied after; the previous version's folder
+        is removed. Call it while no generation runs (the weights change under it). A server that does not take
+        full weights (not in development mode) raises a :class:`ServiceError` that says how to start one that does."""
+        from safetensors.torch import save_file
+
+        if self.adapter_dir is None:
+            raise InputError("generation.adapter_dir: full fine-tuning on a server needs a folder the servers read")
+        folder = Path(self.adapter_dir) / f"weights-v{version}{self.suffix}"
+        folder.mkdir(parents=True, exist_ok=True)
+        kept, seen = {}, set()
+        for name, tensor in named:  # a tensor shared by two names (tied embeddings) is written once, as vLLM loads it
+            tensor = tensor.detach()
+            if tensor.data_ptr() in seen:
+                continue
+            seen.add(tensor.data_ptr())
+            kept[name] = tensor.contiguous().cpu()
+        save_file(kept, str(folder / "model.safetensors"))
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}}
+        self._each([(url, body) for url in self.urls], self._reload)
+        previous, self._weights = self._weights, folder
+        self.version = version
+        if previous is not None and previous != folder:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def _reload(self, url: str, body: dict[str, Any]) -> None:
+        try:
+            self._request("POST", url, "/collective_rpc", body)
+        except ServiceError as e:
+            if "HTTP 404" in str(e):
+                raise ServiceError(
+                    f"generation server {url}: it takes no full weights (no /collective_rpc); start it with mhgpo "
+                    f"serve-generation --full-weights (vLLM's development mode), or train LoRA adapters "
+                    f"(lora.enabled=true)"
+                ) from None
+            raise
+        self._request("POST", url, "/reset_prefix_cache", parse=False)
+
     def _unload(self, name: str) -> None:
         self._each(
             [(url, {"lora_name": name}) for url in self.urls],
@@ -424,13 +476,23 @@ class ServerGenerator:
         return held
 
     def close(self) -> None:
-        """Unload the run's adapters from the servers (the servers keep running); nothing raised."""
+        """Unload the run's adapters from the servers (the servers keep running), or, after full fine-tuning, give
+        them back the weights they were started on (the folder each lists as its model's root); nothing raised."""
         for name in list(self.adapters.values()):
             try:
                 self._unload(name)
             except ServiceError:
                 pass
         self.adapters = {}
+        if self._weights is not None:
+            for url in [u for u in self.urls if self.roots[u]]:
+                body = {"method": "reload_weights", "kwargs": {"weights_path": self.roots[url]}}
+                try:
+                    self._reload(url, body)
+                except ServiceError:
+                    pass
+            shutil.rmtree(self._weights, ignore_errors=True)
+            self._weights = None
 
 
 def build_server_generator(
@@ -453,6 +515,11 @@ def build_server_generator(
         raise InputError(
             f"generation.engine=vllm_server: {spec} has one LoRA adapter per agent (lora.per_role); evaluate it with "
             f"generation.engine=hf"
+        )
+    if lora_rank is None and ranks is not None and ranks.world > 1:
+        raise InputError(
+            "lora.enabled: full fine-tuning on a generation server runs in one process (the servers' weights are "
+            "reloaded in place, one set for every rank); train LoRA adapters (lora.enabled=true) under several"
         )
     from mhgpo.model.pretrained import stop_token_ids
 
@@ -530,11 +597,15 @@ def server_command(
     ]
 
 
-def server_environment(kv_cache_gb: float, base: dict[str, str]) -> dict[str, str]:
+def server_environment(kv_cache_gb: float, base: dict[str, str], full_weights: bool = False) -> dict[str, str]:
     """The environment of the server's process: ``base`` with runtime LoRA loading allowed and, on a CPU, the KV
-    cache's size (``VLLM_CPU_KVCACHE_SPACE``, unless already set)."""
+    cache's size (``VLLM_CPU_KVCACHE_SPACE``, unless already set); ``full_weights``: vLLM's development mode too
+    (``VLLM_SERVER_DEV_MODE=1``: the ``/collective_rpc`` route that reloads full fine-tuning's weights, and routes
+    that run any of the workers' methods: serve it to the trainer's network only)."""
     env = dict(base)
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if full_weights:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
     return env
 

@@ -130,10 +130,9 @@ def stale(engine: Any, policy: Policy, version: int, weights: dict[str, Any] | N
         held = engine.held()
     if held.version != version:
         return f"it holds the weights of update {held.version}, the trainer those of update {version}"
-    if not policy.lora:
-        dtype = getattr(torch, engine.dtype)
+    if not policy.lora:  # (a server reports none of its tensors: its weights are judged by the scored outputs)
         for name, digest in sorted(held.tensors.items()):
-            if tensor_digest([(name, state[name].detach().to(dtype))]) != digest:
+            if tensor_digest([(name, state[name].detach().to(getattr(torch, engine.dtype)))]) != digest:
                 return f"its {name} differs from the trainer's"
         return None
     for name in _adapter_names(policy):

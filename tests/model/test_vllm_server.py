@@ -276,6 +276,49 @@ def test_each_run_tags_its_adapters_names(server: FakeVLLMServer, tmp_path: Path
     assert set(server.loaded) == {"shared-v1" + first.suffix, "shared-v1" + second.suffix}
 
 
+def test_full_weights_are_written_once_and_reloaded_in_place_on_every_server(tmp_path: Path) -> None:
+    """Full fine-tuning: every tensor in one file of its version's folder (a tensor two names share written once),
+    each server told to reload from there and then to empty its prefix cache; the previous version's folder goes;
+    closing gives each server back the weights it was started on (its listed root)."""
+    with FakeVLLMServer(dev_mode=True) as a, FakeVLLMServer(dev_mode=True) as b:
+        client = _client(a, b, adapter_dir=tmp_path)
+        embed = torch.ones(4, 2)
+        named = [("embed.weight", embed), ("norm.weight", torch.zeros(2)), ("lm_head.weight", embed)]
+        client.load_weights(iter(named), 1)
+        v1 = tmp_path / "weights-v1"
+        for server in (a, b):
+            assert server.reloaded == [(str(v1.resolve()), ["embed.weight", "norm.weight"])]
+            assert server.events == [f"reload {v1.resolve()}", "reset_prefix_cache"]
+        assert client.version == 1 and client.held().version == 1 and client.held().adapters == {}
+        client.load_weights(iter([("embed.weight", 2 * embed), ("norm.weight", torch.ones(2))]), 2)
+        assert not v1.exists() and (tmp_path / "weights-v2" / "model.safetensors").is_file()
+        assert a.reloaded[-1][0] == str((tmp_path / "weights-v2").resolve())
+        client.close()
+        for server in (a, b):
+            assert server.events[-2:] == ["reload /models/base", "reset_prefix_cache"]
+        assert not (tmp_path / "weights-v2").exists()
+
+
+def test_a_server_that_takes_no_full_weights_says_how_to_start_one(server: FakeVLLMServer, tmp_path: Path) -> None:
+    client = _client(server, adapter_dir=tmp_path)
+    with pytest.raises(ServiceError) as info:
+        client.load_weights(iter([("norm.weight", torch.zeros(2))]), 0)
+    assert str(info.value) == (
+        f"generation server {server.url}: it takes no full weights (no /collective_rpc); start it with mhgpo "
+        f"serve-generation --full-weights (vLLM's development mode), or train LoRA adapters (lora.enabled=true)"
+    )
+
+
+def test_full_fine_tuning_on_a_server_is_one_process() -> None:
+    from types import SimpleNamespace
+
+    from mhgpo.errors import InputError
+    from mhgpo.model.vllm_server import build_server_generator
+
+    with pytest.raises(InputError, match=r"^lora.enabled: full fine-tuning on a generation server runs in one process"):
+        build_server_generator(spec="m", loaded=None, generation=None, ranks=SimpleNamespace(world=2, rank=0))
+
+
 def test_the_server_command_samples_as_mhgpo_needs() -> None:
     command = server_command(
         "python", "/m", dtype="bfloat16", seed=3, host="0.0.0.0", port=9000, lora_rank=12, adapters=8
@@ -296,6 +339,8 @@ def test_the_server_command_samples_as_mhgpo_needs() -> None:
         assert part in line
     env = server_environment(1.6, {"PATH": "/bin"})
     assert env == {"PATH": "/bin", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert server_environment(1.6, {}, full_weights=True)["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "VLLM_SERVER_DEV_MODE" not in env
 
 
 def test_waiting_for_a_server_returns_once_it_answers_and_names_the_log_when_it_exits_or_stays_silent(

@@ -76,6 +76,36 @@ def test_one_step_off_policy_every_trained_tree_is_one_version_old(
     assert json.loads((list_checkpoints(out)[-1] / "state.json").read_text())["position"] == 6
 
 
+def test_full_fine_tuning_hands_every_weight_to_the_server_before_each_step(
+    tiny_model_dir: Path, world: Path, tmp_path: Path
+) -> None:
+    """lora.enabled=false: the initial weights, then those of every update, reloaded by the server from a folder of
+    their version (vLLM's development mode); the last ones are the trainer's, tensor for tensor; closing the
+    generator gives the server back the weights it was started on."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tiny_model_dir))
+    with FakeVLLMServer(vocab=vocab, dev_mode=True) as server:
+        out = tmp_path / "run"
+        trainer = trainer_for(
+            _config(tiny_model_dir, world, out, server.url, **{"lora.enabled": False, "steps": 2}), out
+        )
+        trainer.run()
+        tag = trainer.setup.generator.suffix
+        folders = [Path(path).name for path, _ in server.reloaded]
+        assert folders == [f"weights-v{v}{tag}" for v in (0, 1, 2)]
+        assert server.events[1::2] == ["reset_prefix_cache"] * 3  # after every reload
+        model = trainer.setup.policy.model
+        kept = load_file(str(Path(server.reloaded[-1][0]) / "model.safetensors"))
+        assert set(kept) == set(server.reloaded[-1][1]) and "model.embed_tokens.weight" in kept
+        for name, tensor in kept.items():
+            assert torch.equal(tensor, model.state_dict()[name]), name
+        assert not Path(server.reloaded[0][0]).exists()  # an older version's folder is gone
+        trainer.setup.generator.close()
+        assert server.events[-2:] == ["reload /models/base", "reset_prefix_cache"]
+
+
 def test_a_tree_older_than_the_bound_is_not_trained_and_is_counted(
     tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -275,7 +305,10 @@ def test_a_slow_server_stops_the_run_at_its_timeout(
             "rollout.max_staleness: rollouts overlap",
         ),
         ({"rollout.max_staleness": 2}, "rollout.max_staleness: expected 0 or 1, got 2"),
-        ({"lora.enabled": False}, "lora.enabled: generation.engine=vllm_server takes the trained weights as LoRA"),
+        (
+            {"lora.enabled": False, "rollout.max_staleness": 1},
+            "rollout.max_staleness: full fine-tuning reloads the servers' weights in place",
+        ),
         ({"optim.loss": "icepop", "optim.old_logprobs": "engine"}, "optim.loss: icepop compares"),
         ({"generation.server_urls": "[ftp://x]"}, "generation.server_urls: 'ftp://x' is not an http://HOST:PORT"),
     ],
@@ -285,6 +318,21 @@ def test_settings_that_cannot_work_are_refused_naming_the_key(
 ) -> None:
     with pytest.raises(InputError, match=says.replace("(", r"\(")):
         _config(tiny_model_dir, world, tmp_path / "run", "http://127.0.0.1:1", **extra)
+
+
+def test_an_engine_that_takes_adapters_only_refuses_full_fine_tuning(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine table entry with full_weights=False (an engine that takes LoRA adapters only)."""
+    import dataclasses
+
+    from mhgpo.config.tables import ENGINES
+
+    monkeypatch.setitem(ENGINES, "vllm_server", dataclasses.replace(ENGINES["vllm_server"], full_weights=False))
+    with pytest.raises(
+        InputError, match=r"^lora.enabled: generation.engine=vllm_server takes the trained weights as LoRA"
+    ):
+        _config(tiny_model_dir, world, tmp_path / "run", "http://127.0.0.1:1", **{"lora.enabled": False})
 
 
 def test_server_urls_belong_to_the_server_engine(tiny_model_dir: Path, world: Path, tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _start(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [sys.executable, "-m", "mhgpo", "serve-generation", "--model", str(model_dir), "--precision", "fp32"]
-    command += ["--port", str(port), "--kv-cache-gb", "1", "--lora-rank", "16", "--adapters", "8"]
+    command += ["--port", str(port), "--kv-cache-gb", "1", "--lora-rank", "16", "--adapters", "8", "--full-weights"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
@@ -102,6 +102,38 @@ def test_the_servers_log_probs_are_the_trainers_after_every_hand_over(
     trainer.setup.generator.close()  # (the run's adapters unloaded; the server keeps running)
     served = [m["id"] for m in requests.get(server + "/v1/models", timeout=10).json()["data"]]
     assert not any(name.endswith(tag) for name in served)
+
+
+def test_full_fine_tuning_the_servers_log_probs_are_the_trainers_after_every_reload(
+    vllm_model_dir: Path, world: Path, tmp_path: Path, server: str
+) -> None:
+    """lora.enabled=false: every weight reloaded in place on the server (--full-weights) after each update; its
+    log-probs of the step's outputs are the trainer's, and they are not those of the weights it started on, to
+    which closing the run gives it back."""
+    from mhgpo.rl.engine_sync import checked, gap_figures, scored
+
+    out = tmp_path / "run"
+    trainer = trainer_for(_config(vllm_model_dir, world, out, server, steps=2, **{"lora.enabled": False}), out)
+    kept: list = []
+    real = trainer.learn
+
+    def learn(samples, metrics):
+        kept[:] = samples
+        return real(samples, metrics)
+
+    trainer.learn = learn
+    try:
+        trainer.run()
+        rows = read_metrics(out)
+        for r in rows:
+            assert 0 <= r["engine/logprob_gap_mean"] < IN_SYNC and r["engine/logprob_gap_max"] < 10 * IN_SYNC
+        picked = checked(kept, 8)
+        engine_lp, trainer_lp = scored(trainer.setup.generator, trainer.setup.policy, picked)
+        assert gap_figures(engine_lp, trainer_lp)["engine/logprob_gap_mean"] < IN_SYNC  # the last update's weights
+    finally:
+        trainer.setup.generator.close()  # the server's own weights again
+    engine_lp, trainer_lp = scored(trainer.setup.generator, trainer.setup.policy, picked)
+    assert gap_figures(engine_lp, trainer_lp)["engine/logprob_gap_mean"] > 100 * IN_SYNC  # (the updates moved it)
 
 
 ENGINE_LOGPROB_KEYS = ("engine/", "rewriter/entropy", "reranker/entropy", "answerer/entropy")
