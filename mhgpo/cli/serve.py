@@ -81,6 +81,13 @@ def cmd_serve_generation(args: argparse.Namespace) -> int:
     shown = f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']} "
     shown += "VLLM_SERVER_DEV_MODE=1 " if args.full_weights else ""
     print(shown + shlex.join(command), file=sys.stdout if args.dry_run else sys.stderr, flush=True)
+    if args.full_weights and not _loopback(args.host):
+        print(
+            f"mhgpo: warning: --full-weights on {args.host}: vLLM's development mode lets any client that reaches "
+            f"it run the workers' methods; serve it to the trainer's network only",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.dry_run:
         return 0
     print(
@@ -91,6 +98,18 @@ def cmd_serve_generation(args: argparse.Namespace) -> int:
     )
     os.execve(sys.executable, command, env)
     return 0  # (not reached)
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback interface only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _engine_folder(spec: str, precision: str, dtype: str) -> str:

@@ -343,6 +343,24 @@ def test_the_server_command_samples_as_mhgpo_needs() -> None:
     assert "VLLM_SERVER_DEV_MODE" not in env
 
 
+def test_serve_generation_full_weights_turns_on_the_development_mode_and_warns_off_the_loopback(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mhgpo.cli.main import main
+
+    base = ["serve-generation", "--model", str(tiny_model_dir), "--precision", "fp32", "--port", "0", "--dry-run"]
+    assert main(base) == 0
+    out, err = capsys.readouterr()
+    assert "VLLM_SERVER_DEV_MODE" not in out and "warning" not in err
+    assert main([*base, "--full-weights"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_CPU_KVCACHE_SPACE=4 VLLM_SERVER_DEV_MODE=1 ")
+    assert "warning" not in err  # (the loopback)
+    assert main([*base, "--full-weights", "--host", "0.0.0.0"]) == 0
+    err = capsys.readouterr().err
+    assert "mhgpo: warning: --full-weights on 0.0.0.0: vLLM's development mode lets any client" in err
+
+
 def test_waiting_for_a_server_returns_once_it_answers_and_names_the_log_when_it_exits_or_stays_silent(
     server: FakeVLLMServer, tmp_path: Path
 ) -> None:
