@@ -88,8 +88,8 @@ def generate_in_chunks(
     generator: Generator, prompts: list[list[int]], params: SamplingParams, on_chunk: OnChunk
 ) -> list[Generation]:
     """``generator.generate(prompts, params)``, with ``on_chunk`` called on each batch as it finishes where the
-    generator reports its batches (``reports_chunks``, :class:`HFGenerator`), else once on the whole call. The
-    generations, their batches and the random numbers drawn are those of a plain ``generate``."""
+    generator reports its batches (``reports_chunks``: :class:`HFGenerator`, the vLLM engines), else once on the
+    whole call. The generations, their batches and the random numbers drawn are those of a plain ``generate``."""
     if getattr(generator, "reports_chunks", False):
         return generator.generate(prompts, params, on_chunk=on_chunk)  # type: ignore[call-arg]
     generations = generator.generate(prompts, params)

