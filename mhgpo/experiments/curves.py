@@ -1,5 +1,6 @@
 """Learning curves of the harness's rows: the validation at step 0 (the model a row starts from, validated once per
-warm start and validation and shared by every row that starts from it), the row's own validations every
+warm start and validation and shared by every row that starts from it; the warm start's own validation row is that
+validation, :func:`keep_start`), the row's own validations every
 `val_every` steps, and whether a warm start is healthy.
 
 A curve (`val_curve` in a result) is a list of points `{"step", "cpu_minutes", "f1", "em", "acc"}`: step 0 is the
@@ -78,19 +79,35 @@ def start_point(cfg: TrainConfig, folder: Path) -> dict:
         out = Path(folder) / "runs" / f"start-{key}"
         ev = dataclasses.replace(validation_config(cfg, cfg.model), output_dir=str(out))
         res = run_evaluation(ev, resume=(out / "eval_config.yaml").is_file(), progress=False, desc="step 0")
-        m = res.metrics
-        point = {
-            "step": 0,
-            "cpu_minutes": 0.0,
-            **{k: float(m[k]) for k in SCORES},
-            "n": int(m["n"]),
-            "model": Path(cfg.model).name,
-            "behaviour": {k: float(v) for k, v in m.items() if "/" in k},
-            "healthy": healthy(m),
-            "questions": [{"id": p["id"], "f1": p["f1"]} for p in res.predictions],
-        }
+        point = _point(cfg, res.metrics, res.predictions)
         atomic_write_json(path, point)
         return point
+
+
+def _point(cfg: TrainConfig, metrics: dict[str, Any], predictions: list[dict]) -> dict:
+    return {
+        "step": 0,
+        "cpu_minutes": 0.0,
+        **{k: float(metrics[k]) for k in SCORES},
+        "n": int(metrics["n"]),
+        "model": Path(cfg.model).name,
+        "behaviour": {k: float(v) for k, v in metrics.items() if "/" in k},
+        "healthy": healthy(metrics),
+        "questions": [{"id": p["id"], "f1": p["f1"]} for p in predictions],
+    }
+
+
+def keep_start(cfg: TrainConfig, folder: Path, metrics: dict[str, Any], predictions: list[dict]) -> Path:
+    """Keep a validation of the starting model of the row config `cfg`, made as the row validates (the harness's
+    row that validates the warm start itself), as that model's step-0 validation, unless one is kept already: the
+    rows starting from it then do not validate it again (the same model, greedily, on the same questions: the same
+    figures). Returns the file."""
+    key = start_key(cfg, folder)
+    path = Path(folder) / STARTS / f"{key}.json"
+    with waiting_lock(folder, f"start-{key}"):
+        if read_start(path) is None:
+            atomic_write_json(path, _point(cfg, metrics, predictions))
+    return path
 
 
 def read_start(path: Path) -> dict | None:

@@ -34,7 +34,7 @@ from mhgpo.config import EvalConfig, TrainConfig, to_dict
 from mhgpo.config.rows import RowTable, load_rows
 from mhgpo.errors import InputError, RunError
 from mhgpo.experiments.claims import ORACLE_ROW, ORACLES, oracle_key, split_key
-from mhgpo.experiments.curves import curve, healthy, start_point
+from mhgpo.experiments.curves import curve, healthy, keep_start, start_point
 from mhgpo.experiments.results import (
     MARKER,
     find_result,
@@ -279,6 +279,8 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
         resumed = (tmp / "eval_config.yaml").is_file()  # an evaluation stopped mid-way continues
         res = run_evaluation(_eval_config(cfg, cfg.model, tmp), resume=resumed, progress=False, desc=job.key)
         own = {"steps": 0, "steps_metrics": []}
+        if job.settings.get("val_every"):  # the curves' step 0 of the rows starting from this model: this validation
+            keep_start(cfg, Path(job.folder), res.metrics, res.predictions)
     spent = _minutes(since)
     m = res.metrics
     record = {

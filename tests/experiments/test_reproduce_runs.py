@@ -166,6 +166,7 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
                  "--val-every", "2", "--out", out, *small(world, tiny_model_dir)) == 0  # fmt: skip
     warm = collect(folder)["warm"][0]
     assert (warm["val_f1"], warm["val_acc"]) == (start["f1"], start["acc"]) and "val_curve" not in warm
+    assert [start_file] == list((folder / "starts").iterdir())  # (its validation is the same start: kept once)
     assert (
         warm["healthy"]
         == start["healthy"]
@@ -184,6 +185,30 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
     f1s = " | ".join(f"{p['f1']:.1f}" for p in curve)
     health = {True: "yes", False: "no", None: "—"}[start["healthy"]]
     assert f"| 0 | {health} | {f1s} | " in page
+
+
+def test_the_warm_starts_own_validation_row_is_the_rows_step_0(world, tiny_model_dir, tmp_path, monkeypatch) -> None:
+    """The warm row first (--val-every): its validation is kept as the step 0 of the rows that start from that warm
+    start, which then do not validate it again."""
+    _budget_clock(monkeypatch)
+    out = tmp_path / "out"
+    assert mhgpo("reproduce", "--rows", "warm", "--seeds", "0", "--minutes", "3.5", "--val-limit", "2",
+                 "--val-every", "2", "--out", out, *small(world, tiny_model_dir)) == 0  # fmt: skip
+    [folder] = data_folders(out)
+    warm = collect(folder)["warm"][0]
+    [start_file] = (folder / "starts").iterdir()
+    start = json.loads(start_file.read_text())
+    assert (start["f1"], start["acc"], start["em"], start["n"]) == (warm["val_f1"], warm["val_acc"], warm["val_em"], 2)
+    assert start["questions"] == [{"id": q["id"], "f1": q["f1"]} for q in warm["val_questions"]]
+    assert (
+        start["healthy"] == warm["healthy"]
+        and start["behaviour"]["reranker/invalid_rate"] == warm["reranker/invalid_rate"]
+    )
+    assert _curve_run(world, tiny_model_dir, out) == 0
+    assert not list((folder / "runs").glob("start-*"))  # step 0 not validated again
+    rr = collect(folder)["warm_rr"][0]
+    assert rr["val_curve"][0]["f1"] == warm["val_f1"] and rr["start_questions"] == start["questions"]
+    assert [start_file] == list((folder / "starts").iterdir())
 
 
 def test_a_row_stopped_mid_run_continues_to_the_same_result(world, tiny_model_dir, tmp_path, monkeypatch) -> None:
