@@ -31,6 +31,7 @@ from transformers import LogitsProcessor
 from transformers.cache_utils import DynamicCache, StaticLayer
 
 from mhgpo.model.logprobs import backbone_and_head, causal_lm
+from mhgpo.model.packing import MIN_SHARED_PREFIX, shared_prefix_length
 from mhgpo.model.precision import autocast
 from mhgpo.model.pretrained import stop_token_ids
 
@@ -241,19 +242,6 @@ def cache_argument(module: Any) -> str:
     """The name under which ``module``'s forward takes a KV cache: ``cache`` (newer transformers), else
     ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-MIN_SHARED_PREFIX = 16  # prompt tokens shared by a whole batch below which the batch is prefilled as usual
-
-
-def shared_prefix_length(prompts: list[list[int]]) -> int:
-    """Length of the longest prefix shared by every prompt, shorter than the shortest prompt (so that every prompt
-    keeps at least its last token to prefill with the rest of the batch)."""
-    first, limit = prompts[0], min(len(p) for p in prompts) - 1
-    n = 0
-    while n < limit and all(p[n] == first[n] for p in prompts):
-        n += 1
-    return n
 
 
 class _StaticLayer(StaticLayer):

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from mhgpo.model.packing import mask_style, pack
+from mhgpo.model.packing import MIN_SHARED_PREFIX, mask_style, pack, shared_prefix_length
 from mhgpo.model.precision import module_device
 
 
@@ -81,16 +81,63 @@ def output_hidden_states(
     ``len(prompt) - 1`` predicts output token 0, the state at output token t - 1 predicts token t (the log-probs and
     the critic's values both read it). One forward over the packed rows (:mod:`mhgpo.model.packing`): with ``share`` (and an
     attention implementation that takes a custom mask), samples with identical prompts share one computation of the
-    prompt, else every sample is a right-padded ``prompt + output`` row."""
+    prompt, else every sample is a right-padded ``prompt + output`` row. With ``share``, the prefix every prompt of
+    the batch starts with (an agent's instructions: most of a Rewriter's prompt) is run once before, and the rows
+    attend to its keys and values (:func:`_instructions`): the same function, up to float rounding."""
+    n_prefix = _instructions(backbone, prompts) if share else 0
+    if n_prefix:
+        head = prompts[0][:n_prefix]
+        prompts = [p[n_prefix:] for p in prompts]
     packed = pack(prompts, outputs, pad_id, mask_style(backbone.config) if share else None)
+    mask, positions, past = packed.attention_mask, packed.position_ids, None  # (R, 1, L, L) or (R, L); (R, L)
+    if n_prefix:
+        past, mask = _prefix_cache(backbone, head, mask, device), _with_prefix(mask, n_prefix)
+        positions = positions + n_prefix
     out = backbone(
         input_ids=packed.input_ids.to(device),  # (R, L)
-        attention_mask=packed.attention_mask.to(device),  # (R, 1, L, L) or (R, L)
-        position_ids=packed.position_ids.to(device),  # (R, L)
-        use_cache=False,
+        attention_mask=mask.to(device),  # (R, 1, L, P + L) or (R, P + L), P = n_prefix (0: none)
+        position_ids=positions.to(device),  # (R, L)
+        past_key_values=past,
+        use_cache=past is not None,
     )
     hidden = out.last_hidden_state  # (R, L, H)
     return hidden[packed.rows.to(device), packed.cols.to(device)]  # (N, H)
+
+
+def _instructions(backbone: Any, prompts: list[list[int]]) -> int:
+    """The length of the prefix every prompt of the batch starts with (an agent's instructions, when the batch is one
+    agent's), run once on its own (:func:`output_hidden_states`); 0 when it is shorter than
+    :data:`MIN_SHARED_PREFIX`, for one prompt, and under gradient checkpointing (a layer recomputed in the backward
+    pass would append to the prefix's cache again)."""
+    if len({tuple(p) for p in prompts}) < 2 or (
+        backbone.training and getattr(backbone, "gradient_checkpointing", False)
+    ):
+        return 0
+    n = shared_prefix_length(prompts)
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
+def _prefix_cache(backbone: Any, prefix: list[int], mask: torch.Tensor, device: torch.device) -> Any:
+    """The key/value cache of ``prefix``, run once (with gradients, where they are taken: every row's contribution
+    to the prefix's keys and values flows back through it), expanded to the rows of ``mask``."""
+    from transformers.cache_utils import DynamicCache
+
+    ids = torch.tensor([prefix], dtype=torch.long, device=device)  # (1, P)
+    layers = backbone(input_ids=ids, use_cache=True).past_key_values.layers
+    rows = mask.shape[0]
+    past = DynamicCache()
+    for layer, cached in enumerate(layers):
+        past.update(cached.keys.expand(rows, -1, -1, -1), cached.values.expand(rows, -1, -1, -1), layer)
+    return past
+
+
+def _with_prefix(mask: torch.Tensor, n_prefix: int) -> torch.Tensor:
+    """``mask`` (R, L) or (R, 1, L, L) with ``n_prefix`` key columns in front that every position attends to."""
+    if mask.ndim == 2:
+        return torch.cat([torch.ones((mask.shape[0], n_prefix), dtype=mask.dtype), mask], dim=1)  # (R, P + L)
+    rows, _, width, _ = mask.shape
+    seen = torch.ones if mask.dtype == torch.bool else torch.zeros  # (bool: True attends; additive: 0 attends)
+    return torch.cat([seen((rows, 1, width, n_prefix), dtype=mask.dtype), mask], dim=3)  # (R, 1, L, P + L)
 
 
 def output_logprobs(

@@ -20,7 +20,10 @@ output per segment).
 
 One forward pass over the packed rows, rather than a prompt pass whose key/value cache is expanded for the outputs:
 the same pass serves the update, the reference and the critic, and gradient checkpointing recomputes a layer exactly
-as it ran (a cache would be appended to again by the recomputation).
+as it ran (a cache would be appended to again by the recomputation). The one exception: the prefix that every prompt
+of a micro-batch starts with (:func:`shared_prefix_length`; an agent's instructions, when the micro-batch is one
+agent's) is run once on its own and the packed rows attend to its keys and values, where it is at least
+:data:`MIN_SHARED_PREFIX` tokens long and no layer is recomputed (`mhgpo.model.logprobs.output_hidden_states`).
 
 :func:`micro_batches` cuts a step's samples into micro-batches of segments whose padded size (rows × longest row)
 stays within a token budget: a group stays whole when its segment fits, and a larger one is split into segments that
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 SHARED_MASK_ATTENTION = ("sdpa", "eager")  # attention implementations that take a custom 4-D mask
+MIN_SHARED_PREFIX = 16  # prompt tokens shared by a whole batch below which the prefix is not run on its own
 
 
 @dataclass
@@ -58,6 +62,16 @@ def segments(prompts: Sequence[Sequence[int]], keys: Sequence[Hashable] | None =
     for i, prompt in enumerate(prompts):
         groups.setdefault((keys[i] if keys is not None else None, tuple(prompt)), []).append(i)
     return list(groups.values())
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix shared by every prompt (an agent's instructions), shorter than the shortest
+    prompt (so that every prompt keeps at least its last token to run with the rest of the batch)."""
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
 
 
 def segment_length(prompt_len: int, output_lens: Sequence[int]) -> int:

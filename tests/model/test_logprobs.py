@@ -69,6 +69,56 @@ def test_gradients_match_reference(model, batch) -> None:
         torch.testing.assert_close(grads[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_prefix_every_prompt_starts_with_is_run_once_with_the_same_log_probs_and_gradients(
+    model, attention: str
+) -> None:
+    """An agent's instructions begin every prompt of its micro-batch: they are run once, on their own (a forward of
+    one row of their length first), and the rows, some sharing a prompt, attend to their keys and values; the
+    log-probs and every gradient are those of the slow reference (each sample a row of its own) within fp32
+    rounding. Under gradient checkpointing, and below MIN_SHARED_PREFIX tokens, the batch runs in one forward."""
+    from mhgpo.model.packing import MIN_SHARED_PREFIX
+
+    model.config._attn_implementation = attention
+    rng = random.Random(2)
+    instructions = [rng.randrange(4, 400) for _ in range(40)]
+    rests = [[rng.randrange(4, 400) for _ in range(n)] for n in (3, 11, 1, 6)]
+    prompts = [instructions + rests[k] for k in (0, 1, 1, 2, 3)]  # two samples share a whole prompt
+    outputs = [[rng.randrange(0, 400) for _ in range(n)] for n in (4, 7, 2, 0, 9)]
+    calls: list[tuple[int, ...]] = []
+    backbone = model.get_decoder()
+    hook = backbone.register_forward_pre_hook(
+        lambda mod, args, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    weights = torch.linspace(0.5, 1.5, 9)  # (T_out,)
+    try:
+        logp, mask = output_logprobs(model, prompts, outputs, chunk_size=4)
+        (logp * weights * mask).sum().backward()
+        assert calls[0] == (1, 40) and len(calls) == 2 and calls[1][1] < 40  # the rows without the prefix
+        grads = {name: q.grad.clone() for name, q in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        ref, ref_mask = output_logprobs_reference(model, prompts, outputs)
+        (ref * weights * ref_mask).sum().backward()
+        assert torch.equal(mask, ref_mask)
+        torch.testing.assert_close(logp.detach(), ref.detach(), atol=1e-5, rtol=0)
+        for name, q in model.named_parameters():
+            assert grads[name].abs().sum() > 0, name
+            torch.testing.assert_close(grads[name], q.grad, atol=1e-5, rtol=1e-4, msg=name)
+        calls.clear()
+        with torch.no_grad():
+            short = [p[40 - MIN_SHARED_PREFIX + 1 :] for p in prompts]  # a shared prefix of MIN_SHARED_PREFIX - 1
+            output_logprobs(model, short, outputs)
+            assert len(calls) == 1
+        model.gradient_checkpointing_enable()
+        model.train()
+        calls.clear()
+        checkpointed, _ = output_logprobs(model, prompts, outputs)
+        assert len(calls) == 1  # (one forward; the backward's recomputation comes later)
+        torch.testing.assert_close(checkpointed.detach(), ref.detach(), atol=1e-5, rtol=0)
+    finally:
+        hook.remove()
+
+
 def test_temperature_applied(model, batch) -> None:
     prompts, outputs = batch
     with torch.no_grad():
