@@ -30,7 +30,7 @@ from peft.helpers import disable_input_dtype_casting
 from transformers import LogitsProcessor
 from transformers.cache_utils import DynamicCache, StaticLayer
 
-from mhgpo.model.logprobs import backbone_and_head, causal_lm
+from mhgpo.model.logprobs import backbone_and_head, cache_argument, causal_lm
 from mhgpo.model.packing import MIN_SHARED_PREFIX, shared_prefix_length
 from mhgpo.model.precision import autocast
 from mhgpo.model.pretrained import stop_token_ids
@@ -236,12 +236,6 @@ def prefill_buckets(lengths: list[int]) -> list[tuple[int, int]]:
     if lengths:
         runs.append((lo, len(lengths)))
     return runs
-
-
-def cache_argument(module: Any) -> str:
-    """The name under which ``module``'s forward takes a KV cache: ``cache`` (newer transformers), else
-    ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 class _StaticLayer(StaticLayer):

@@ -12,6 +12,7 @@ full-vocabulary log-softmax is ever taken over prompt positions.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -97,11 +98,17 @@ def output_hidden_states(
         input_ids=packed.input_ids.to(device),  # (R, L)
         attention_mask=mask.to(device),  # (R, 1, L, P + L) or (R, P + L), P = n_prefix (0: none)
         position_ids=positions.to(device),  # (R, L)
-        past_key_values=past,
         use_cache=past is not None,
+        **({cache_argument(backbone): past} if past is not None else {}),
     )
     hidden = out.last_hidden_state  # (R, L, H)
     return hidden[packed.rows.to(device), packed.cols.to(device)]  # (N, H)
+
+
+def cache_argument(module: Any) -> str:
+    """The name under which ``module``'s forward takes a KV cache: ``cache`` (newer transformers), else
+    ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _instructions(backbone: Any, prompts: list[list[int]]) -> int:
@@ -110,7 +117,7 @@ def _instructions(backbone: Any, prompts: list[list[int]]) -> int:
     :data:`MIN_SHARED_PREFIX`, for one prompt, and under gradient checkpointing (a layer recomputed in the backward
     pass would append to the prefix's cache again)."""
     if len({tuple(p) for p in prompts}) < 2 or (
-        backbone.training and getattr(backbone, "gradient_checkpointing", False)
+        backbone.training and any(getattr(m, "gradient_checkpointing", False) for m in backbone.modules())
     ):
         return 0
     n = shared_prefix_length(prompts)

@@ -77,6 +77,7 @@ def test_a_prefix_every_prompt_starts_with_is_run_once_with_the_same_log_probs_a
     one row of their length first), and the rows, some sharing a prompt, attend to their keys and values; the
     log-probs and every gradient are those of the slow reference (each sample a row of its own) within fp32
     rounding. Under gradient checkpointing, and below MIN_SHARED_PREFIX tokens, the batch runs in one forward."""
+    from mhgpo.model.modules import enable_gradient_checkpointing
     from mhgpo.model.packing import MIN_SHARED_PREFIX
 
     model.config._attn_implementation = attention
@@ -109,7 +110,7 @@ def test_a_prefix_every_prompt_starts_with_is_run_once_with_the_same_log_probs_a
             short = [p[40 - MIN_SHARED_PREFIX + 1 :] for p in prompts]  # a shared prefix of MIN_SHARED_PREFIX - 1
             output_logprobs(model, short, outputs)
             assert len(calls) == 1
-        model.gradient_checkpointing_enable()
+        enable_gradient_checkpointing(model)
         model.train()
         calls.clear()
         checkpointed, _ = output_logprobs(model, prompts, outputs)
