@@ -427,3 +427,12 @@ CORPUS = [
     Passage("p5", "Oslo", "Oslo is the capital of Norway."),
     Passage("p6", "Zeppelin Quartz", "A rare mineral found only near Tromso."),
 ]
+
+
+def long_prompts() -> list[list[int]]:
+    """16 prompts of 700 token ids of the tiny model's vocabulary: 11,200 tokens in all, more than a vLLM engine
+    step's prefill budget (4,096 tokens for the tiny model)."""
+    import random
+
+    rng = random.Random(0)
+    return [[rng.randrange(5, 300) for _ in range(700)] for _ in range(16)]

@@ -240,6 +240,9 @@ class VLLMGenerator:
                 seed=seed,
                 enforce_eager=True,
                 enable_prefix_caching=True,
+                # a prompt prefilled in chunks draws a token it then discards, and vLLM rewinds a seeded request's
+                # generator by an offset a CPU generator does not have: the engine dies (generation.seeded)
+                enable_chunked_prefill=False,
                 gpu_memory_utilization=gpu_memory_utilization,
                 max_model_len=max_model_len,
                 logprobs_mode="processed_logits",

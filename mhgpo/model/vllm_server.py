@@ -557,7 +557,8 @@ def server_command(
     """The command line of a vLLM OpenAI server that samples as mhgpo needs (`mhgpo serve-generation`): the model
     ``folder`` (the run's initial weights, :func:`mhgpo.model.vllm_files.engine_folder`) served as ``name`` in
     ``dtype``, the project's log-probs (``processed_logits`` and the two processors of
-    :mod:`mhgpo.model.vllm_processors`), the prefix cache, eager mode, and LoRA adapters of rank up to ``lora_rank``,
+    :mod:`mhgpo.model.vllm_processors`), the prefix cache, eager mode, whole-prompt prefills (a chunked one kills a
+    CPU engine on a seeded request), and LoRA adapters of rank up to ``lora_rank``,
     ``adapters`` of them at once (each agent's, of two versions while one is handed over)."""
     from mhgpo.model.vllm_engine import LORA_RANKS
     from mhgpo.model.vllm_processors import NAMES
@@ -583,6 +584,7 @@ def server_command(
         str(port),
         "--enforce-eager",
         "--enable-prefix-caching",
+        "--no-enable-chunked-prefill",  # (as the in-process engine: seeded requests, mhgpo.model.vllm_engine)
         "--logprobs-mode",
         "processed_logits",
         "--logits-processors",

@@ -335,6 +335,7 @@ def test_the_server_command_samples_as_mhgpo_needs() -> None:
         "mhgpo.model.vllm_processors:LogSoftmaxAtTemperature",
         "--enable-lora --max-lora-rank 16 --max-loras 8 --max-cpu-loras 8",
         "--enable-prefix-caching",
+        "--no-enable-chunked-prefill",
     ):
         assert part in line
     env = server_environment(1.6, {"PATH": "/bin"})

@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 
 import requests  # noqa: E402
 from conftest import build_tiny_model  # noqa: E402
-from helpers import REPO, free_port, make_config, trainer_for  # noqa: E402
+from helpers import REPO, free_port, long_prompts, make_config, trainer_for  # noqa: E402
 
 from mhgpo.errors import ServiceError  # noqa: E402
 from mhgpo.model.checkpoint import list_checkpoints  # noqa: E402
@@ -134,6 +134,26 @@ def test_full_fine_tuning_the_servers_log_probs_are_the_trainers_after_every_rel
         trainer.setup.generator.close()  # the server's own weights again
     engine_lp, trainer_lp = scored(trainer.setup.generator, trainer.setup.policy, picked)
     assert gap_figures(engine_lp, trainer_lp)["engine/logprob_gap_mean"] > 100 * IN_SYNC  # (the updates moved it)
+
+
+def test_seeded_requests_whose_prompts_overflow_one_prefill_budget_sample_on_the_server(
+    vllm_model_dir: Path, server: str
+) -> None:
+    """As in process (tests/system/test_vllm.py): the server prefills whole prompts, so seeded requests whose prompts
+    are more than one step's budget sample, and the same seeds draw the same tokens."""
+    from mhgpo.model.generation import SamplingParams
+    from mhgpo.model.pretrained import stop_token_ids
+    from mhgpo.model.trained import load_model
+    from mhgpo.model.vllm_server import ServerGenerator
+
+    lm = load_model(str(vllm_model_dir), device="cpu")
+    client = ServerGenerator([server], lm.tokenizer, stop_token_ids(lm.tokenizer, lm.model), timeout=120)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=0.9)
+    runs = []
+    for _ in range(2):
+        with client.seeded((1, 2, 3)):
+            runs.append([g.output_ids for g in client.generate(long_prompts(), params)])
+    assert runs[0] == runs[1] and len(runs[0]) == 16 and len({tuple(o) for o in runs[0]}) > 1
 
 
 ENGINE_LOGPROB_KEYS = ("engine/", "rewriter/entropy", "reranker/entropy", "answerer/entropy")

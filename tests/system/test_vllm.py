@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from conftest import build_tiny_model  # noqa: E402
-from helpers import REPO, comparable, launch, make_config  # noqa: E402
+from helpers import REPO, comparable, launch, long_prompts, make_config  # noqa: E402
 
 from mhgpo.rl import engine_sync  # noqa: E402
 from mhgpo.rl.engine_sync import DEFAULT_TOLERANCE, EngineGapNotFinite, EngineOutOfSync, checked  # noqa: E402
@@ -293,6 +293,29 @@ def test_the_rollouts_pipeline_gets_each_engine_steps_finished_requests_with_the
     finally:
         _close_engine(trainer)
     assert on == off and len(on) > 4 and len({tuple(s.output_ids) for s in on}) > 1
+
+
+def test_seeded_requests_whose_prompts_overflow_one_prefill_budget_sample_and_repeat(vllm_model_dir: Path) -> None:
+    """A prompt prefilled in chunks draws a token that vLLM discards, rewinding the seeded request's generator by an
+    offset that a CPU generator has not: the engine died on the demo's batches. Whole-prompt prefills sample, and the
+    same seeds draw the same tokens."""
+    from mhgpo.model.generation import SamplingParams
+    from mhgpo.model.pretrained import stop_token_ids
+    from mhgpo.model.trained import load_model
+    from mhgpo.model.vllm_engine import VLLMGenerator
+
+    lm = load_model(str(vllm_model_dir), device="cpu")
+    engine = VLLMGenerator(vllm_model_dir, lm.tokenizer, stop_token_ids(lm.tokenizer, lm.model), kv_cache_gb=1)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=0.9)
+    try:
+        runs = []
+        for _ in range(2):
+            with engine.seeded((1, 2, 3)):
+                runs.append([g.output_ids for g in engine.generate(long_prompts(), params)])
+    finally:
+        engine.close()
+    assert runs[0] == runs[1] and len(runs[0]) == 16 and all(len(o) > 0 for o in runs[0])
+    assert len({tuple(o) for o in runs[0]}) > 1
 
 
 def test_evaluation_on_the_engine_answers_as_on_the_trainers_loop(vllm_model_dir: Path, world: Path) -> None:
