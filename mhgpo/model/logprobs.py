@@ -114,12 +114,14 @@ def cache_argument(module: Any) -> str:
 def _instructions(backbone: Any, prompts: list[list[int]]) -> int:
     """The length of the prefix every prompt of the batch starts with (an agent's instructions, when the batch is one
     agent's), run once on its own (:func:`output_hidden_states`); 0 when it is shorter than
-    :data:`MIN_SHARED_PREFIX`, for one prompt, and under gradient checkpointing (a layer recomputed in the backward
-    pass would append to the prefix's cache again)."""
-    if len({tuple(p) for p in prompts}) < 2 or (
-        backbone.training and any(getattr(m, "gradient_checkpointing", False) for m in backbone.modules())
+    :data:`MIN_SHARED_PREFIX`, for one prompt, and on a model with gradient checkpointing on (a layer recomputed in
+    the backward pass would append to the prefix's cache again), whether it trains or not: the passes without
+    gradients (the reference, the old log-probs) compute as the update does, so that, the weights equal, their
+    log-probs are the update's bit for bit (a KL of exactly 0, not a rounding that Adam would turn into a step)."""
+    if len({tuple(p) for p in prompts}) < 2 or any(
+        getattr(m, "gradient_checkpointing", False) for m in backbone.modules()
     ):
-        return 0
+        return 0  # (in eval passes too: the reference's and the old log-probs' sums then round as the update's)
     n = shared_prefix_length(prompts)
     return n if n >= MIN_SHARED_PREFIX else 0
 

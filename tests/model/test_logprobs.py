@@ -116,6 +116,10 @@ def test_a_prefix_every_prompt_starts_with_is_run_once_with_the_same_log_probs_a
         checkpointed, _ = output_logprobs(model, prompts, outputs)
         assert len(calls) == 1  # (one forward; the backward's recomputation comes later)
         torch.testing.assert_close(checkpointed.detach(), ref.detach(), atol=1e-5, rtol=0)
+        model.eval()  # a pass without gradients (the reference's) computes as the update it goes with: in one
+        with torch.no_grad():
+            evaluated, _ = output_logprobs(model, prompts, outputs)
+        assert len(calls) == 2 and torch.equal(evaluated, checkpointed.detach())
     finally:
         hook.remove()
 
