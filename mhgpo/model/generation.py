@@ -30,7 +30,7 @@ from peft.helpers import disable_input_dtype_casting
 from transformers import LogitsProcessor
 from transformers.cache_utils import DynamicCache, StaticLayer
 
-from mhgpo.model.logprobs import backbone_and_head, cache_argument, causal_lm
+from mhgpo.model.logprobs import backbone_and_head, cache_argument, causal_lm, expanded_cache, prefix_keys_values
 from mhgpo.model.packing import MIN_SHARED_PREFIX, shared_prefix_length
 from mhgpo.model.precision import autocast
 from mhgpo.model.pretrained import stop_token_ids
@@ -163,8 +163,7 @@ def prefill(model: Any, prompts: list[list[int]], n_prefix: int, width: int) -> 
         rows_of.setdefault(tuple(p[n_prefix:-1]), []).append(row)
     head = None
     if n_prefix:
-        ids = torch.tensor([prompts[0][:n_prefix]], dtype=torch.long, device=device)  # (1, P)
-        head = [(layer.keys, layer.values) for layer in backbone(input_ids=ids, use_cache=True).past_key_values.layers]
+        head = prefix_keys_values(backbone, prompts[0][:n_prefix], device)
     keys: list[torch.Tensor] = []  # per layer (B, heads, W-1, dim)
     values: list[torch.Tensor] = []
 
@@ -191,9 +190,7 @@ def prefill(model: Any, prompts: list[list[int]], n_prefix: int, width: int) -> 
         positions = n_prefix + (mask.cumsum(-1) - 1).clamp(min=0)  # (b, w)
         past = None
         if head is not None:
-            past = DynamicCache()
-            for layer, (k, v) in enumerate(head):
-                past.update(k.expand(len(rests), -1, -1, -1), v.expand(len(rests), -1, -1, -1), layer)
+            past = expanded_cache(head, len(rests))
             mask = torch.cat([torch.ones((len(rests), n_prefix), dtype=torch.long), mask], dim=1)  # (b, P + w)
         out = backbone(
             input_ids=ids.to(device),

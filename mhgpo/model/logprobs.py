@@ -92,7 +92,8 @@ def output_hidden_states(
     packed = pack(prompts, outputs, pad_id, mask_style(backbone.config) if share else None)
     mask, positions, past = packed.attention_mask, packed.position_ids, None  # (R, 1, L, L) or (R, L); (R, L)
     if n_prefix:
-        past, mask = _prefix_cache(backbone, head, mask, device), _with_prefix(mask, n_prefix)
+        past = expanded_cache(prefix_keys_values(backbone, head, device), mask.shape[0])
+        mask = _with_prefix(mask, n_prefix)
         positions = positions + n_prefix
     out = backbone(
         input_ids=packed.input_ids.to(device),  # (R, L)
@@ -126,17 +127,21 @@ def _instructions(backbone: Any, prompts: list[list[int]]) -> int:
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
-def _prefix_cache(backbone: Any, prefix: list[int], mask: torch.Tensor, device: torch.device) -> Any:
-    """The key/value cache of ``prefix``, run once (with gradients, where they are taken: every row's contribution
-    to the prefix's keys and values flows back through it), expanded to the rows of ``mask``."""
+def prefix_keys_values(backbone: Any, prefix: list[int], device: torch.device) -> list[tuple[Any, Any]]:
+    """Each layer's keys and values of ``prefix`` run alone (one row; with gradients where they are taken, so that
+    every row later attending to them sends its share back through them): the shared instructions of a training
+    micro-batch and of a generation batch's prefill."""
+    ids = torch.tensor([prefix], dtype=torch.long, device=device)  # (1, P)
+    return [(layer.keys, layer.values) for layer in backbone(input_ids=ids, use_cache=True).past_key_values.layers]
+
+
+def expanded_cache(head: list[tuple[Any, Any]], rows: int) -> Any:
+    """A key/value cache holding ``head`` (:func:`prefix_keys_values`) for each of ``rows`` rows."""
     from transformers.cache_utils import DynamicCache
 
-    ids = torch.tensor([prefix], dtype=torch.long, device=device)  # (1, P)
-    layers = backbone(input_ids=ids, use_cache=True).past_key_values.layers
-    rows = mask.shape[0]
     past = DynamicCache()
-    for layer, cached in enumerate(layers):
-        past.update(cached.keys.expand(rows, -1, -1, -1), cached.values.expand(rows, -1, -1, -1), layer)
+    for layer, (k, v) in enumerate(head):
+        past.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1), layer)
     return past
 
 
