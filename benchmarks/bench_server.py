@@ -1,14 +1,21 @@
 """Wall seconds per RL step on a generation server (`generation.engine=vllm_server`), synchronous
-(`rollout.max_staleness=0`) against one step off-policy (`rollout.max_staleness=1`): the server pinned to some CPU
-cores and the trainer to the others (`taskset`), the demo's config without its warm start (the default model, 4
-questions and G=4 a step, LoRA), the same seed. Run it in an environment with vLLM (`bash scripts/setup.sh
---vllm`):
+(`rollout.max_staleness=0`) against one step off-policy (`rollout.max_staleness=1`), and the validation F1 each
+reaches after the same steps: the server pinned to some CPU cores and the trainer to the others (`taskset`), the
+demo's config (the default model, 4 questions and G=4 a step, LoRA), the same seeds. Run it in an environment with
+vLLM (`bash scripts/setup.sh --vllm`):
 
     python benchmarks/bench_server.py --steps 4 --server-cpus 0 --trainer-cpus 1 [key=value ...]
+    python benchmarks/bench_server.py --steps 10 --seeds 0,1,2 --start RUN0 --start RUN1 --start RUN2 \\
+        --val-limit 200
 
-It prints one row per setting: the mean over the steps after the first (the first step of a run one step off-policy
-has nothing grown ahead) of `seconds/step`, `seconds/rollout` (the rollouts, or the wait for those grown ahead),
-`seconds/train` and the idle fractions, and writes the rows as JSON (`--out`).
+`--start`: the trained model each seed's runs start from (a warm start: an `mhgpo sft` run or a run's
+`warm_start/` folder; one for every seed, or one for all); without it the runs start from the config's model with
+its warm start off. It prints one row per seed and setting: the mean over the steps after the first (the first
+step of a run one step off-policy has nothing grown ahead) of `seconds/step`, `seconds/rollout` (the rollouts, or
+the wait for those grown ahead), `seconds/train` and the idle fractions; with `--val-limit N` each trained run is
+evaluated greedily on the first N questions of `--val-data` (`mhgpo eval`, in the trainer's process on its cores)
+and the off-policy run's F1 is compared with the synchronous one's question by question (mean paired difference and
+its 95% bootstrap interval, per seed and over all seeds' questions). The rows go to `--out` as JSON.
 """
 
 from __future__ import annotations
@@ -34,10 +41,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(args: argparse.Namespace, model: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """A generation server of `model` (the runs' own model: a server holds the weights they start from)."""
     port = free_port()
     command = ["taskset", "-c", args.server_cpus, sys.executable, "-m", "mhgpo", "serve-generation"]
-    command += ["--model", args.model, "--precision", args.precision, "--port", str(port)]
+    command += ["--model", model, "--precision", args.precision, "--port", str(port)]
     command += ["--kv-cache-gb", str(args.kv_cache_gb), "--seed", "0"]
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
@@ -51,46 +59,111 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen,
     return process, url
 
 
-def train(args: argparse.Namespace, url: str, staleness: int, out: Path) -> dict[str, float]:
+def train(args: argparse.Namespace, url: str, seed: int, start: str | None, staleness: int, out: Path) -> dict:
     command = ["taskset", "-c", args.trainer_cpus, sys.executable, "-m", "mhgpo", "train"]
-    command += ["--config", str(REPO / "mhgpo" / "config" / "demo.yaml"), "--output-dir", str(out)]
-    command += [f"steps={args.steps}", "warm_start.enabled=false", "eval_every=0", "save_every=0", "report_to=[]"]
-    command += [f"precision={args.precision}", "generation.engine=vllm_server", f"generation.server_urls=[{url}]"]
-    command += [f"rollout.max_staleness={staleness}", "optim.gradient_checkpointing=false", *args.overrides]
+    command += ["--config", str(args.config), "--output-dir", str(out)]
+    command += [f"steps={args.steps}", f"seed={seed}", "warm_start.enabled=false", "eval_every=0", "report_to=[]"]
+    command += [f"model={start}"] if start else []
+    command += [f"save_every={args.steps}", f"precision={args.precision}", "generation.engine=vllm_server"]
+    command += [f"generation.server_urls=[{url}]", f"rollout.max_staleness={staleness}"]
+    command += ["optim.gradient_checkpointing=false", *args.overrides]
     started = time.perf_counter()
     subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "TQDM_DISABLE": "1"})
     total = time.perf_counter() - started
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     later = rows[1:] or rows
-    result = {key: sum(r[key] for r in later) / len(later) for key in KEYS}
-    result.update(staleness=float(staleness), steps=float(len(rows)), total_seconds=total)
+    result: dict = {key: sum(r[key] for r in later) / len(later) for key in KEYS}
+    result.update(seed=seed, staleness=staleness, steps=len(rows), total_seconds=total, start=start)
+    result["per_step"] = [{key: r.get(key) for key in ("step", *KEYS, "staleness/max", "reward/mean")} for r in rows]
+    if args.val_limit:
+        result.update(validate(args, seed, out))
     return result
+
+
+def validate(args: argparse.Namespace, seed: int, run: Path) -> dict:
+    """The trained run's greedy validation on the first `--val-limit` questions, in the trainer's process."""
+    out = run / "validation"
+    command = ["taskset", "-c", args.trainer_cpus, sys.executable, "-m", "mhgpo", "eval", "--model", str(run)]
+    command += ["--data", args.val_data, "--limit", str(args.val_limit), "--seed", str(seed), "--output-dir", str(out)]
+    command += [f"precision={args.precision}", "generation.engine=hf"]
+    subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "TQDM_DISABLE": "1"})
+    metrics = json.loads((out / "metrics.json").read_text())
+    questions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    return {
+        "val/f1": metrics["f1"],
+        "val/em": metrics["em"],
+        "val/acc": metrics["acc"],
+        "val/questions": [{"id": q["id"], "f1": q["f1"]} for q in questions],
+    }
+
+
+def compare(rows: list[dict]) -> list[str]:
+    """Lines of a table: per seed and over all seeds, off-policy minus synchronous validation F1, paired by question."""
+    from mhgpo.experiments.stats import paired_bootstrap, paired_questions
+
+    lines = [
+        "| seed | F1, max_staleness 0 | F1, max_staleness 1 | paired Δ (95% interval) | questions |",
+        "|---|---|---|---|---|",
+    ]
+    pooled: list[float] = []
+    for seed in sorted({r["seed"] for r in rows}):
+        sync, stale = (next(r for r in rows if r["seed"] == seed and r["staleness"] == k) for k in (0, 1))
+        diffs = [100 * d for d in paired_questions(stale["val/questions"], sync["val/questions"])]
+        pooled += diffs
+        mean, low, high = paired_bootstrap(diffs)
+        lines.append(
+            f"| {seed} | {sync['val/f1']:.1f} | {stale['val/f1']:.1f} | {mean:+.1f} ({low:+.1f}, {high:+.1f}) "
+            f"| {len(diffs)} |"
+        )
+    if len({r["seed"] for r in rows}) > 1:
+        mean, low, high = paired_bootstrap(pooled)
+        lines.append(f"| all | | | {mean:+.1f} ({low:+.1f}, {high:+.1f}) | {len(pooled)} |")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--config", default=str(REPO / "mhgpo" / "config" / "demo.yaml"))
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds: each runs both settings")
+    parser.add_argument("--start", action="append", default=[], help="a warm start (once, or once per seed)")
+    parser.add_argument("--model", default="smollm2-135m", help="the runs' model without --start")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--kv-cache-gb", type=float, default=2.0)
     parser.add_argument("--server-cpus", default="0")
     parser.add_argument("--trainer-cpus", default="1")
+    parser.add_argument("--val-limit", type=int, default=0, help="validate each trained run on N questions (0: not)")
+    parser.add_argument("--val-data", default="synthetic:dev")
     parser.add_argument("--out", default="bench_server.json")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="more config overrides of both runs")
+    parser.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="more config overrides of every run")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-server-"))
-    process, url = start_server(args, work / "server.log")
-    try:
-        rows = [train(args, url, staleness, work / f"run-{staleness}") for staleness in (0, 1)]
-    finally:
-        process.terminate()
-        process.wait(60)
-    print("| max_staleness | " + " | ".join(KEYS) + " |")
-    print("|---" * (len(KEYS) + 1) + "|")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    if args.start and len(args.start) not in (1, len(seeds)):
+        parser.error(f"--start: once, or once per seed ({len(seeds)}), got {len(args.start)}")
+    starts = [str(Path(s).resolve()) for s in args.start] * (len(seeds) if len(args.start) == 1 else 1)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-server-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for i, seed in enumerate(seeds):
+        start = starts[i] if starts else None
+        process, url = start_server(args, start or args.model, work / f"server-seed{seed}.log")
+        try:
+            for staleness in (0, 1):
+                rows.append(train(args, url, seed, start, staleness, work / f"seed{seed}-staleness{staleness}"))
+                Path(args.out).write_text(json.dumps(rows, indent=1))  # what finished, if a later run fails
+        finally:
+            process.terminate()
+            process.wait(60)
+    print("| seed | max_staleness | " + " | ".join(KEYS) + " | val F1 |")
+    print("|---" * (len(KEYS) + 3) + "|")
     for row in rows:
-        print(f"| {int(row['staleness'])} | " + " | ".join(f"{row[k]:.3g}" for k in KEYS) + " |")
-    Path(args.out).write_text(json.dumps(rows, indent=1))
-    shutil.rmtree(work, ignore_errors=True)
+        val = f"{row['val/f1']:.1f}" if "val/f1" in row else ""
+        print(f"| {row['seed']} | {row['staleness']} | " + " | ".join(f"{row[k]:.3g}" for k in KEYS) + f" | {val} |")
+    if args.val_limit:
+        print("\n".join(["", *compare(rows)]))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

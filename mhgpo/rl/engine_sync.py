@@ -239,11 +239,13 @@ def verdict(
     last_checkpoint: str,
     rank: int | None = None,
     engine: str = "vllm",
+    model: str | None = None,
 ) -> RunError | None:
     """The error that stops the run after ``step``'s update (None: the engine is in sync), from one rank's
     ``check``: the engine does not hold the trained weights; a log-prob that is not finite; or a mean gap above
     ``limit``. ``rank``: the rank named in the line (None: one process); ``engine``: the `generation.engine` the
-    line names (``vllm`` or ``vllm_server``). Pure, so that the ranks' verdicts can be combined
+    line names (``vllm`` or ``vllm_server``); ``model``: the run's `model`, which a server's gap line names (a server
+    started with another model samples from other weights from the first step on). Pure, so that the ranks' verdicts can be combined
     (:func:`stop_if_any`)."""
     on_rank = f", on rank {rank}," if rank is not None else ""
     head = f"generation.engine={engine}: after the update of step {step}{on_rank}"
@@ -257,10 +259,13 @@ def verdict(
             f"{check.tokens} tokens on the engine's side, {trainer_side} on the trainer's); {tail}"
         )
     gap = check.figures.get(f"{GAP}_mean")
+    served = ""
+    if engine == "vllm_server" and model is not None:
+        served = f" (is the server serving the run's model? mhgpo serve-generation --model {model})"
     if gap is not None and gap > limit:
         return EngineOutOfSync(
             f"{head} the engine's log-probs of the step's outputs differ from the trainer's by {gap:.3g} per token "
-            f"(generation.sync_tolerance={limit:g}): the engine does not sample from the trained weights; {tail}"
+            f"(generation.sync_tolerance={limit:g}): the engine does not sample from the trained weights{served}; {tail}"
         )
     return None
 
@@ -296,7 +301,7 @@ def sync_after_update(
     kept = list_checkpoints(run_dir)
     last = f"its last checkpoint is {kept[-1].name}" if kept else "it has no checkpoint yet"
     rank = ranks.rank if ranks.world > 1 else None
-    stop_if_any(verdict(check, tolerance(cfg), step, last, rank, cfg.generation.engine), ranks)
+    stop_if_any(verdict(check, tolerance(cfg), step, last, rank, cfg.generation.engine, cfg.model), ranks)
     out.update(pooled(check, ranks), **{"seconds/engine_check": time.perf_counter() - t})
     return out
 

@@ -97,6 +97,14 @@ def test_the_verdict_of_a_check() -> None:
     assert isinstance(verdict(SyncCheck(not_finite=(0, 2), tokens=5), 1e-3, 3, last), EngineGapNotFinite)
     served = verdict(SyncCheck(not_finite=(0, 2), tokens=5), 1e-3, 3, last, engine="vllm_server")
     assert str(served).startswith("generation.engine=vllm_server: after the update of step 3 the log-probs")
+    gap = SyncCheck({"engine/logprob_gap_mean": 1.16}, tokens=40)
+    assert str(verdict(gap, 0.1, 1, "it has no checkpoint yet", engine="vllm_server", model="runs/warm")) == (
+        "generation.engine=vllm_server: after the update of step 1 the engine's log-probs of the step's outputs "
+        "differ from the trainer's by 1.16 per token (generation.sync_tolerance=0.1): the engine does not sample "
+        "from the trained weights (is the server serving the run's model? mhgpo serve-generation --model "
+        "runs/warm); the run stops; it has no checkpoint yet"
+    )
+    assert "serve-generation" not in str(verdict(gap, 0.1, 1, "", engine="vllm", model="runs/warm"))
     old = SyncCheck({"engine/logprob_gap_mean": 0.0}, tokens=40, stale="it holds the weights of update 2, the "
                     "trainer those of update 3")  # fmt: skip
     assert str(verdict(old, 1e-3, 3, last)) == (

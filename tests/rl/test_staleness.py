@@ -223,8 +223,9 @@ def test_a_failed_sync_check_on_the_server_names_the_server_engine(
         "differ from the trainer's by "
     )
     assert line.endswith(
-        "(generation.sync_tolerance=0.001): the engine does not sample from the trained weights; the run stops; it "
-        "has no checkpoint yet"
+        "(generation.sync_tolerance=0.001): the engine does not sample from the trained weights (is the server "
+        f"serving the run's model? mhgpo serve-generation --model {tiny_model_dir}); the run stops; it has no "
+        "checkpoint yet"
     )
 
 
