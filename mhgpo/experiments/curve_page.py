@@ -58,16 +58,24 @@ def row_table(row: str, found: dict[int, dict]) -> list[str]:
     lines = [f"`{row}`: {curve_verdict(list(found.values()))}", "", "| " + " | ".join([*head, "CPU h"]) + " |"]
     lines.append("|" + "---|" * (len(head) + 1))
     for seed, r in sorted(found.items()):
-        at = {p["step"]: p["f1"] for p in r["val_curve"]}
+        at = {p["step"]: p for p in r["val_curve"]}
         mean, low, high, (up, down, p) = seed_change(r)
         health = {True: "yes", False: "no", None: "—"}[(r.get("start") or {}).get("healthy")]
-        cells = [str(seed), health, *(f"{at[s]:.1f}" if s in at else "" for s in steps)]
+        cells = [str(seed), health, *(_cell(at[s]) if s in at else "" for s in steps)]
         cells += [f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]", f"{up}/{down} ({p:.2g})"]
         cells.append(f"{r['val_curve'][-1]['cpu_minutes'] / 60:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     ends = [r["val_f1"] - r["val_curve"][0]["f1"] for r in found.values()]
     lines += ["", f"Mean over seeds of end − start: {fmt(ends)} F1.", ""]
     return lines
+
+
+def _cell(point: dict) -> str:
+    """A point's F1, and its paired change over the start with the interval where the run kept its questions."""
+    if "paired" not in point:
+        return f"{point['f1']:.1f}"
+    mean, low, high = point["paired"]
+    return f"{point['f1']:.1f} ({mean:+.1f} [{low:+.1f}, {high:+.1f}])"
 
 
 def plot_curves(found_by_row: dict[str, dict[int, dict]], path: Path, title: str) -> Path:
@@ -123,6 +131,7 @@ def curves_markdown(by_data: list[tuple[str, str, Results]], images: Path | None
     intro = (
         "## Learning curves\n\nEach row validated every few steps on its own checkpoints (`--val-every`), from the "
         "warm start it starts from (step 0), on the same questions; Δ is the end against the start, paired by "
-        "question (95% bootstrap interval, sign test's better/worse and p).\n"
+        "question (95% bootstrap interval, sign test's better/worse and p); in brackets beside a step's F1, its "
+        "own paired change over the start and interval, where the run kept that validation's questions.\n"
     )
     return intro + "\n" + "\n".join(parts)

@@ -7,7 +7,9 @@ A curve (`val_curve` in a result) is a list of points `{"step", "cpu_minutes", "
 starting model (0 CPU minutes), each later point the run's checkpoint at that step, validated greedily on the same
 questions, with the CPU minutes its steps' rollouts and updates had taken (validation, loading and checkpoints left
 out: a row's machine time, comparable between rows). Its first point also carries the per-question F1 of the start,
-so that a row's end can be compared with its start question by question (`mhgpo.experiments.stats`).
+so that a row's end can be compared with its start question by question (`mhgpo.experiments.stats`), and every later
+point whose run kept its validation's questions (`RUN/validation/step_NNNNNN.jsonl`) its own paired change over the
+start (`paired`).
 
 A warm start is *healthy* (:func:`healthy`) when its greedy team writes invalid Reranker ids on at most 5% of the
 validation questions, the Rewriter breaks its `### ... ###` format on at most 10% of them, and the Reranker passes on
@@ -21,11 +23,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mhgpo.config import TrainConfig, to_dict
 from mhgpo.experiments.results import waiting_lock
+from mhgpo.experiments.stats import paired_bootstrap, paired_questions
 from mhgpo.io import atomic_write_json
 
 STARTS = "starts"  # OUT/DATA/starts/: the step-0 validations, one per (starting model, validation)
@@ -121,12 +125,19 @@ def read_start(path: Path) -> dict | None:
     return point
 
 
-def curve(start: dict, history: list[dict]) -> list[dict]:
+def curve(start: dict, history: list[dict], questions: Callable[[int], list[dict] | None] | None = None) -> list[dict]:
     """A row's `val_curve`: its start (step 0, without the per-question figures) and a point per validation of its
-    run (`Trainer.val_history`)."""
+    run (`Trainer.val_history`). ``questions(step)``: the per-question results of the run's validation at ``step``
+    (None where the run kept none); a point that has them carries ``paired``, its change over the start question by
+    question in F1 points: ``[mean, low, high]`` (95% paired bootstrap, :func:`~mhgpo.experiments.stats.paired_bootstrap`)."""
     first = {"step": 0, "cpu_minutes": 0.0, **{k: start[k] for k in SCORES}}
-    points = [
-        {"step": int(h["step"]), "cpu_minutes": float(h.get("cpu_minutes", 0.0)), **{k: h[f"val/{k}"] for k in SCORES}}
-        for h in history
-    ]
+    points = []
+    for h in history:
+        point = {"step": int(h["step"]), "cpu_minutes": float(h.get("cpu_minutes", 0.0))}
+        point.update({k: h[f"val/{k}"] for k in SCORES})
+        found = questions(point["step"]) if questions is not None else None
+        diffs = paired_questions(found, start["questions"]) if found else []
+        if diffs:
+            point["paired"] = [100 * x for x in paired_bootstrap(diffs)]
+        points.append(point)
     return [first, *points]

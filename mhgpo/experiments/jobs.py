@@ -269,7 +269,7 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
         }
         if start is not None:
             curve_of = {
-                "val_curve": curve(start, trainer.val_history),
+                "val_curve": curve(start, trainer.val_history, lambda step: _validation(tmp, step)),
                 "start": {k: v for k, v in start.items() if k not in ("questions", "step", "cpu_minutes")},
                 "start_questions": start["questions"],
             }
@@ -311,6 +311,18 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
     if job.steps:
         record["steps_of"] = split_key(job.key)[1]
     return record
+
+
+def _validation(run_dir: Path, step: int) -> list[dict] | None:
+    """The per-question results of `run_dir`'s validation at `step` (None: the run kept none)."""
+    from mhgpo.io import read_jsonl
+    from mhgpo.runtime.runlog import validation_path
+
+    path = validation_path(run_dir, step)
+    if not path.is_file():
+        return None
+    rows, cut_short = read_jsonl(path)
+    return None if cut_short else rows
 
 
 def _start_or_continue(run_dir: Path, start: Any, resume: Any) -> Any:

@@ -57,7 +57,7 @@ from mhgpo.rl.rewards import (
 from mhgpo.rl.rollout import run_rollouts
 from mhgpo.rl.tree import RolloutBatch, RolloutSpec, merge_batches, rollout_records
 from mhgpo.runtime.budget import Budget
-from mhgpo.runtime.runlog import NoLog, RunLog, write_rollouts
+from mhgpo.runtime.runlog import NoLog, RunLog, write_rollouts, write_validation
 from mhgpo.runtime.stopguard import (
     Completed,
     RankFailed,
@@ -687,12 +687,15 @@ class Trainer:
         return metrics
 
     def _validate_in_run(self, log: RunLog, step: int) -> dict[str, float]:
-        """Validate after `step`'s update: recorded in `val_history` and `last_eval`; returns the step's val
-        metrics (its failures are logged, and stop the run at the next step's start when too many)."""
+        """Validate after `step`'s update: recorded in `val_history` and `last_eval`, its questions in
+        `validation/step_NNNNNN.jsonl`; returns the step's val metrics (its failures are logged, and stop the run at
+        the next step's start when too many)."""
         t = time.perf_counter()
         res = self.validate()
         self._failed(log, step, "val", res.failures, stop=False)
         self.last_eval = (step, res)
+        if self.ranks.is_main:
+            write_validation(self.run_dir, step, res.predictions)
         scores = {f"val/{k}": res.metrics[k] for k in ("f1", "em", "acc")}
         self.val_history.append({"step": step, **scores, "cpu_minutes": self.cpu_seconds / 60})
         return {**scores, "seconds/eval": time.perf_counter() - t}

@@ -93,6 +93,19 @@ class NoLog:
         pass
 
 
+def validation_path(run_dir: Path, step: int) -> Path:
+    """`validation/step_NNNNNN.jsonl`: the questions of the validation after step `step`'s update."""
+    return Path(run_dir) / "validation" / f"step_{step:06d}.jsonl"
+
+
+def write_validation(run_dir: Path, step: int, predictions: list[dict[str, Any]]) -> Path:
+    """The validation after step `step`'s update, one line per question as `mhgpo eval` writes its
+    `predictions.jsonl` (id, question, answers, prediction, acc, em, f1, the team's trace)."""
+    path = validation_path(run_dir, step)
+    atomic_write_jsonl(path, predictions)
+    return path
+
+
 def write_rollouts(run_dir: Path, step: int, records: list[dict[str, Any]]) -> Path:
     """`rollouts/step_NNNNNN.jsonl`: step `step`'s records, one line per rollout node."""
     path = Path(run_dir) / "rollouts" / f"step_{step:06d}.jsonl"

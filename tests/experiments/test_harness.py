@@ -636,6 +636,24 @@ def test_a_healthy_warm_start_is_judged_on_both_formats_and_the_gold_passages_ke
     assert healthy({"f1": 50.0}) is None  # none of them: nothing to judge
 
 
+def test_a_curve_point_carries_its_paired_change_over_the_start_where_its_questions_were_kept():
+    from mhgpo.experiments.curves import curve
+    from mhgpo.experiments.stats import paired_bootstrap
+
+    start = {
+        "f1": 50.0,
+        "em": 50.0,
+        "acc": 50.0,
+        "questions": [{"id": q, "f1": f} for q, f in zip("abcd", (1, 0, 0.5, 1))],
+    }
+    history = [{"step": s, "val/f1": 60.0, "val/em": 55.0, "val/acc": 60.0, "cpu_minutes": s / 2} for s in (2, 4)]
+    kept = {4: [{"id": q, "f1": f} for q, f in zip("dcbx", (1, 1, 0.25, 0))]}  # "x": not in the start, left out
+    points = curve(start, history, kept.get)
+    assert [p["step"] for p in points] == [0, 2, 4] and "paired" not in points[1]  # step 2: no questions kept
+    assert points[2]["paired"] == [100 * x for x in paired_bootstrap([0.0, 0.5, 0.25])]  # d, c, b against the start
+    assert curve(start, history) == [{k: v for k, v in p.items() if k != "paired"} for p in points]
+
+
 def test_a_kept_run_whose_record_or_evaluation_config_is_not_one_is_named(tmp_path):
     from mhgpo.experiments.jobs import read_saved_data
 

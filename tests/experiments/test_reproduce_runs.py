@@ -13,6 +13,7 @@ from helpers import write_echo_world
 
 from mhgpo.experiments import runner
 from mhgpo.experiments.results import collect, data_folders, result_path, run_folder
+from mhgpo.experiments.stats import paired_bootstrap, paired_questions
 from mhgpo.rl.trainer import Trainer
 from mhgpo.runtime import budget as budget_module
 
@@ -154,6 +155,12 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
     assert curve[0]["cpu_minutes"] == 0.0 < curve[1]["cpu_minutes"] < curve[2]["cpu_minutes"]
     assert curve[2]["cpu_minutes"] == pytest.approx(rr["steps_cpu_minutes"], rel=1e-9)
     assert (curve[-1]["f1"], curve[-1]["acc"], curve[-1]["em"]) == (rr["val_f1"], rr["val_acc"], rr["val_em"])
+    # each later point's change over the start, question by question, from the run's validation at that step
+    for point in curve[1:]:
+        kept = (folder / rr["run"] / "validation" / f"step_{point['step']:06d}.jsonl").read_text().splitlines()
+        diffs = paired_questions([json.loads(x) for x in kept], rr["start_questions"])
+        assert len(diffs) == 2 and point["paired"] == [100 * x for x in paired_bootstrap(diffs)]
+    assert [q["f1"] for q in rr["val_questions"]] == [json.loads(x)["f1"] for x in kept]
     # step 0 is the warm start, validated once, kept in starts/ and shared by every row starting from it
     [start_file] = (folder / "starts").iterdir()
     start = json.loads(start_file.read_text())
@@ -182,9 +189,12 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
     assert [p.suffix for p in (out / "images").iterdir()] == [".png"]
     head = "| seed | warm start healthy | step 0 | step 2 | step 4 | Δ F1 end − start [95% CI] | +/− (p) | CPU h |"
     assert head in page
-    f1s = " | ".join(f"{p['f1']:.1f}" for p in curve)
     health = {True: "yes", False: "no", None: "—"}[start["healthy"]]
-    assert f"| 0 | {health} | {f1s} | " in page
+    cells = [f"{curve[0]['f1']:.1f}"]
+    cells += [
+        f"{p['f1']:.1f} ({p['paired'][0]:+.1f} [{p['paired'][1]:+.1f}, {p['paired'][2]:+.1f}])" for p in curve[1:]
+    ]
+    assert f"| 0 | {health} | {' | '.join(cells)} | " in page
 
 
 def test_the_warm_starts_own_validation_row_is_the_rows_step_0(world, tiny_model_dir, tmp_path, monkeypatch) -> None:

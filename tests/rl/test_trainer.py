@@ -210,6 +210,14 @@ def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(refe
         **{k: rows[-1][k] for k in VAL_KEYS},
         "cpu_minutes": rows[-1]["seconds/cpu_steps"] / 60,
     }
+    # each validation's questions, as `mhgpo eval` writes its predictions
+    assert sorted(p.name for p in (out / "validation").iterdir()) == ["step_000002.jsonl", "step_000004.jsonl"]
+    for step in (2, 4):
+        questions = [json.loads(x) for x in (out / "validation" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert {"id", "prediction", "f1", "em", "acc", "trace"} <= set(questions[0])
+        row = next(r for r in rows if r["step"] == step)
+        assert 100 * sum(q["f1"] for q in questions) / len(questions) == pytest.approx(row["val/f1"], abs=1e-9)
+    assert questions == json.loads(json.dumps(trainer.last_eval[1].predictions))
     assert 0 < rows[0]["seconds/cpu_steps"] < rows[1]["seconds/cpu_steps"] < rows[3]["seconds/cpu_steps"]
     assert all(0 <= r["seconds/reference"] < r["seconds/train"] for r in rows)
     assert any(r[f"{a}/advantage_abs"] > 0 for r in rows for a in ("rewriter", "reranker", "answerer"))
