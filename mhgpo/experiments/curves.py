@@ -129,7 +129,8 @@ def curve(start: dict, history: list[dict], questions: Callable[[int], list[dict
     """A row's `val_curve`: its start (step 0, without the per-question figures) and a point per validation of its
     run (`Trainer.val_history`). ``questions(step)``: the per-question results of the run's validation at ``step``
     (None where the run kept none); a point that has them carries ``paired``, its change over the start question by
-    question in F1 points: ``[mean, low, high]`` (95% paired bootstrap, :func:`~mhgpo.experiments.stats.paired_bootstrap`)."""
+    question in F1 points: ``[mean, low, high]`` (95% paired bootstrap,
+    :func:`~mhgpo.experiments.stats.paired_bootstrap`)."""
     first = {"step": 0, "cpu_minutes": 0.0, **{k: start[k] for k in SCORES}}
     points = []
     for h in history:

@@ -244,9 +244,9 @@ def verdict(
     """The error that stops the run after ``step``'s update (None: the engine is in sync), from one rank's
     ``check``: the engine does not hold the trained weights; a log-prob that is not finite; or a mean gap above
     ``limit``. ``rank``: the rank named in the line (None: one process); ``engine``: the `generation.engine` the
-    line names (``vllm`` or ``vllm_server``); ``model``: the run's `model`, which a server's gap line names (a server
-    started with another model samples from other weights from the first step on). Pure, so that the ranks' verdicts can be combined
-    (:func:`stop_if_any`)."""
+    line names (``vllm`` or ``vllm_server``); ``model``: the run's `model`, which a server's gap line names (a
+    server started with another model samples from other weights from the first step on). Pure, so that the ranks'
+    verdicts can be combined (:func:`stop_if_any`)."""
     on_rank = f", on rank {rank}," if rank is not None else ""
     head = f"generation.engine={engine}: after the update of step {step}{on_rank}"
     tail = f"the run stops; {last_checkpoint}"
