@@ -265,7 +265,8 @@ def verdict(
     if gap is not None and gap > limit:
         return EngineOutOfSync(
             f"{head} the engine's log-probs of the step's outputs differ from the trainer's by {gap:.3g} per token "
-            f"(generation.sync_tolerance={limit:g}): the engine does not sample from the trained weights{served}; {tail}"
+            f"(generation.sync_tolerance={limit:g}): the engine does not sample from the trained weights{served}; "
+            f"{tail}"
         )
     return None
 
