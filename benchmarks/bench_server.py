@@ -82,7 +82,7 @@ def train(args: argparse.Namespace, url: str, seed: int, start: str | None, stal
 
 def validate(args: argparse.Namespace, seed: int, run: Path) -> dict:
     """The trained run's greedy validation on the first `--val-limit` questions, in the trainer's process."""
-    out = run / "validation"
+    out = run / "eval_after"
     command = ["taskset", "-c", args.trainer_cpus, sys.executable, "-m", "mhgpo", "eval", "--model", str(run)]
     command += ["--data", args.val_data, "--limit", str(args.val_limit), "--seed", str(seed), "--output-dir", str(out)]
     command += [f"precision={args.precision}", "generation.engine=hf"]
