@@ -10,9 +10,10 @@ vLLM (`bash scripts/setup.sh --vllm`):
 
 `--start`: the trained model each seed's runs start from (a warm start: an `mhgpo sft` run or a run's
 `warm_start/` folder; one for every seed, or one for all); without it the runs start from the config's model with
-its warm start off. It prints one row per seed and setting: the mean over the steps after the first (the first
-step of a run one step off-policy has nothing grown ahead) of `seconds/step`, `seconds/rollout` (the rollouts, or
-the wait for those grown ahead), `seconds/train` and the idle fractions; with `--val-limit N` each trained run is
+its warm start off. It prints one row per seed and setting: the mean over the steps between the first and the
+last (a run one step off-policy grows nothing ahead before its first step's rollouts, and nothing during its last
+step's update) of `seconds/step`, `seconds/rollout` (the rollouts, or the wait for those grown ahead),
+`seconds/train` and the idle fractions, and the training command's wall time (`total_seconds`); with `--val-limit N` each trained run is
 evaluated greedily on the first N questions of `--val-data` (`mhgpo eval`, in the trainer's process on its cores)
 and the off-policy run's F1 is compared with the synchronous one's question by question (mean paired difference and
 its 95% bootstrap interval, per seed and over all seeds' questions). The rows go to `--out` as JSON.
@@ -71,7 +72,7 @@ def train(args: argparse.Namespace, url: str, seed: int, start: str | None, stal
     subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "TQDM_DISABLE": "1"})
     total = time.perf_counter() - started
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    later = rows[1:] or rows
+    later = rows[1:-1] or rows[1:] or rows  # the steady state: neither the first step nor the last
     result: dict = {key: sum(r[key] for r in later) / len(later) for key in KEYS}
     result.update(seed=seed, staleness=staleness, steps=len(rows), total_seconds=total, start=start)
     result["per_step"] = [{key: r.get(key) for key in ("step", *KEYS, "staleness/max", "reward/mean")} for r in rows]
