@@ -27,6 +27,7 @@ class FakeVLLMServer:
         self, vocab: int = 100, tokens: Any = None, name: str = "mhgpo", port: int = 0, dev_mode: bool = False
     ) -> None:
         self.vocab, self.name, self.mode, self.delay, self.dev_mode = vocab, name, "ok", 0.0, dev_mode
+        self.load_delay = 0.0  # seconds each adapter's load takes (as a server busy generating answers it late)
         self.reloaded: list[tuple[str, list[str]]] = []  # (weights_path, names of its model.safetensors' tensors)
         self.tokens = tokens or (lambda prompt, body: [(prompt[-1] + k) % vocab for k in (1, 2, 3)])
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -62,6 +63,7 @@ class FakeVLLMServer:
                 if fake.mode == "error":
                     return self._send(500, {"error": "the engine died"})
                 if self.path == "/v1/load_lora_adapter":
+                    time.sleep(fake.load_delay)
                     if body["lora_name"] in fake.loaded:
                         return self._send(400, {"error": f"{body['lora_name']} is already loaded"})
                     fake.loaded[body["lora_name"]] = body["lora_path"]

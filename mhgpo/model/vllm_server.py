@@ -31,6 +31,7 @@ asked, or that does not answer within ``generation.server_timeout`` raises a
 
 from __future__ import annotations
 
+import functools
 import secrets
 import shutil
 import threading
@@ -65,6 +66,17 @@ def _token_id(token: Any, url: str) -> int:
         return int(token[len("token_id:") :])
     except ValueError:
         raise ServiceError(f"generation server {url}: malformed answer: token {token!r} is not 'token_id:N'") from None
+
+
+def _waited(method: Any) -> Any:
+    """A method of :class:`ServerGenerator` whose calls count in :meth:`ServerGenerator.waited_seconds`."""
+
+    @functools.wraps(method)
+    def counted(self: ServerGenerator, *args: Any, **kwargs: Any) -> Any:
+        with self._waiting():
+            return method(self, *args, **kwargs)
+
+    return counted
 
 
 class ServerGenerator:
@@ -115,6 +127,7 @@ class ServerGenerator:
         self.suffix = "" if tag == "" else f"-{tag or secrets.token_hex(3)}"
         self._pins = threading.local()  # a thread's pinned adapters (:meth:`pinned`)
         self._active, self._since, self._busy = 0, 0.0, 0.0  # requests in flight; since when; busy seconds so far
+        self._waits = threading.local()  # a thread's seconds in hand-overs and scoring (:meth:`waited_seconds`)
         based = {url: self._base_model(url) for url in self.urls}
         self.models = {url: name for url, (name, _) in based.items()}
         self.roots = {url: root for url, (_, root) in based.items()}  # the folders the servers' weights came from
@@ -202,6 +215,20 @@ class ServerGenerator:
         """Seconds so far during which at least one request was in flight to the servers."""
         with self._lock:
             return self._busy + (time.perf_counter() - self._since if self._active else 0.0)
+
+    def waited_seconds(self) -> float:
+        """Seconds this thread has spent so far in calls to the servers other than generation: the hand-overs
+        (:meth:`set_adapters`, :meth:`load_weights`) and scoring (:meth:`score`, the sync check). One step off-policy
+        the trainer's hand-over queues behind the next step's generation on the servers: this counts that wait."""
+        return getattr(self._waits, "seconds", 0.0)
+
+    @contextmanager
+    def _waiting(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._waits.seconds = self.waited_seconds() + time.perf_counter() - started
 
     def _started(self) -> None:
         with self._lock:
@@ -338,6 +365,7 @@ class ServerGenerator:
             finished=bool(ids) and ids[-1] in self.eos_ids,
         )
 
+    @_waited
     def score(
         self, prompts: list[list[int]], outputs: list[list[int]], agent: str | None = None, temperature: float = 1.0
     ) -> list[list[float]]:
@@ -383,6 +411,7 @@ class ServerGenerator:
 
     # ----------------------------------------------------------------------------------------- weight sync
 
+    @_waited
     def set_adapters(self, folders: dict[str | None, str | Path], version: int) -> None:
         """Serve the LoRA adapters saved (PEFT format) in ``folders``, by agent (None: every agent), the weights of
         the trainer's update ``version``, under their versioned names (:func:`adapter_name`), loaded on every
@@ -425,7 +454,8 @@ class ServerGenerator:
             kept[name] = tensor.contiguous().cpu()
         save_file(kept, str(folder / "model.safetensors"))
         body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}}
-        self._each([(url, body) for url in self.urls], self._reload)
+        with self._waiting():
+            self._each([(url, body) for url in self.urls], self._reload)
         previous, self._weights = self._weights, folder
         self.version = version
         if previous is not None and previous != folder:

@@ -362,6 +362,11 @@ class Trainer:
         busy = getattr(self.setup.generator, "busy_seconds", None)
         return busy() if busy is not None else None
 
+    def _handover_waited(self) -> float:
+        """The seconds the trainer has waited so far on the servers in hand-overs and sync checks (0 in process)."""
+        waited = getattr(self.setup.generator, "waited_seconds", None)
+        return waited() if waited is not None else 0.0
+
     def _staleness(self, batch: RolloutBatch) -> dict[str, float]:
         """The step's trees' staleness (the trainer's update count now minus the version that sampled each tree):
         its mean and largest, and the trees older than `rollout.max_staleness`, which are not trained."""
@@ -556,6 +561,7 @@ class Trainer:
         if critic is None or metrics["actor_updated"]:
             metrics.update(self.setup.policy.update(samples))
         metrics["seconds/train"] = time.perf_counter() - t
+        waited = self._handover_waited()
         if self.setup.engine_scratch is not None:  # the new weights to the engine, checked (a gap stops the run)
             from mhgpo.rl.engine_sync import sync_after_update
 
@@ -573,7 +579,9 @@ class Trainer:
         busy = self._busy()
         if busy is not None and self._step_started is not None:  # the step's wall time, from its collect's start
             wall = max(time.perf_counter() - self._step_started, 1e-9)
-            metrics["idle/trainer"] = min(self._rollout_wait / wall, 1.0)
+            waited = self._handover_waited() - waited  # (off-policy it queues behind the next step's generation)
+            metrics["seconds/handover_wait"] = waited
+            metrics["idle/trainer"] = min((self._rollout_wait + waited) / wall, 1.0)
             metrics["idle/server"] = max(0.0, 1.0 - (busy - self._busy_at) / wall)
             metrics["seconds/step"] = wall  # from the rollouts' start (or the wait for them) to the hand-over's end
             self._step_started = None

@@ -266,6 +266,28 @@ def test_generations_in_flight_hold_their_adapter_across_threads(server: FakeVLL
     assert server.events[-1] == "unload shared-v1"
 
 
+def test_waited_seconds_count_the_threads_hand_overs_and_scoring_not_generation(
+    server: FakeVLLMServer, tmp_path: Path
+) -> None:
+    client = _client(server, adapter_dir=tmp_path)
+    server.load_delay = 0.3
+    client.set_adapters({None: _adapter(tmp_path / "adapters-v1", 1.0)}, 1)
+    after_load = client.waited_seconds()
+    assert 0.3 <= after_load < 0.3 + 1.0
+    server.mode, server.delay = "slow", 0.3  # every request answered 0.3 s late: a generation, then a scoring
+    client.generate([[1]], SamplingParams(max_new_tokens=1))
+    assert client.waited_seconds() == after_load
+    client.score([[1]], [[2]])
+    assert client.waited_seconds() - after_load >= 0.3
+    server.mode = "ok"
+    other = threading.Thread(target=lambda: client.set_adapters({None: _adapter(tmp_path / "adapters-v2", 2.0)}, 2))
+    before = client.waited_seconds()
+    other.start()
+    other.join()
+    assert server.loaded == {"shared-v2": str((tmp_path / "adapters-v2").resolve())}
+    assert client.waited_seconds() == before  # another thread's hand-over is its own wait
+
+
 def test_each_run_tags_its_adapters_names(server: FakeVLLMServer, tmp_path: Path) -> None:
     """A server outlives runs: two runs (or a run and its resumption) load their versions under names of their own."""
     first = ServerGenerator([server.url], Tokenizer(), [EOS], adapter_dir=tmp_path)

@@ -76,6 +76,20 @@ def test_one_step_off_policy_every_trained_tree_is_one_version_old(
     assert json.loads((list_checkpoints(out)[-1] / "state.json").read_text())["position"] == 6
 
 
+def test_the_trainers_wait_in_the_hand_over_counts_in_its_idle_time(
+    tiny_model_dir: Path, world: Path, tmp_path: Path, server: FakeVLLMServer
+) -> None:
+    out = tmp_path / "run"
+    server.load_delay = 0.4  # each step's hand-over loads one adapter (the shared one), as a busy server would
+    trainer_for(_config(tiny_model_dir, world, out, server.url, **{"rollout.max_staleness": 1}), out).run()
+    rows = read_metrics(out)
+    assert len(rows) == 3
+    for r in rows:
+        handover = r["seconds/engine_sync"] + r["seconds/engine_check"]
+        assert 0.4 <= r["seconds/handover_wait"] <= handover
+        assert r["idle/trainer"] * r["seconds/step"] >= r["seconds/handover_wait"] - 1e-9
+
+
 def test_full_fine_tuning_hands_every_weight_to_the_server_before_each_step(
     tiny_model_dir: Path, world: Path, tmp_path: Path
 ) -> None:
