@@ -5,8 +5,11 @@ step, the paired change over its start question by question (mean, 95% bootstrap
 hours; then the verdict per row.
 
 Verdict (`curve_verdict`): a row *rises* when on every seed its end is above its start by more than the questions'
-noise (the paired bootstrap interval above 0), *falls* when below it on every seed, else *flat within noise*; a row
-on a broken warm start (`mhgpo.experiments.curves.healthy`) is named as a repair, not as learning.
+noise (the paired bootstrap interval above 0), *falls* when below it on every seed, else *flat within noise*; the same
+again on the questions on which each start's team already worked (it passed on every gold passage it was shown:
+`gold_dropped` 0 in its per-question records), which says what RL added to a working team there, the rest of a gain
+being a repair of dropped passages; a row on a broken warm start (`mhgpo.experiments.curves.healthy`) is named as a
+repair, not as learning.
 """
 
 from __future__ import annotations
@@ -27,23 +30,43 @@ def curve_rows(by_row: Results) -> dict[str, dict[int, dict]]:
     }
 
 
-def seed_change(result: dict) -> tuple[float, float, float, tuple[int, int, float]]:
-    """A result's end against its start, question by question: (mean Δ F1, low, high, (better, worse, p))."""
-    diffs = paired_questions(result["val_questions"], result["start_questions"])
+def served(result: dict) -> list[dict] | None:
+    """The start's questions on which its team already worked: every gold passage it was shown, it passed on
+    (`gold_dropped` 0, :func:`mhgpo.experiments.curves.gold_dropped`); None where the start's records do not count
+    them."""
+    start = result["start_questions"]
+    if not start or any("gold_dropped" not in q for q in start):
+        return None
+    return [q for q in start if q["gold_dropped"] == 0]
+
+
+def seed_change(result: dict, where: list[dict] | None = None) -> tuple[float, float, float, tuple[int, int, float]]:
+    """A result's end against its start, question by question (on the start's questions ``where`` when given):
+    (mean Δ F1 in points, low, high, (better, worse, p)); a question's F1 is kept as a fraction."""
+    start = result["start_questions"] if where is None else where
+    diffs = [100 * d for d in paired_questions(result["val_questions"], start)]
     return (*paired_bootstrap(diffs), sign_test(diffs))
 
 
-def curve_verdict(results: list[dict]) -> str:
-    """rises / falls / flat within noise over the seeds (see the module's docstring); `repair` where a start was
-    broken."""
-    changes = [seed_change(r) for r in results]
-    broken = any((r.get("start") or {}).get("healthy") is False for r in results)
+def _word(changes: list[tuple[float, float, float, tuple[int, int, float]]]) -> str:
     if all(low > 0 for _, low, _, _ in changes):
-        word = "rises on every seed"
-    elif all(high < 0 for _, _, high, _ in changes):
-        word = "falls on every seed"
-    else:
-        word = "flat within noise"
+        return "rises on every seed"
+    if all(high < 0 for _, _, high, _ in changes):
+        return "falls on every seed"
+    return "flat within noise"
+
+
+def curve_verdict(results: list[dict]) -> str:
+    """rises / falls / flat within noise over the seeds (see the module's docstring), on all the questions and, where
+    the starts count the gold passages their team dropped, on the questions each start already served (what RL
+    added to a team that worked there; the rest of a gain is a repair); `repair` where a start was broken."""
+    word = _word([seed_change(r) for r in results])
+    subsets = [served(r) for r in results]
+    if all(subsets):
+        word += "; where the start kept every gold passage: " + _word(
+            [seed_change(r, where) for r, where in zip(results, subsets)]
+        )
+    broken = any((r.get("start") or {}).get("healthy") is False for r in results)
     return word + (" (from a broken warm start: a repair)" if broken else "")
 
 
@@ -55,6 +78,9 @@ def row_table(row: str, found: dict[int, dict]) -> list[str]:
     """One row's per-seed table: start, F1 at each validated step, the paired change, CPU hours."""
     steps = _step_columns(found)
     head = ["seed", "warm start healthy", *(f"step {s}" for s in steps), "Δ F1 end − start [95% CI]", "+/− (p)"]
+    kept = {seed: served(r) for seed, r in found.items()}
+    if any(kept.values()):
+        head.append("Δ where the start kept every gold passage [95% CI] (questions)")
     lines = [f"`{row}`: {curve_verdict(list(found.values()))}", "", "| " + " | ".join([*head, "CPU h"]) + " |"]
     lines.append("|" + "---|" * (len(head) + 1))
     for seed, r in sorted(found.items()):
@@ -63,6 +89,13 @@ def row_table(row: str, found: dict[int, dict]) -> list[str]:
         health = {True: "yes", False: "no", None: "—"}[(r.get("start") or {}).get("healthy")]
         cells = [str(seed), health, *(_cell(at[s]) if s in at else "" for s in steps)]
         cells += [f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]", f"{up}/{down} ({p:.2g})"]
+        if any(kept.values()):
+            where = kept[seed]
+            if where:
+                m, lo, hi, _ = seed_change(r, where)
+                cells.append(f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}] ({len(where)})")
+            else:
+                cells.append("—")
         cells.append(f"{r['val_curve'][-1]['cpu_minutes'] / 60:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     ends = [r["val_f1"] - r["val_curve"][0]["f1"] for r in found.values()]
@@ -132,6 +165,9 @@ def curves_markdown(by_data: list[tuple[str, str, Results]], images: Path | None
         "## Learning curves\n\nEach row validated every few steps on its own checkpoints (`--val-every`), from the "
         "warm start it starts from (step 0), on the same questions; Δ is the end against the start, paired by "
         "question (95% bootstrap interval, sign test's better/worse and p); in brackets beside a step's F1, its "
-        "own paired change over the start and interval, where the run kept that validation's questions.\n"
+        "own paired change over the start and interval, where the run kept that validation's questions; the last "
+        "column, where the starts count the gold passages their team dropped, is the same change on the questions "
+        "on which the start passed on every gold passage it was shown: what RL added where the team already "
+        "worked, the rest of a gain being a repair of dropped passages.\n"
     )
     return intro + "\n" + "\n".join(parts)

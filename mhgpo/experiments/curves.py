@@ -97,8 +97,29 @@ def _point(cfg: TrainConfig, metrics: dict[str, Any], predictions: list[dict]) -
         "model": Path(cfg.model).name,
         "behaviour": {k: float(v) for k, v in metrics.items() if "/" in k},
         "healthy": healthy(metrics),
-        "questions": [{"id": p["id"], "f1": p["f1"]} for p in predictions],
+        "questions": [question_record(p, ("f1",)) for p in predictions],
     }
+
+
+def gold_dropped(prediction: dict) -> int | None:
+    """The gold passages a prediction's team was shown and did not pass on: over its trace's steps whose `info`
+    counts `gold` (gold passages among the candidates) and `gold_selected` (those selected; the search system's
+    Reranker). None where no step counts them (another team, data without supporting titles)."""
+    steps = (prediction.get("trace") or {}).get("steps") or []
+    counted = [s["info"] for s in steps if isinstance(s.get("info"), dict) and "gold" in s["info"]]
+    counted = [i for i in counted if "gold_selected" in i]
+    return sum(int(i["gold"]) - int(i["gold_selected"]) for i in counted) if counted else None
+
+
+def question_record(prediction: dict, scores: tuple[str, ...]) -> dict:
+    """A prediction's per-question record in a result: its id, ``scores`` and, where its trace counts them, the gold
+    passages its team dropped (:func:`gold_dropped`): a start's questions with none dropped are those on which its
+    team already worked (`mhgpo.experiments.curve_page`)."""
+    record = {"id": prediction["id"], **{k: prediction[k] for k in scores}}
+    dropped = gold_dropped(prediction)
+    if dropped is not None:
+        record["gold_dropped"] = dropped
+    return record
 
 
 def keep_start(cfg: TrainConfig, folder: Path, metrics: dict[str, Any], predictions: list[dict]) -> Path:

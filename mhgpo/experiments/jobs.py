@@ -34,7 +34,7 @@ from mhgpo.config import EvalConfig, TrainConfig, to_dict
 from mhgpo.config.rows import RowTable, load_rows
 from mhgpo.errors import InputError, RunError
 from mhgpo.experiments.claims import ORACLE_ROW, ORACLES, oracle_key, split_key
-from mhgpo.experiments.curves import curve, healthy, keep_start, start_point
+from mhgpo.experiments.curves import curve, healthy, keep_start, question_record, start_point
 from mhgpo.experiments.results import (
     MARKER,
     find_result,
@@ -305,7 +305,7 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
         "healthy": healthy(m),  # formats as a healthy warm start has them (mhgpo.experiments.curves.HEALTH)
         **curve_of,
         "steps_metrics": own["steps_metrics"],
-        "val_questions": [{"id": p["id"], "f1": p["f1"], "acc": p["acc"]} for p in res.predictions],
+        "val_questions": [question_record(p, ("f1", "acc")) for p in res.predictions],
         "ood": {},
     }
     if job.steps:
