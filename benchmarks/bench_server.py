@@ -33,7 +33,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KEYS = ("seconds/step", "seconds/rollout", "seconds/train", "idle/trainer", "idle/server", "staleness/mean")
+KEYS = (
+    "seconds/step",
+    "seconds/rollout",
+    "seconds/train",
+    "seconds/handover_wait",
+    "idle/trainer",
+    "idle/server",
+    "staleness/mean",
+)
 
 
 def free_port() -> int:
