@@ -104,11 +104,19 @@ def _point(cfg: TrainConfig, metrics: dict[str, Any], predictions: list[dict]) -
 def gold_dropped(prediction: dict) -> int | None:
     """The gold passages a prediction's team was shown and did not pass on: over its trace's steps whose `info`
     counts `gold` (gold passages among the candidates) and `gold_selected` (those selected; the search system's
-    Reranker). None where no step counts them (another team, data without supporting titles)."""
-    steps = (prediction.get("trace") or {}).get("steps") or []
-    counted = [s["info"] for s in steps if isinstance(s.get("info"), dict) and "gold" in s["info"]]
-    counted = [i for i in counted if "gold_selected" in i]
-    return sum(int(i["gold"]) - int(i["gold_selected"]) for i in counted) if counted else None
+    Reranker), both whole numbers. None where no step counts them (another team, one whose `gold` means something
+    else, data without supporting titles)."""
+    trace = prediction.get("trace")
+    steps = trace.get("steps") if isinstance(trace, dict) else None
+    if not isinstance(steps, list):
+        return None
+    infos = [s.get("info") for s in steps if isinstance(s, dict)]
+    counted = [i for i in infos if isinstance(i, dict) and _count(i.get("gold")) and _count(i.get("gold_selected"))]
+    return sum(i["gold"] - i["gold_selected"] for i in counted) if counted else None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def question_record(prediction: dict, scores: tuple[str, ...]) -> dict:

@@ -669,6 +669,10 @@ def test_a_questions_record_counts_the_gold_passages_its_team_dropped():
     assert gold_dropped(_prediction("a", 1.0, (0, 0))) == 0  # no gold shown: nothing dropped
     assert gold_dropped(_prediction("a", 1.0)) is None  # no step counts them
     assert gold_dropped({"id": "a", "f1": 1.0}) is None  # no trace
+    odd = _prediction("a", 1.0, (2, 1))  # a team of one's own whose `gold` is the gold answer: not counted
+    odd["trace"]["steps"][1]["info"]["gold"] = "Paris"
+    assert gold_dropped(odd) is None
+    assert gold_dropped({"id": "a", "trace": {"steps": "none"}}) is None and gold_dropped({"trace": [1]}) is None
     assert question_record(_prediction("a", 0.5, (2, 1)), ("f1", "acc")) == {
         "id": "a",
         "f1": 0.5,
