@@ -200,8 +200,9 @@ def test_synchronous_on_the_server_the_rollouts_and_metrics_are_the_in_process_e
             assert max((abs(u - v) for u, v in zip(x[2], y[2])), default=0.0) < 1e-5
     assert len({tuple(g[1]) for c in local for g in c}) > 1  # (sampled, not all alike)
     for a, b in zip(local_rows, remote_rows):
-        assert {k for k in b if k not in a} == {"staleness/mean", "staleness/max", "staleness/dropped_trees"} | {
-            k for k in b if k.startswith(("idle/", "seconds/step"))
+        assert {k for k in b if k not in a} == {
+            *("staleness/mean", "staleness/max", "staleness/dropped_trees"),
+            *("idle/trainer", "idle/server", "seconds/step", "seconds/handover_wait"),
         }
         for k, v in a.items():
             if k.startswith(("seconds/", "memory/")):
