@@ -243,12 +243,36 @@ def check_row(result: dict, table: RowTable, row: str, path: Path) -> None:
         )
 
 
+SITTINGS = "sittings.json"  # in a stopped row's folder: the minutes (wall, CPU) of its sittings so far
+
+
 def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
-    """Train (or validate) `row` into `tmp`; its result record."""
+    """Train (or validate) `row` into `tmp`; its result record. A row stopped mid-way (Ctrl-C, a signal, an error)
+    keeps its sitting's minutes in `tmp` (:data:`SITTINGS`), so that the record of the row continued from there
+    counts every sitting's (`train_minutes`, `train_cpu_minutes`)."""
+    since = _clock()
+    try:
+        return _sitting(table, job, row, tmp, final, since)
+    except BaseException:
+        if tmp.is_dir():
+            atomic_write_json(tmp / SITTINGS, _spent_so_far(tmp, since))
+        raise
+
+
+def _spent_so_far(tmp: Path, since: tuple[float, float]) -> dict[str, float]:
+    """This sitting's minutes (from ``since``) and those of the row's earlier sittings kept in `tmp`."""
+    now = _minutes(since)
+    try:
+        earlier = read_json(tmp / SITTINGS)
+        return {k: now[k] + float(earlier[k]) for k in now}
+    except (InputError, ValueError, KeyError, TypeError):  # none kept (a first sitting), or unreadable: this one's
+        return now
+
+
+def _sitting(table: RowTable, job: Job, row: str, tmp: Path, final: Path, since: tuple[float, float]) -> dict:
     from mhgpo.rl.policy import peak_memory_mb
 
     cfg = run_config(table, job, row, tmp)
-    since = _clock()
     curve_of: dict[str, Any] = {}
     if table.row(row).train:
         from mhgpo.runtime.runlog import read_metrics
@@ -281,7 +305,7 @@ def _run(table: RowTable, job: Job, row: str, tmp: Path, final: Path) -> dict:
         own = {"steps": 0, "steps_metrics": []}
         if job.settings.get("val_every"):  # the curves' step 0 of the rows starting from this model: this validation
             keep_start(cfg, Path(job.folder), res.metrics, res.predictions)
-    spent = _minutes(since)
+    spent = _spent_so_far(tmp, since)
     m = res.metrics
     record = {
         "row": job.key,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import write_echo_world
 
-from mhgpo.experiments import runner
+from mhgpo.experiments import jobs, runner
 from mhgpo.experiments.results import collect, data_folders, result_path, run_folder
 from mhgpo.experiments.stats import paired_bootstrap, paired_questions
 from mhgpo.rl.trainer import Trainer
@@ -224,6 +224,8 @@ def test_the_warm_starts_own_validation_row_is_the_rows_step_0(world, tiny_model
 
 def test_a_row_stopped_mid_run_continues_to_the_same_result(world, tiny_model_dir, tmp_path, monkeypatch) -> None:
     _budget_clock(monkeypatch)
+    ticks = iter(range(0, 10**6, 60))  # each reading of the harness's clocks a minute after the one before
+    monkeypatch.setattr(jobs, "_clock", lambda: (float(next(ticks)),) * 2)
     whole = tmp_path / "whole"
     assert _curve_run(world, tiny_model_dir, whole) == 0
     _budget_clock(monkeypatch, stop_at=4)  # stopped in step 4: steps 1-3 done, step 3 saved on the way out
@@ -233,6 +235,7 @@ def test_a_row_stopped_mid_run_continues_to_the_same_result(world, tiny_model_di
     partial = run_folder(folder, "warm_rr", 0).with_name("warm_rr-seed0.partial")
     assert [p.name for p in (partial / "checkpoints").iterdir()] == ["step_3"]
     assert not result_path(folder, "warm_rr", 0).exists()
+    assert json.loads((partial / jobs.SITTINGS).read_text()) == {"minutes": 1.0, "cpu_minutes": 1.0}
     assert _curve_run(world, tiny_model_dir, cut) == 0  # run again: continues from step 3
     assert not partial.exists()
     a = collect(data_folders(whole)[0])["warm_rr"][0]
@@ -240,6 +243,9 @@ def test_a_row_stopped_mid_run_continues_to_the_same_result(world, tiny_model_di
     timing = ("seconds/", "memory/")
     for key in ("steps", "val_f1", "val_acc", "val_questions", "start_questions", "budget_minutes_used"):
         assert a[key] == b[key], key
+    # the row's minutes: one a sitting (the clock read once at its start, once at its end), both sittings counted
+    assert (a["train_minutes"], a["train_cpu_minutes"]) == (1.0, 1.0)
+    assert (b["train_minutes"], b["train_cpu_minutes"]) == (2.0, 2.0)
     assert [{k: p[k] for k in ("step", "f1", "em", "acc")} for p in a["val_curve"]] == [
         {k: p[k] for k in ("step", "f1", "em", "acc")} for p in b["val_curve"]
     ]
