@@ -6,10 +6,10 @@ hours; then the verdict per row.
 
 Verdict (`curve_verdict`): a row *rises* when on every seed its end is above its start by more than the questions'
 noise (the paired bootstrap interval above 0), *falls* when below it on every seed, else *flat within noise*; the same
-again on the questions on which each start's team already worked (it passed on every gold passage it was shown:
-`gold_dropped` 0 in its per-question records), which says what RL added to a working team there, the rest of a gain
-being a repair of dropped passages; a row on a broken warm start (`mhgpo.experiments.curves.healthy`) is named as a
-repair, not as learning.
+again on the questions on which each start's team already worked (no agent broke its format, and every gold passage
+the Reranker was shown it passed on: `format_broken` false and `gold_dropped` 0 in its per-question records), which
+says what RL added to a working team there, the rest of a gain being a repair of broken formats or dropped passages;
+a row on a broken warm start (`mhgpo.experiments.curves.healthy`) is named as a repair, not as learning.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ def curve_rows(by_row: Results) -> dict[str, dict[int, dict]]:
 
 def served(result: dict) -> list[dict] | None:
     """The start's questions on which its team already worked: every gold passage it was shown, it passed on
-    (`gold_dropped` 0, :func:`mhgpo.experiments.curves.gold_dropped`); None where the start's records do not count
-    them."""
+    (`gold_dropped` 0, :func:`mhgpo.experiments.curves.gold_dropped`), and no agent broke its format
+    (`format_broken`, where recorded); None where the start's records do not count the gold passages."""
     start = result["start_questions"]
     if not start or any("gold_dropped" not in q for q in start):
         return None
-    return [q for q in start if q["gold_dropped"] == 0]
+    return [q for q in start if q["gold_dropped"] == 0 and not q.get("format_broken", False)]
 
 
 def seed_change(result: dict, where: list[dict] | None = None) -> tuple[float, float, float, tuple[int, int, float]]:
@@ -58,14 +58,12 @@ def _word(changes: list[tuple[float, float, float, tuple[int, int, float]]]) -> 
 
 def curve_verdict(results: list[dict]) -> str:
     """rises / falls / flat within noise over the seeds (see the module's docstring), on all the questions and, where
-    the starts count the gold passages their team dropped, on the questions each start already served (what RL
+    the starts count the gold passages their team dropped, on the questions on which each start worked (what RL
     added to a team that worked there; the rest of a gain is a repair); `repair` where a start was broken."""
     word = _word([seed_change(r) for r in results])
     subsets = [served(r) for r in results]
     if all(subsets):
-        word += "; where the start kept every gold passage: " + _word(
-            [seed_change(r, where) for r, where in zip(results, subsets)]
-        )
+        word += "; where the start worked: " + _word([seed_change(r, where) for r, where in zip(results, subsets)])
     broken = any((r.get("start") or {}).get("healthy") is False for r in results)
     return word + (" (from a broken warm start: a repair)" if broken else "")
 
@@ -80,7 +78,7 @@ def row_table(row: str, found: dict[int, dict]) -> list[str]:
     head = ["seed", "warm start healthy", *(f"step {s}" for s in steps), "Δ F1 end − start [95% CI]", "+/− (p)"]
     kept = {seed: served(r) for seed, r in found.items()}
     if any(kept.values()):
-        head.append("Δ where the start kept every gold passage [95% CI] (questions)")
+        head.append("Δ where the start worked [95% CI] (questions)")
     lines = [f"`{row}`: {curve_verdict(list(found.values()))}", "", "| " + " | ".join([*head, "CPU h"]) + " |"]
     lines.append("|" + "---|" * (len(head) + 1))
     for seed, r in sorted(found.items()):
@@ -167,7 +165,7 @@ def curves_markdown(by_data: list[tuple[str, str, Results]], images: Path | None
         "question (95% bootstrap interval, sign test's better/worse and p); in brackets beside a step's F1, its "
         "own paired change over the start and interval, where the run kept that validation's questions; the last "
         "column, where the starts count the gold passages their team dropped, is the same change on the questions "
-        "on which the start passed on every gold passage it was shown: what RL added where the team already "
-        "worked, the rest of a gain being a repair of dropped passages.\n"
+        "on which the start worked (no agent broke its format, every gold passage shown passed on): what RL added "
+        "where the team already worked, the rest of a gain being a repair of broken formats or dropped passages.\n"
     )
     return intro + "\n" + "\n".join(parts)

@@ -119,14 +119,32 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def format_broken(prediction: dict) -> bool | None:
+    """Whether an agent of a prediction's team broke its format (a step with a format penalty below 0: the
+    Rewriter's unclosed `### ... ###`, the Reranker's invalid ids, the Answerer past its length); None where no step
+    records a penalty."""
+    trace = prediction.get("trace")
+    steps = trace.get("steps") if isinstance(trace, dict) else None
+    if not isinstance(steps, list):
+        return None
+    penalties = [s["penalty"] for s in steps if isinstance(s, dict) and _number(s.get("penalty"))]
+    return any(p < 0 for p in penalties) if penalties else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def question_record(prediction: dict, scores: tuple[str, ...]) -> dict:
-    """A prediction's per-question record in a result: its id, ``scores`` and, where its trace counts them, the gold
-    passages its team dropped (:func:`gold_dropped`): a start's questions with none dropped are those on which its
-    team already worked (`mhgpo.experiments.curve_page`)."""
+    """A prediction's per-question record in a result: its id, ``scores`` and, where its trace says them, the gold
+    passages its team dropped (:func:`gold_dropped`) and whether it broke a format (:func:`format_broken`): a start's
+    questions with neither are those on which its team already worked (`mhgpo.experiments.curve_page`)."""
     record = {"id": prediction["id"], **{k: prediction[k] for k in scores}}
-    dropped = gold_dropped(prediction)
+    dropped, broken = gold_dropped(prediction), format_broken(prediction)
     if dropped is not None:
         record["gold_dropped"] = dropped
+    if broken is not None:
+        record["format_broken"] = broken
     return record
 
 

@@ -654,15 +654,18 @@ def test_a_curve_point_carries_its_paired_change_over_the_start_where_its_questi
     assert curve(start, history) == [{k: v for k, v in p.items() if k != "paired"} for p in points]
 
 
-def _prediction(qid: str, f1: float, *reranked: tuple[int, int]) -> dict:
-    """A prediction whose trace has a Reranker step per ``(gold shown, gold selected)``."""
+def _prediction(qid: str, f1: float, *reranked: tuple[int, int], rewriter_penalty: float | None = None) -> dict:
+    """A prediction whose trace has a Reranker step per ``(gold shown, gold selected)``, after a Rewriter step (with
+    its format penalty when given)."""
     steps = [{"agent": "rewriter", "info": {"queries": ["q"]}}]
+    if rewriter_penalty is not None:
+        steps[0]["penalty"] = rewriter_penalty
     steps += [{"agent": "reranker", "info": {"selected": [0], "gold": g, "gold_selected": k}} for g, k in reranked]
     return {"id": qid, "f1": f1, "acc": f1, "trace": {"steps": steps}}
 
 
-def test_a_questions_record_counts_the_gold_passages_its_team_dropped():
-    from mhgpo.experiments.curves import gold_dropped, question_record
+def test_a_questions_record_counts_the_gold_passages_its_team_dropped_and_its_broken_formats():
+    from mhgpo.experiments.curves import format_broken, gold_dropped, question_record
 
     assert gold_dropped(_prediction("a", 1.0, (2, 1))) == 1
     assert gold_dropped(_prediction("a", 1.0, (2, 2), (1, 0))) == 1  # summed over the Reranker's steps
@@ -680,13 +683,28 @@ def test_a_questions_record_counts_the_gold_passages_its_team_dropped():
         "gold_dropped": 1,
     }
     assert question_record(_prediction("b", 0.5), ("f1",)) == {"id": "b", "f1": 0.5}
+    assert format_broken(_prediction("a", 1.0, rewriter_penalty=-0.5)) is True
+    assert format_broken(_prediction("a", 1.0, rewriter_penalty=0.0)) is False
+    assert format_broken(_prediction("a", 1.0)) is None  # no step records a penalty
+    odd = _prediction("a", 1.0, rewriter_penalty=0.0)
+    odd["trace"]["steps"][0]["penalty"] = "none"  # not a number: not a penalty
+    assert format_broken(odd) is None and format_broken({"trace": {"steps": None}}) is None
+    assert question_record(_prediction("c", 0.0, (1, 1), rewriter_penalty=-0.5), ("f1",)) == {
+        "id": "c",
+        "f1": 0.0,
+        "gold_dropped": 0,
+        "format_broken": True,
+    }
 
 
-def _curve_result(start: list[tuple[float, int | None]], end: list[float]) -> dict:
-    """A row's result: its start's questions (F1, gold dropped) and its end's F1 on the same questions."""
+def _curve_result(start: list[tuple[float, int | None]], end: list[float], broken: int = 0) -> dict:
+    """A row's result: its start's questions (F1, gold dropped; the first ``broken`` with a format broken) and its
+    end's F1 on the same questions."""
     start_q = [
         {"id": f"q{i}", "f1": f, **({"gold_dropped": d} if d is not None else {})} for i, (f, d) in enumerate(start)
     ]
+    for q in start_q[:broken]:
+        q["format_broken"] = True
     return {
         "start_questions": start_q,
         "val_questions": [{"id": f"q{i}", "f1": f} for i, f in enumerate(end)],
@@ -698,7 +716,7 @@ def _curve_result(start: list[tuple[float, int | None]], end: list[float]) -> di
     }
 
 
-def test_a_curves_verdict_tells_a_gain_where_the_start_worked_from_a_repair_of_dropped_passages():
+def test_a_curves_verdict_tells_a_gain_where_the_start_worked_from_a_repair():
     from mhgpo.experiments.curve_page import curve_verdict, row_table, seed_change
 
     # 20 questions the start served (gold_dropped 0), unchanged at the end; 20 it dropped a passage on, all repaired
@@ -706,23 +724,23 @@ def test_a_curves_verdict_tells_a_gain_where_the_start_worked_from_a_repair_of_d
     mean, low, high, (up, down, _) = seed_change(repair)
     assert mean == 50.0 and 0 < low < 50.0 < high and (up, down) == (20, 0)  # in F1 points, not fractions
     assert seed_change(repair, [q for q in repair["start_questions"] if q["gold_dropped"] == 0])[:3] == (0.0, 0.0, 0.0)
-    assert curve_verdict([repair, repair]) == (
-        "rises on every seed; where the start kept every gold passage: flat within noise"
-    )
+    assert curve_verdict([repair, repair]) == ("rises on every seed; where the start worked: flat within noise")
     # a gain on the questions the start served as well: 15 of its 20 wrong answers right at the end
     learned = _curve_result([(0.0, 0)] * 20 + [(0.0, 1)] * 20, [1.0] * 15 + [0.0] * 5 + [1.0] * 20)
-    assert curve_verdict([learned, repair]).endswith("where the start kept every gold passage: flat within noise")
-    assert curve_verdict([learned, learned]) == (
-        "rises on every seed; where the start kept every gold passage: rises on every seed"
-    )
+    assert curve_verdict([learned, repair]).endswith("where the start worked: flat within noise")
+    assert curve_verdict([learned, learned]) == ("rises on every seed; where the start worked: rises on every seed")
     table = "\n".join(row_table("warm_is", {0: learned, 1: repair}))
     assert "| 0 | — | 0.0 | 87.5 | +87.5 [" in table and "| 35/0 (" in table
-    assert "Δ where the start kept every gold passage [95% CI] (questions)" in table
+    assert "Δ where the start worked [95% CI] (questions)" in table
     assert table.count("(20) |") == 2 and "| +75.0 [" in table and "| +0.0 [+0.0, +0.0] (20) |" in table
+    # the questions on which the start broke a format are not where it worked: learned's gain there is a repair
+    broke = _curve_result([(0.0, 0)] * 20 + [(0.0, 1)] * 20, [1.0] * 15 + [0.0] * 5 + [1.0] * 20, broken=15)
+    assert curve_verdict([broke, broke]).endswith("where the start worked: flat within noise")
+    assert "| +0.0 [+0.0, +0.0] (5) |" in "\n".join(row_table("warm_is", {0: broke}))
     # starts without the count (an earlier record, another team): the verdict and the table on all questions only
     bare = _curve_result([(0.0, None)] * 4, [1.0] * 4)
     assert curve_verdict([bare, bare]) == "rises on every seed"
-    assert "kept every gold passage" not in "\n".join(row_table("warm_is", {0: bare}))
+    assert "where the start worked" not in "\n".join(row_table("warm_is", {0: bare}))
 
 
 def test_a_kept_run_whose_record_or_evaluation_config_is_not_one_is_named(tmp_path):

@@ -211,6 +211,7 @@ def test_the_warm_starts_own_validation_row_is_the_rows_step_0(world, tiny_model
     assert (start["f1"], start["acc"], start["em"], start["n"]) == (warm["val_f1"], warm["val_acc"], warm["val_em"], 2)
     assert start["questions"] == [{k: v for k, v in q.items() if k != "acc"} for q in warm["val_questions"]]
     assert all(isinstance(q["gold_dropped"], int) for q in start["questions"])  # the world names the gold passages
+    assert all(isinstance(q["format_broken"], bool) for q in start["questions"])  # the agents record their penalties
     assert (
         start["healthy"] == warm["healthy"]
         and start["behaviour"]["reranker/invalid_rate"] == warm["reranker/invalid_rate"]
