@@ -133,7 +133,8 @@ def plot_curves(found_by_row: dict[str, dict[int, dict]], path: Path, title: str
         mean = [float(np.mean([next(p["f1"] for p in r["val_curve"] if p["step"] == s) for r in found.values()]))
                 for s in common]  # fmt: skip
         axes[0].plot(common, mean, lw=2.2, color=color, marker="o", label=f"{row} ({len(found)} seeds)")
-    axes[0].set(title=f"{title}: validation F1 by step", xlabel="RL step", ylabel="F1 (%)")
+    fig.suptitle(title)  # (the data set's, whole: too long for a panel's title)
+    axes[0].set(title="validation F1 by step", xlabel="RL step", ylabel="F1 (%)")
     axes[1].set(title="by CPU minutes of training", xlabel="CPU minutes (rollouts and updates)", ylabel="F1 (%)")
     axes[0].legend(fontsize=7)
     path.parent.mkdir(parents=True, exist_ok=True)
