@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mhgpo.config import TrainConfig, to_dict
-from mhgpo.experiments.results import waiting_lock
+from mhgpo.experiments.results import is_count, is_number, waiting_lock
 from mhgpo.experiments.stats import paired_bootstrap, paired_questions
 from mhgpo.io import atomic_write_json
 
@@ -101,38 +101,29 @@ def _point(cfg: TrainConfig, metrics: dict[str, Any], predictions: list[dict]) -
     }
 
 
+def _steps(prediction: dict) -> list[dict] | None:
+    """The steps of a prediction's trace (the dicts among them), or None where it has no such list."""
+    trace = prediction.get("trace")
+    steps = trace.get("steps") if isinstance(trace, dict) else None
+    return [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else None
+
+
 def gold_dropped(prediction: dict) -> int | None:
     """The gold passages a prediction's team was shown and did not pass on: over its trace's steps whose `info`
     counts `gold` (gold passages among the candidates) and `gold_selected` (those selected; the search system's
     Reranker), both whole numbers. None where no step counts them (another team, one whose `gold` means something
     else, data without supporting titles)."""
-    trace = prediction.get("trace")
-    steps = trace.get("steps") if isinstance(trace, dict) else None
-    if not isinstance(steps, list):
-        return None
-    infos = [s.get("info") for s in steps if isinstance(s, dict)]
-    counted = [i for i in infos if isinstance(i, dict) and _count(i.get("gold")) and _count(i.get("gold_selected"))]
+    infos = [s.get("info") for s in _steps(prediction) or []]
+    counted = [i for i in infos if isinstance(i, dict) and is_count(i.get("gold")) and is_count(i.get("gold_selected"))]
     return sum(i["gold"] - i["gold_selected"] for i in counted) if counted else None
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def format_broken(prediction: dict) -> bool | None:
     """Whether an agent of a prediction's team broke its format (a step with a format penalty below 0: the
     Rewriter's unclosed `### ... ###`, the Reranker's invalid ids, the Answerer past its length); None where no step
     records a penalty."""
-    trace = prediction.get("trace")
-    steps = trace.get("steps") if isinstance(trace, dict) else None
-    if not isinstance(steps, list):
-        return None
-    penalties = [s["penalty"] for s in steps if isinstance(s, dict) and _number(s.get("penalty"))]
+    penalties = [s["penalty"] for s in _steps(prediction) or [] if is_number(s.get("penalty"))]
     return any(p < 0 for p in penalties) if penalties else None
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def question_record(prediction: dict, scores: tuple[str, ...]) -> dict:

@@ -150,20 +150,22 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict:
     return dict(pairs)
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A JSON number (not a boolean)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _count(value: Any) -> bool:
+def is_count(value: Any) -> bool:
+    """A whole number ≥ 0 (not a boolean)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _settings_ok(value: Any) -> bool:
     return (
         isinstance(value, dict)
-        and _number(value.get("minutes"))
+        and is_number(value.get("minutes"))
         and isinstance(value.get("clock"), str)
-        and _count(value.get("val_limit"))
+        and is_count(value.get("val_limit"))
         and isinstance(value.get("overrides"), list)
         and all(isinstance(o, str) for o in value["overrides"])
         and isinstance(value.get("scale", ""), str)
@@ -172,7 +174,7 @@ def _settings_ok(value: Any) -> bool:
 
 def _ood_ok(value: Any) -> bool:
     return isinstance(value, dict) and all(
-        isinstance(entry, dict) and isinstance(entry.get("data"), str) and _number(entry.get("f1"))
+        isinstance(entry, dict) and isinstance(entry.get("data"), str) and is_number(entry.get("f1"))
         for entry in value.values()
     )
 
@@ -180,7 +182,7 @@ def _ood_ok(value: Any) -> bool:
 def _questions_ok(value: Any) -> bool:
     """Per-question scores: a list of {id: str, f1: number, ...}."""
     return isinstance(value, list) and all(
-        isinstance(q, dict) and isinstance(q.get("id"), str) and _number(q.get("f1")) for q in value
+        isinstance(q, dict) and isinstance(q.get("id"), str) and is_number(q.get("f1")) for q in value
     )
 
 
@@ -190,26 +192,26 @@ def _curve_ok(value: Any) -> bool:
     return (
         isinstance(value, list)
         and len(value) > 0
-        and all(isinstance(p, dict) and all(_number(p.get(k)) for k in keys) for p in value)
+        and all(isinstance(p, dict) and all(is_number(p.get(k)) for k in keys) for p in value)
     )
 
 
 # What each key of a result must hold (those a result may lack: when it has them).
 RESULT_TYPES: dict[str, tuple[Any, str]] = {
     "row": (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a row name"),
-    "seed": (lambda v: _count(v) and v <= 2**32 - 1, "a seed"),
-    "steps": (_count, "a count"),
+    "seed": (lambda v: is_count(v) and v <= 2**32 - 1, "a seed"),
+    "steps": (is_count, "a count"),
     "settings": (_settings_ok, "the settings (minutes, clock, val_limit, overrides)"),
-    **{k: (_number, "a number") for k in ("val_f1", "val_acc", "val_em", "llm_calls", "budget_minutes_used")},
-    **{k: (_count, "a count") for k in ("val_n", "questions_per_step")},
-    **{k: (lambda v: v is None or _number(v), "a number or null") for k in ("peak_mb", "budget_minutes")},
-    **{k: (lambda v: v is None or _number(v), "a number or null") for k in ("recall_retrieved", "recall_shown")},
+    **{k: (is_number, "a number") for k in ("val_f1", "val_acc", "val_em", "llm_calls", "budget_minutes_used")},
+    **{k: (is_count, "a count") for k in ("val_n", "questions_per_step")},
+    **{k: (lambda v: v is None or is_number(v), "a number or null") for k in ("peak_mb", "budget_minutes")},
+    **{k: (lambda v: v is None or is_number(v), "a number or null") for k in ("recall_retrieved", "recall_shown")},
     "machine": (
         lambda v: isinstance(v, dict) and all(isinstance(x, (str, int, type(None))) for x in v.values()),
         "a machine",
     ),
     "steps_metrics": (
-        lambda v: isinstance(v, list) and all(isinstance(m, dict) and all(map(_number, m.values())) for m in v),
+        lambda v: isinstance(v, list) and all(isinstance(m, dict) and all(map(is_number, m.values())) for m in v),
         "a list of per-step metrics",
     ),
     "ood": (lambda v: v is None or _ood_ok(v), "evaluations by name, each with its data and f1"),

@@ -561,7 +561,7 @@ class Trainer:
         if critic is None or metrics["actor_updated"]:
             metrics.update(self.setup.policy.update(samples))
         metrics["seconds/train"] = time.perf_counter() - t
-        waited = self._handover_waited()
+        waited_before = self._handover_waited()
         if self.setup.engine_scratch is not None:  # the new weights to the engine, checked (a gap stops the run)
             from mhgpo.rl.engine_sync import sync_after_update
 
@@ -579,7 +579,7 @@ class Trainer:
         busy = self._busy()
         if busy is not None and self._step_started is not None:  # the step's wall time, from its collect's start
             wall = max(time.perf_counter() - self._step_started, 1e-9)
-            waited = self._handover_waited() - waited  # (off-policy it queues behind the next step's generation)
+            waited = self._handover_waited() - waited_before  # (off-policy it queues behind the next step's generation)
             metrics["seconds/handover_wait"] = waited
             metrics["idle/trainer"] = min((self._rollout_wait + waited) / wall, 1.0)
             metrics["idle/server"] = max(0.0, 1.0 - (busy - self._busy_at) / wall)
