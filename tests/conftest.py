@@ -117,7 +117,7 @@ def build_tiny_model(
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: loads the real default model (about 20 s)")
+    config.addinivalue_line("markers", "slow: runs the real default model")
     # The tiny models gain nothing from intra-op threads, and OpenMP threads spinning against other busy
     # processes slow them down by an order of magnitude. Subprocesses (CLI tests) inherit the variable.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -149,8 +149,9 @@ def tiny_lm(tiny_model_dir: Path):  # -> mhgpo.model.pretrained.LoadedModel
 
 @pytest.fixture(scope="session")
 def default_lm():  # -> mhgpo.model.pretrained.LoadedModel
-    """The embedded default model (the GGUF file, de-quantised: about 15 s on 2 cores) loaded once with
-    :func:`mhgpo.model.trained.load_model` (CPU, float32) for the tests that read it: treat it as read-only."""
+    """The embedded default model loaded once with :func:`mhgpo.model.trained.load_model` (CPU, float32) for the
+    tests that read it: treat it as read-only. The GGUF file is de-quantised into the session's cache by the first
+    load of the session (about 17 s on 2 cores); later loads, here or in a subprocess, read the copy (0.2 s)."""
     from mhgpo.model.pretrained import DEFAULT_MODEL
     from mhgpo.model.trained import load_model
 

