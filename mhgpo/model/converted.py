@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,9 @@ def gguf_key(gguf: Path) -> str:
 def gguf_folder(gguf: Path, name: str, load: Callable[[], tuple[Any, Any]]) -> Path | None:
     """The cached Hugging Face folder of the GGUF file ``gguf`` (``<cache>/models/<name>-<key>``, :func:`gguf_key`),
     written once from ``load()`` (the model de-quantised in float32, and its tokenizer). None where the cache cannot
-    be written (a read-only home, ``MHGPO_CACHE`` on a full or read-only disk): the caller reads the GGUF file
-    itself, as without a cache."""
+    take it (a read-only home, ``MHGPO_CACHE`` on a full or read-only disk, a copy larger than half the free space,
+    said in one line): the caller reads the GGUF file itself, as without a cache (``load``'s result, when it was
+    called, is still the caller's to use)."""
     from mhgpo.paths import cache_root
 
     folder = cache_root() / MODELS / f"{name}-{gguf_key(gguf)}"
@@ -135,6 +137,16 @@ def gguf_folder(gguf: Path, name: str, load: Callable[[], tuple[Any, Any]]) -> P
         from safetensors import SafetensorError
 
         model, tokenizer = load()
+        size = sum(t.numel() * 4 for t in model.state_dict().values())  # float32
+        free = shutil.disk_usage(part).free
+        if size > free / 2:
+            print(
+                f"mhgpo: {gguf} is read from the file on every load: its de-quantised copy ({size / 1e9:.1f} GB) "
+                f"would take more than half the free space of {folder.parent} ({free / 1e9:.1f} GB)",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise _Unwritable
         try:
             save_unpacked(model, tokenizer, "float32", part, what=str(gguf))
         except (OSError, SafetensorError) as err:

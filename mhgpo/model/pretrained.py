@@ -293,9 +293,12 @@ def _from_pretrained(source: ModelSource, dtype: Any, again: bool = True) -> tup
     if source.kind == "gguf":
         # Read from the GGUF file once, then from its de-quantised copy in the cache (the same float32 tensors,
         # config and tokenizer, in a fraction of the time); the file itself where the cache cannot be written
-        folder = None if no_model_cache() else gguf_folder(source.gguf_path, source.name, lambda: _from_gguf(source))
+        read: list[tuple[Any, Any]] = []  # the file's model and tokenizer, when the copy was written from them now
+        folder = None if no_model_cache() else gguf_folder(source.gguf_path, source.name, lambda: _read(source, read))
         try:
-            if folder is None:
+            if read:
+                model, tokenizer = read[0]
+            elif folder is None:
                 model, tokenizer = _from_gguf(source)
             else:
                 tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -332,6 +335,11 @@ def _from_gguf(source: ModelSource) -> tuple[Any, Any]:
     with _quiet_tqdm():  # the GGUF de-quantisation bar says nothing the caller's own status line doesn't
         model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file, dtype=torch.float32)
     return model, tokenizer
+
+
+def _read(source: ModelSource, into: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    into.append(_from_gguf(source))
+    return into[-1]
 
 
 def no_model_cache() -> bool:

@@ -239,8 +239,39 @@ def test_a_full_disk_leaves_no_copy_and_the_model_still_loads(
 
     monkeypatch.setattr(converted_module, "save_unpacked", disk_full)
     loaded = load_pretrained(str(gguf), device="cpu")
-    assert loaded.model is not None and reads == [gguf, gguf]  # read for the copy, then again to load
+    assert loaded.model is not None and reads == [gguf]  # what was read for the copy is the model loaded
     assert [p.name for p in (tmp_path / "cache" / MODELS).iterdir()] == [f"tiny-{gguf_key(gguf)}.lock"]
+
+
+def test_a_copy_larger_than_half_the_free_space_is_not_written_and_says_so(
+    fake_gguf, tiny_lm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from mhgpo.model import converted as converted_module
+    from mhgpo.model.pretrained import load_pretrained
+
+    gguf, reads = fake_gguf
+    size = sum(t.numel() * 4 for t in tiny_lm.model.state_dict().values())
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(converted_module.shutil, "disk_usage", lambda path: usage._replace(free=2 * size - 1))
+    capsys.readouterr()
+    load_pretrained(str(gguf), device="cpu")
+    load_pretrained(str(gguf), device="cpu")
+    assert reads == [gguf, gguf] and not (tmp_path / "cache" / MODELS / f"tiny-{gguf_key(gguf)}").exists()
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("mhgpo:")]
+    assert (
+        lines
+        == [
+            f"mhgpo: {gguf} is read from the file on every load: its de-quantised copy ({size / 1e9:.1f} GB) would take "
+            f"more than half the free space of {tmp_path / 'cache' / MODELS} ({(2 * size - 1) / 1e9:.1f} GB)"
+        ]
+        * 2
+    )
+    monkeypatch.setattr(converted_module.shutil, "disk_usage", lambda path: usage._replace(free=2 * size))
+    load_pretrained(str(gguf), device="cpu")
+    load_pretrained(str(gguf), device="cpu")
+    assert reads == [gguf] * 3  # written at exactly half
 
 
 def test_a_gguf_file_that_cannot_be_read_is_one_error_and_leaves_no_copy(
