@@ -147,7 +147,20 @@ class DemoStages:
         self.console = Console(highlight=False)
         self.rows: dict[str, dict] = {}
         self.started = time.perf_counter()
+        self.marks: list[tuple[str, float]] = []  # (the stage that just ended, when), in order
         self.job = None
+
+    def mark(self, stage: str) -> None:
+        self.marks.append((stage, time.perf_counter()))
+
+    def stages(self, now: float) -> str:
+        """Where the demo's minutes went: each stage's, in order, then what is left (loading, the report)."""
+        parts, last = [], self.started
+        for stage, at in self.marks:
+            parts.append(f"{stage} {(at - last) / 60:.1f}")
+            last = at
+        parts.append(f"the rest {(now - last) / 60:.1f}")
+        return ", ".join(parts)
 
     def before_warm_start(self, job) -> None:
         from mhgpo.model.trained import run_model_spec
@@ -172,6 +185,7 @@ class DemoStages:
         write_eval(before, job.run_dir / "eval_before", {"data": cfg.val_data, "model": base, "label": "untrained"})
         self.rows["untrained team"] = before.metrics
         self.console.print(metrics_table({"untrained team": before.metrics}))
+        self.mark("untrained evaluation")
 
     def before_rl(self, job, trainer) -> None:
         from mhgpo.rl.evaluation import metrics_table, write_eval
@@ -179,12 +193,14 @@ class DemoStages:
         cfg = job.cfg
         if not cfg.warm_start.enabled:
             return
+        self.mark("warm start")
         warmed = trainer.validate(desc="eval warm start")  # the RL team before its first update
         write_eval(
             warmed, job.run_dir / "eval_warm_start", {"data": cfg.val_data, "model": cfg.model, "label": "warm start"}
         )
         self.rows[f"warm start ({cfg.warm_start.steps} steps)"] = warmed.metrics
         self.console.print(metrics_table({"warm start": warmed.metrics}))
+        self.mark("its evaluation")
 
     def after_rl(self, job, trainer) -> None:
         from mhgpo.rl.evaluation import write_eval
@@ -198,6 +214,7 @@ class DemoStages:
         stage = "+ " if cfg.warm_start.enabled else "after "
         self.rows[f"{stage}{algo_label(cfg.algo, cfg.sampler)} ({trainer.step} steps)"] = after.metrics
         self.questions = len(trainer.setup.val)
+        self.mark(f"{algo_label(cfg.algo, cfg.sampler)} with its evaluation")
 
     def summary(self) -> None:
         from mhgpo.rl.evaluation import metrics_table
@@ -208,8 +225,9 @@ class DemoStages:
         _print_behaviour(self.console, self.rows)
         report = build_report([run_dir], run_dir / "report")
         self.console.print(f"report: {report} and {report.with_suffix('.html')}")
+        now = time.perf_counter()
         self.console.print(
-            f"total {(time.perf_counter() - self.started) / 60:.1f} min; run directory {run_dir} "
+            f"total {(now - self.started) / 60:.1f} min ({self.stages(now)}); run directory {run_dir} "
             f"(metrics.jsonl, rollouts/, checkpoints/, eval_*/)"
         )
 

@@ -409,6 +409,15 @@ def test_demo_prints_a_before_and_after_table(cli, world, dev_file, tiny_model_d
     assert len(said) >= 3 and all("(auto: " in line for line in said), said
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]
     assert (run / "checkpoints" / "step_1" / "model.safetensors").is_file()
+    # the last line splits the total into the stages, in order, each in minutes
+    total = re.search(
+        r"total (\d+\.\d) min \(untrained evaluation (\d+\.\d), warm start (\d+\.\d), its evaluation (\d+\.\d), "
+        r"MHGPO-IS with its evaluation (\d+\.\d), the rest (\d+\.\d)\); run directory",
+        " ".join(res.stdout.split()),
+    )
+    assert total is not None, res.stdout[-600:]
+    minutes = [float(x) for x in total.groups()]
+    assert abs(sum(minutes[1:]) - minutes[0]) <= 0.05 * len(minutes), minutes  # each rounded to 0.1
 
 
 def test_ask_prints_text_with_markup_characters_as_text(cli, world, tiny_model_dir) -> None:
