@@ -299,22 +299,24 @@ def test_gguf_folder_names_the_file_and_writes_what_load_gives(tiny_lm, tmp_path
 
 @pytest.mark.slow
 def test_the_default_models_copy_is_the_gguf_file_bit_for_bit(default_lm) -> None:
-    """`default_lm` loads through the cache's copy; the GGUF file read directly gives the same tensors, buffers,
-    tokenizer and generation settings."""
+    """After `default_lm` (whose load wrote the cache's copy, or read it), a load reads the copy; the GGUF file read
+    directly gives the same tensors, buffers, tokenizer and generation settings."""
     import torch
 
     from mhgpo.model.pretrained import (
         DEFAULT_MODEL,
         _from_gguf,
         encode_chat,
+        load_pretrained,
         prepare_tokenizer,
         resolve_model,
         stop_token_ids,
     )
 
+    copy = load_pretrained(DEFAULT_MODEL, device="cpu")
     model, tokenizer = _from_gguf(resolve_model(DEFAULT_MODEL))
     tokenizer = prepare_tokenizer(tokenizer)
-    cached = default_lm.model
+    cached = copy.model
     assert cached.config._name_or_path != model.config._name_or_path  # it did load the copy
     a, b = cached.state_dict(), model.state_dict()
     assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
@@ -322,7 +324,7 @@ def test_the_default_models_copy_is_the_gguf_file_bit_for_bit(default_lm) -> Non
     assert bufs.keys() == file_bufs.keys() and all(torch.equal(bufs[k], file_bufs[k]) for k in bufs)
     assert cached.lm_head.weight is cached.model.embed_tokens.weight
     assert cached.generation_config.to_diff_dict() == model.generation_config.to_diff_dict()
-    assert stop_token_ids(default_lm.tokenizer, cached) == stop_token_ids(tokenizer, model)
+    assert stop_token_ids(copy.tokenizer, cached) == stop_token_ids(tokenizer, model)
     messages = [{"role": "system", "content": "Rewrite."}, {"role": "user", "content": "Wer schrieb 東京 🎉?\n\t x"}]
-    assert encode_chat(default_lm.tokenizer, messages) == encode_chat(tokenizer, messages)
-    assert default_lm.tokenizer.chat_template == tokenizer.chat_template and len(default_lm.tokenizer) == len(tokenizer)
+    assert encode_chat(copy.tokenizer, messages) == encode_chat(tokenizer, messages)
+    assert copy.tokenizer.chat_template == tokenizer.chat_template and len(copy.tokenizer) == len(tokenizer)
