@@ -14,8 +14,8 @@ The ``precision`` config key takes one of:
   update smaller than about 1/256 of a weight's magnitude rounds away (at lr 5e-7: on every weight above about
   1e-4, i.e. almost all of them).
 - ``auto`` (the default): ``bf16-mixed`` on a CUDA GPU with bfloat16 support; on a CPU, ``bf16-mixed`` where the
-  CPU has bfloat16 matrix instructions (AMX tiles, or AVX-512 BF16 dot products) and
-  :data:`AUTO_MIXED_ON_BF16_CPU` is set, else ``fp32``.
+  CPU has bfloat16 matrix instructions (AMX tiles, or AVX-512 BF16 dot products) that oneDNN may use (no
+  ``ONEDNN_MAX_CPU_ISA`` below them) and :data:`AUTO_MIXED_ON_BF16_CPU` is set, else ``fp32``.
 
 Commands print the resolved value when they start, and a run's ``config.yaml`` records it.
 """
@@ -46,14 +46,55 @@ def _cpu_supports(query: str) -> bool:
         return False
 
 
-def cpu_bf16_matmul() -> str | None:
-    """This CPU's bfloat16 matrix instructions as PyTorch detects them: ``"AMX"`` (tiles), ``"AVX-512 BF16"``
-    (dot products), or None."""
-    if _cpu_supports("_is_amx_tile_supported"):
-        return "AMX"
-    if _cpu_supports("_is_avx512_bf16_supported"):
-        return "AVX-512 BF16"
+# oneDNN's instruction sets as ONEDNN_MAX_CPU_ISA names them, each with the bits of its `dnnl_cpu_isa_t` value: a
+# cap admits an instruction set when it holds all of that set's bits. bfloat16 dot products (AVX-512 BF16) need
+# AVX512_CORE_BF16, AMX tiles AVX10_1_512_AMX; below them oneDNN computes bfloat16 products without those
+# instructions, slower than float32 (measured on an AVX-512 BF16 CPU, GEMM at the training shape, one thread: 194
+# GFLOP/s in bfloat16 uncapped, 32 capped at AVX512_CORE, 2 at AVX2, against 75 in float32).
+ONEDNN_ISA_BITS = {
+    "SSE41": 0x1,
+    "AVX": 0x3,
+    "AVX2": 0x7,
+    "AVX2_VNNI": 0xF,
+    "AVX2_VNNI_2": 0x1F,
+    "AVX512_CORE": 0x27,
+    "AVX512_CORE_VNNI": 0x67,
+    "AVX512_CORE_BF16": 0xE7,
+    "AVX10_1_512": 0x1EF,
+    "AVX512_CORE_FP16": 0x1EF,
+    "AVX10_1_512_AMX": 0xFEF,
+    "AVX512_CORE_AMX": 0xFEF,
+    "AVX10_1_512_AMX_FP16": 0x1FEF,
+    "AVX512_CORE_AMX_FP16": 0x1FEF,
+}
+_NEEDS = {"AMX": ONEDNN_ISA_BITS["AVX10_1_512_AMX"], "AVX-512 BF16": ONEDNN_ISA_BITS["AVX512_CORE_BF16"]}
+
+
+def onednn_isa_cap() -> tuple[str, int] | None:
+    """``(variable=VALUE, bits)`` of the instruction-set cap oneDNN reads from the environment (ONEDNN_MAX_CPU_ISA,
+    else DNNL_MAX_CPU_ISA), or None where no cap is set (unset, ``ALL``, ``DEFAULT``, or a name oneDNN does not
+    have)."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            bits = ONEDNN_ISA_BITS.get(value.upper())
+            return (f"{name}={value}", bits) if bits is not None else None
     return None
+
+
+def cpu_bf16_instructions() -> list[str]:
+    """This CPU's bfloat16 matrix instructions as PyTorch detects them, best first: ``"AMX"`` (tiles),
+    ``"AVX-512 BF16"`` (dot products)."""
+    queries = (("AMX", "_is_amx_tile_supported"), ("AVX-512 BF16", "_is_avx512_bf16_supported"))
+    return [kind for kind, query in queries if _cpu_supports(query)]
+
+
+def cpu_bf16_matmul() -> str | None:
+    """The best of this CPU's bfloat16 matrix instructions that oneDNN may use (see :func:`onednn_isa_cap`), or
+    None."""
+    cap = onednn_isa_cap()
+    allowed = [k for k in cpu_bf16_instructions() if cap is None or cap[1] & _NEEDS[k] == _NEEDS[k]]
+    return allowed[0] if allowed else None
 
 
 def default_device() -> torch.device:
@@ -75,6 +116,9 @@ def resolve_precision(precision: str, device: Any = None) -> tuple[str, str]:
     if device.type == "cpu":
         found = cpu_bf16_matmul()
         if found is None:
+            cap = onednn_isa_cap()
+            if cap is not None and cpu_bf16_instructions():
+                return "fp32", f"auto: {cap[0]} keeps oneDNN from this CPU's bfloat16 matrix instructions"
             return "fp32", "auto: this CPU has no bfloat16 matrix instructions (AMX, AVX-512 BF16)"
         if AUTO_MIXED_ON_BF16_CPU:
             return "bf16-mixed", f"auto: CPU with bfloat16 matrix instructions ({found})"

@@ -63,8 +63,48 @@ def test_bf16_instruction_detection_agrees_with_the_cpu_flags() -> None:
         pytest.skip("no /proc/cpuinfo to compare with")
     flags = set(" ".join(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split())
     amx = "amx_tile" in flags and "amx_bf16" in flags
-    expected = "AMX" if amx else "AVX-512 BF16" if "avx512_bf16" in flags else None
-    assert prec.cpu_bf16_matmul() == expected
+    expected = ["AMX"] if amx else []
+    expected += ["AVX-512 BF16"] if "avx512_bf16" in flags else []
+    assert prec.cpu_bf16_instructions() == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "found", "want"),
+    [
+        ({}, ["AMX", "AVX-512 BF16"], "AMX"),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, ["AMX", "AVX-512 BF16"], "AVX-512 BF16"),
+        ({"ONEDNN_MAX_CPU_ISA": "avx512_core_amx"}, ["AMX", "AVX-512 BF16"], "AMX"),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX10_1_512"}, ["AVX-512 BF16"], "AVX-512 BF16"),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, ["AMX", "AVX-512 BF16"], None),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, ["AVX-512 BF16"], None),
+        ({"DNNL_MAX_CPU_ISA": "AVX2"}, ["AVX-512 BF16"], None),
+        ({"ONEDNN_MAX_CPU_ISA": "ALL", "DNNL_MAX_CPU_ISA": "AVX2"}, ["AVX-512 BF16"], "AVX-512 BF16"),
+        ({"ONEDNN_MAX_CPU_ISA": "DEFAULT"}, ["AVX-512 BF16"], "AVX-512 BF16"),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, [], None),
+    ],
+)
+def test_a_onednn_isa_cap_below_the_bf16_instructions_makes_auto_fp32(
+    monkeypatch: pytest.MonkeyPatch, env: dict, found: list, want: str | None
+) -> None:
+    """oneDNN computes bfloat16 products without AVX-512 BF16 / AMX when ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)
+    caps it below them, slower than float32: `auto` then picks fp32 and says why."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(prec, "cpu_bf16_instructions", lambda: list(found))
+    assert prec.cpu_bf16_matmul() == want
+    precision, reason = resolve_precision("auto", "cpu")
+    if want is not None:
+        assert (precision, reason) == ("bf16-mixed", f"auto: CPU with bfloat16 matrix instructions ({want})")
+    elif found:
+        (name, value), *_ = env.items()
+        assert (precision, reason) == (
+            "fp32",
+            f"auto: {name}={value} keeps oneDNN from this CPU's bfloat16 matrix instructions",
+        )
+    else:
+        assert (precision, reason) == ("fp32", "auto: this CPU has no bfloat16 matrix instructions (AMX, AVX-512 BF16)")
 
 
 def test_weights_are_stored_float32_unless_frozen_under_bf16_mixed_or_pure_bf16() -> None:
