@@ -22,7 +22,7 @@ import copy
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +103,7 @@ class Policy:
         self.lora = lora.enabled
         self.precision = precision
         self.reference_adapters: list[str] = []
+        self.known_reference = 0  # samples whose reference log-probs the last reference pass was given
         if lora.enabled and lora.per_role and not roles:
             raise ValueError("lora.per_role needs the agents' names (roles)")
         self.roles: tuple[str, ...] = tuple(roles) if lora.enabled and lora.per_role else ()
@@ -223,14 +224,47 @@ class Policy:
         return self._logprobs(self.model, batch)
 
     @torch.no_grad()
-    def reference_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
-        """log pi_ref of every sample's output tokens (list of 1-D tensors)."""
+    def reference_logprobs(
+        self, samples: list[Sample], known: dict[Hashable, list[torch.Tensor]] | None = None
+    ) -> list[torch.Tensor]:
+        """log pi_ref of every sample's output tokens (list of 1-D tensors), one segment at a time
+        (:func:`reference_segments`: the samples of one prompt and temperature), so that a sample's log-probs depend
+        on its segment alone, never on the rest of the step. ``known``: segments worked out before, by
+        :func:`segment_key` (`mhgpo.rl.reference_ahead`, while the rollouts generated); a segment found there is
+        taken as it is, the others computed here, with the same numbers."""
         out: list[torch.Tensor | None] = [None] * len(samples)
+        self.known_reference = 0  # the samples taken from `known` (the `reference/ahead` metric)
+        with self._reference_pass() as compute:
+            for segment in reference_segments(samples):
+                members = [samples[i] for i in segment]
+                logps = known.get(segment_key(members)) if known else None
+                if logps is None:
+                    logps = compute(members)
+                else:
+                    self.known_reference += len(members)
+                for i, logp in zip(segment, logps):
+                    out[i] = logp
+        return out  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def reference_segment(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """log pi_ref of the output tokens of one segment's samples (one prompt, one temperature), as
+        :meth:`reference_logprobs` computes them. Safe to call from another thread only while nothing else uses the
+        model (under LoRA the reference is the model with its adapter off), in one process."""
+        with self._reference_pass() as compute:
+            return compute(samples)
+
+    @contextmanager
+    def _reference_pass(self) -> Iterator[Callable[[list[Sample]], list[torch.Tensor]]]:
+        """The reference model made ready (a sharded one gathered whole, once: every rank calls this together; the
+        adapter off; dropout off), and the computation of one segment on it: micro-batches cut from the segment's
+        samples alone."""
         was_training = self.model.training
         self.model.eval()
         model = self.model if self.ref_model is None else self.ref_model
-        # the ranks' shares differ in micro-batches: a sharded model is gathered whole for them
-        with gathered(model), self._reference_context():
+
+        def compute(samples: list[Sample]) -> list[torch.Tensor]:
+            out: list[torch.Tensor | None] = [None] * len(samples)
             for idx in micro_batches(samples, self.cfg.micro_batch_tokens, share=self.cfg.share_prefix):
                 with self._computing(model):  # the base, or a frozen model: no roles
                     logp, mask = output_logprobs(
@@ -244,8 +278,14 @@ class Policy:
                     )
                 for row, i in enumerate(idx):
                     out[i] = logp[row, : int(mask[row].sum())].detach()
-        self.model.train(was_training)
-        return out  # type: ignore[return-value]
+            return out  # type: ignore[return-value]
+
+        try:
+            # the ranks' shares differ in micro-batches: a sharded model is gathered whole for them
+            with gathered(model), self._reference_context():
+                yield compute
+        finally:
+            self.model.train(was_training)
 
     @torch.no_grad()
     def current_logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
@@ -271,10 +311,13 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------------ update
 
-    def update(self, samples: list[Sample]) -> dict[str, float]:
+    def update(
+        self, samples: list[Sample], known_reference: dict[Hashable, list[torch.Tensor]] | None = None
+    ) -> dict[str, float]:
         """`ppo_epochs` optimiser steps on the step's samples; returns loss / kl / clip_fraction / grad_norm. With
         several ranks (``self.ranks``), every rank holds the whole step's samples and computes its share of them
-        (:func:`owned`); the gradients and statistics are summed across ranks."""
+        (:func:`owned`); the gradients and statistics are summed across ranks. ``known_reference``: reference
+        log-probs of segments worked out before (:meth:`reference_logprobs`)."""
         samples = [s for s in samples if s.output_ids]
         if not samples:
             with warnings.catch_warnings():  # a step without samples keeps the schedule in step, on purpose
@@ -289,9 +332,10 @@ class Policy:
         started = time.perf_counter()
         if self.cfg.kl_beta != 0:  # (its cost: `seconds/reference`, a share of `seconds/train`)
             ref = [None] * len(samples)
-            for i, r in zip(mine, self.reference_logprobs([samples[i] for i in mine])):
+            for i, r in zip(mine, self.reference_logprobs([samples[i] for i in mine], known_reference)):
                 ref[i] = r
         reference_seconds = time.perf_counter() - started
+        ahead = self.known_reference / len(mine) if self.cfg.kl_beta != 0 and mine else 0.0
 
         cap = self.cfg.engine_is_cap
 
@@ -337,7 +381,8 @@ class Policy:
         totals["lr"] = applied
         if self.cfg.role_lr:  # each role's own (applied) rate
             totals.update({f"lr/{role}": lr for role, lr in zip(self.roles, applied_by_group)})
-        totals["seconds/reference"] = reference_seconds
+        totals["seconds/reference"] = reference_seconds  # (what was left of it: see reference/ahead)
+        totals["reference/ahead"] = ahead  # the share of the samples whose reference pass ran beside the rollouts
         # the correction of the sampler / trainer mismatch: the truncated importance weight's mean and share capped,
         # the share of tokens IcePop masked
         for key in ("is_weight", "is_clipped", "is_masked"):
@@ -461,6 +506,19 @@ def _advantages(batch: list[Sample], width: int, dtype: torch.dtype) -> torch.Te
         per_token = s.advantage if isinstance(s.advantage, (list, tuple)) else [s.advantage] * len(s.output_ids)
         rows.append(torch.tensor(per_token, dtype=dtype))  # (|o|,)
     return pad_rows(rows, width)  # (b, T)
+
+
+def reference_segments(samples: list[Sample]) -> list[list[int]]:
+    """The indices of `samples` grouped by (temperature, prompt), in order of first appearance: the reference pass's
+    unit (:meth:`Policy.reference_logprobs`)."""
+    return packing.segments([s.prompt_ids for s in samples], [s.temperature for s in samples])
+
+
+def segment_key(samples: list[Sample]) -> tuple:
+    """What a segment's reference log-probs are a function of: its temperature, its prompt and its outputs in
+    order (the segment's samples share the first two)."""
+    first = samples[0]
+    return (first.temperature, tuple(first.prompt_ids), tuple(tuple(s.output_ids) for s in samples))
 
 
 def micro_batches(

@@ -23,7 +23,7 @@ from mhgpo.model.modules import no_dropout
 from mhgpo.model.precision import resolve_precision, weight_dtype
 from mhgpo.model.pretrained import encode_chat
 from mhgpo.model.trained import load_model
-from mhgpo.rl.policy import Policy, Sample, micro_batches
+from mhgpo.rl.policy import Policy, Sample, micro_batches, reference_segments
 
 QUESTIONS = ["Who wrote the novel Dune?", "What is the capital of France?", "hi", "Which river flows through Cairo?"]
 
@@ -359,12 +359,14 @@ def test_on_policy_ratio_is_one_with_dropout_after_an_update(dropout_model_dir: 
     policy.model.eval()
     assert float((noisy[0, : len(samples[0].output_ids)] - torch.tensor(samples[0].old_logprobs)).abs().max()) > 1e-3
     n = len(micro_batches(samples, 256))
+    # the reference pass (kl_beta > 0) cuts each segment (the samples of one prompt) on its own
+    n_ref = sum(len(micro_batches([samples[i] for i in seg], 256)) for seg in reference_segments(samples))
     calls[0] = 0
     stats = policy.update(samples)
     assert stats["ratio"] == pytest.approx(1.0, abs=1e-6) and stats["clip_fraction"] == 0.0
-    # one reference forward (kl_beta > 0) and one training forward per micro-batch, plus, with checkpointing,
-    # the recomputation in the backward: the decoder layers were still in train mode for it
-    assert calls[0] == n + (2 * n if checkpointing else n)
+    # the reference's forwards and one training forward per micro-batch, plus, with checkpointing, the
+    # recomputation in the backward: the decoder layers were still in train mode for it
+    assert n_ref > n and calls[0] == n_ref + (2 * n if checkpointing else n)
     assert not policy.model.training  # the modes are restored (eval, as the sampler left them)
 
 

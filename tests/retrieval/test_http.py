@@ -311,8 +311,8 @@ def test_a_service_failure_mid_run_stops_training_cleanly_and_resume_gives_the_u
             fail()
             return path
 
-        def update_then_fail(self, samples):  # step 2's update done: its validation fails
-            out = real_update(self, samples)
+        def update_then_fail(self, samples, *rest):  # step 2's update done: its validation fails
+            out = real_update(self, samples, *rest)
             updates.append(1)
             if len(updates) == 2:
                 fail()

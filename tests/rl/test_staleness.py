@@ -192,8 +192,8 @@ def test_a_server_that_dies_in_the_hand_over_stops_the_run_after_saving_the_upda
     real = policy.update
     updated = {}
 
-    def update_then_die(samples):  # the server dies once step 2's update is done, before its adapter is handed over
-        result = real(samples)
+    def update_then_die(samples, *rest):  # the server dies once step 2's update is done, before its hand-over
+        result = real(samples, *rest)
         if trainer.step == 1:
             updated.update({k: t.detach().clone() for k, t in trainable_state(policy.model).items()})
             server.close()
@@ -270,11 +270,11 @@ def test_a_resumed_run_one_step_off_policy_grows_the_trees_ahead_as_the_uninterr
     out = tmp_path / "cut"
     real_update, calls = Policy.update, []
 
-    def update(self, samples):  # interrupted in step 3's update: step 2's checkpoint is the last
+    def update(self, samples, *rest):  # interrupted in step 3's update: step 2's checkpoint is the last
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real_update(self, samples)
+        return real_update(self, samples, *rest)
 
     monkeypatch.setattr(Policy, "update", update)
     with FakeVLLMServer(vocab=vocab, tokens=tokens) as server, pytest.raises(KeyboardInterrupt):

@@ -33,7 +33,7 @@ from mhgpo.config import LoraConfig, OptimConfig, TrainConfig, load_config
 from mhgpo.errors import InputError
 from mhgpo.model.checkpoint import list_checkpoints
 from mhgpo.model.logprobs import backbone_and_head, output_logprobs
-from mhgpo.rl.policy import Policy, Sample, micro_batches
+from mhgpo.rl.policy import Policy, Sample, micro_batches, reference_segments
 from mhgpo.run.pipeline import resume, train
 from mhgpo.runtime.runlog import read_metrics
 
@@ -41,16 +41,21 @@ from mhgpo.runtime.runlog import read_metrics
 
 
 def base_logprobs(model_dir: Path, samples: list[Sample]) -> list[torch.Tensor]:
-    """Log-probs of the samples' outputs under a freshly loaded copy of the initial model."""
+    """Log-probs of the samples' outputs under a freshly loaded copy of the initial model, one segment (the samples
+    of one prompt) per forward, as the reference pass computes them."""
     loaded = fresh_model(model_dir)
-    with torch.no_grad():
-        logp, mask = output_logprobs(
-            loaded.model,
-            [s.prompt_ids for s in samples],
-            [s.output_ids for s in samples],
-            pad_id=loaded.tokenizer.pad_token_id,
-        )
-    return [logp[i, : int(mask[i].sum())] for i in range(len(samples))]
+    out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+    for segment in reference_segments(samples):
+        with torch.no_grad():
+            logp, mask = output_logprobs(
+                loaded.model,
+                [samples[i].prompt_ids for i in segment],
+                [samples[i].output_ids for i in segment],
+                pad_id=loaded.tokenizer.pad_token_id,
+            )
+        for row, i in enumerate(segment):
+            out[i] = logp[row, : int(mask[row].sum())]
+    return out
 
 
 def test_lora_update_changes_b_first_then_a_and_nothing_else(tiny_model_dir: Path) -> None:
@@ -323,11 +328,11 @@ def test_interrupt_in_the_middle_of_a_step_saves_the_last_completed_step(
     real_update = Policy.update
     calls = []
 
-    def update(self, samples):
+    def update(self, samples, *rest):
         calls.append(len(samples))
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real_update(self, samples)
+        return real_update(self, samples, *rest)
 
     monkeypatch.setattr(Policy, "update", update)
     with pytest.raises(KeyboardInterrupt):
@@ -352,8 +357,8 @@ def test_signal_during_the_update_finishes_the_step_before_stopping(
     real_update = Policy.update
     calls = []
 
-    def update(self, samples):
-        result = real_update(self, samples)
+    def update(self, samples, *rest):
+        result = real_update(self, samples, *rest)
         calls.append(len(samples))
         if len(calls) == 2:
             os.kill(os.getpid(), signal.SIGINT)
@@ -472,9 +477,9 @@ def test_role_ablations_train_exactly_the_chosen_roles(
     seen: list[list[Sample]] = []
     real_update = Policy.update
 
-    def update(self, samples):
+    def update(self, samples, *rest):
         seen.append(list(samples))
-        return real_update(self, samples)
+        return real_update(self, samples, *rest)
 
     monkeypatch.setattr(Policy, "update", update)
     out = tmp_path / "run"
@@ -575,9 +580,9 @@ def test_zero_variance_filter_trains_only_informative_groups_and_draws_more(
     seen: list[list[Sample]] = []
     real_update = Policy.update
 
-    def update(self, samples):
+    def update(self, samples, *rest):
         seen.append(list(samples))
-        return real_update(self, samples)
+        return real_update(self, samples, *rest)
 
     monkeypatch.setattr(Policy, "update", update)
     out = tmp_path / "run"

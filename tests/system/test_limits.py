@@ -103,8 +103,8 @@ def test_weights_made_non_finite_by_an_update_stop_the_run_before_they_are_saved
     out = tmp_path / "inf"
     real = Policy.update
 
-    def update(self, samples):
-        stats = real(self, samples)
+    def update(self, samples, *rest):
+        stats = real(self, samples, *rest)
         if len(read_metrics(out)) >= 1:
             with torch.no_grad():
                 self.params[0].view(-1)[0] = math.inf

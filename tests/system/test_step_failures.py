@@ -81,11 +81,11 @@ def test_an_error_in_the_update_saves_nothing_of_it(tiny_model_dir, world, tmp_p
     out = tmp_path / "run"
     update, calls = Policy.update, []
 
-    def failing_update(self, samples):
+    def failing_update(self, samples, *rest):
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("CUDA out of memory in the backward pass")
-        return update(self, samples)
+        return update(self, samples, *rest)
 
     monkeypatch.setattr(Policy, "update", failing_update)
     rc, _, err = cli(capsys, "train", *train_overrides(tiny_model_dir, world, out, save_every=1))
