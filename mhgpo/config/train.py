@@ -299,8 +299,9 @@ class RolloutConfig:
     """Updates a rollout tree may lag the weights it trains (0: synchronous; 1: the next step's trees are sampled
     on a generation server while this step updates; an older tree is not trained)."""
     pipeline: bool | None = None
-    """Tool calls and rewards of each generation batch run while the next batches generate, same results (null: on
-    with a retrieval service or a generation server, where it pays)."""
+    """Tool calls and rewards of each generation batch run while the next batches generate, and the reference pass
+    too where the engine samples outside the trainer's model; same results (null: on with a retrieval service or a
+    generation server, where it pays)."""
 
     def validate(self) -> None:
         if self.max_staleness not in (0, 1):

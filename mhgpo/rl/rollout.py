@@ -39,12 +39,15 @@ import numpy as np
 from mhgpo.config.samplers import sampler as sampler_entry
 from mhgpo.data.records import Example
 from mhgpo.errors import ServiceError
-from mhgpo.model.generation import Generator, SamplingParams, generate_in_chunks
+from mhgpo.model.generation import Generator, OnChunk, SamplingParams, generate_in_chunks
 from mhgpo.rl.grouping import assign_groups
 from mhgpo.rl.pipeline import Failed, Prefetch
 from mhgpo.rl.tree import Branch, Node, RolloutBatch, RolloutSpec
 from mhgpo.team.loader import RolloutFailure, WorkflowError, failure
 from mhgpo.team.workflow import State, StepResult, Workflow
+
+# (agent, the call's prompts, whether each prompt's sample may be trained) -> the callback of the call's batches
+OnCall = Callable[[str, list[list[int]], list[bool]], OnChunk | None]
 
 
 def too_long(tokens: int, limit: int) -> str:
@@ -98,6 +101,7 @@ def run_rollouts(
     on_error: str = "raise",
     grouped: bool = True,
     pipeline: bool | Prefetch = False,
+    on_call: OnCall | None = None,
 ) -> RolloutBatch:
     """Run every tree of the batch breadth-first; assign group ids; score the leaves (`workflow.reward`).
 
@@ -105,12 +109,16 @@ def run_rollouts(
     the batch's `failures`). `grouped=False`: the trees without group ids, for :func:`assign_groups` later (several
     ranks each grow the trees of their questions, and the whole step's trees are grouped together). `pipeline`:
     tool calls and rewards worked out while later generation batches run (`mhgpo.rl.pipeline`; a `Prefetch` of
-    one's own: its worker, closed here)."""
+    one's own: its worker, closed here). `on_call(agent, prompts, may_train)`: called before each agent call's generation
+    (`may_train`: whether each prompt's sample can be trained, as the sampler says), it returns a callback for the
+    call's batches as they finish (`generate_in_chunks`), or None (`mhgpo.rl.reference_ahead`)."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error: expected raise or skip, got {on_error!r}")
     prefetch = pipeline if isinstance(pipeline, Prefetch) else Prefetch(workflow) if pipeline else None
     try:
-        return _run_rollouts(examples, workflow, generator, encode, spec, rng, max_rounds, on_error, grouped, prefetch)
+        return _run_rollouts(
+            examples, workflow, generator, encode, spec, rng, max_rounds, on_error, grouped, prefetch, on_call
+        )
     finally:
         if prefetch is not None:
             prefetch.close()
@@ -127,9 +135,10 @@ def _run_rollouts(
     on_error: str,
     grouped: bool,
     prefetch: Prefetch | None,
+    on_call: OnCall | None = None,
 ) -> RolloutBatch:
     starts, fork_agents = initial_branches(len(examples), workflow, spec, rng)
-    guard = _Guard(workflow, examples, on_error, prefetch)
+    guard = _Guard(workflow, examples, on_error, prefetch, on_call)
     nodes: list[Node] = []
     live = []
     for fork_id, (q, fork_agent) in enumerate(starts):
@@ -191,9 +200,17 @@ class _Guard:
     """Calls the workflow's methods for one question at a time and turns what goes wrong into a failure of that
     question: raised at once as a `WorkflowError` (on_error="raise") or recorded (on_error="skip")."""
 
-    def __init__(self, workflow: Workflow, examples: list[Example], on_error: str, prefetch: Prefetch | None = None):
+    def __init__(
+        self,
+        workflow: Workflow,
+        examples: list[Example],
+        on_error: str,
+        prefetch: Prefetch | None = None,
+        on_call: OnCall | None = None,
+    ) -> None:
         self.workflow, self.examples, self.on_error = workflow, examples, on_error
         self.prefetch = prefetch  # rollout.pipeline: tool calls and rewards worked out ahead
+        self.on_call = on_call  # (rollout.pipeline) what else works on each call's batches as they finish
         self.failures: dict[int, RolloutFailure] = {}
         self.names = set(workflow.agents) | set(workflow.tools)
 
@@ -391,18 +408,26 @@ def _run_agent(
     except Exception as e:  # not one question's failure: every question needs it
         raise WorkflowError(failure(workflow, "sampling", None, agent, e).message()) from e
     prefetch = guard.prefetch
-    if prefetch is None:
-        generations = generator.generate(prompts, params)
-    else:  # (rollout.pipeline) each batch's tool calls and rewards are worked out while the next batches generate
+    watchers: list[OnChunk] = []
+    if prefetch is not None:  # (rollout.pipeline) each batch's tool calls and rewards, while the next batches generate
         call = prefetch.call()
-        generations = generate_in_chunks(
-            generator,
-            prompts,
-            params,
+        watchers.append(
             lambda indices, gens: prefetch.submit(
                 [((call, i), owners[i][0].state, agent, g) for i, g in zip(indices, gens)]
-            ),
+            )
         )
+    watcher = None
+    if guard.on_call is not None:  # (IS trains the fork samples alone)
+        may_train = [entry.forks != "none" and (fork or not entry.fork_samples_only) for _, _, fork, _ in owners]
+        watcher = guard.on_call(agent, prompts, may_train)
+    if watcher is not None:
+        watchers.append(watcher)
+    if watchers:
+        generations = generate_in_chunks(
+            generator, prompts, params, lambda indices, gens: [watch(indices, gens) for watch in watchers]
+        )
+    else:
+        generations = generator.generate(prompts, params)
     out: list[Branch] = []
     new_nodes: list[Node] = []
     for i, ((b, fork_agent, fork_here, oversample), gen) in enumerate(zip(owners, generations)):

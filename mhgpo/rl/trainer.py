@@ -46,6 +46,7 @@ from mhgpo.rl.advantages import drop_zero_variance
 from mhgpo.rl.evaluation import evaluate_on_ranks
 from mhgpo.rl.grouping import assign_groups
 from mhgpo.rl.policy import Policy, Sample, peak_memory_mb, weights_finite
+from mhgpo.rl.reference_ahead import ReferenceAhead
 from mhgpo.rl.rewards import (
     apply_role_switches,
     assign_rewards,
@@ -154,6 +155,10 @@ class Trainer:
         # a resumed run's checkpoint taken while trees grew ahead: the version and weights that grew them
         self._ahead_saved: tuple[int, dict[str, torch.Tensor]] | None = None
         self._step_started: float | None = None  # wall clock at the start of the step's collect (idle fractions)
+        # rollout.pipeline with a separate engine: the step's reference pass, worked out while the rollouts run, and
+        # what it worked out (for the update)
+        self._reference: ReferenceAhead | None = None
+        self._known_reference: dict | None = None
         # `budget_minutes` (the warm start's config has none): the steps' time, and whether it ended the run
         self.budget = Budget(getattr(cfg, "budget_minutes", None), getattr(cfg, "budget_clock", "cpu"))
         self.stopped_on_budget = False
@@ -302,8 +307,18 @@ class Trainer:
         setup.policy.model.eval()
         waited = 0.0
         busy = self._busy()
-        with self._decoding():
-            batch, adv_stats, untrained, filter_stats = self._sample()
+        self._reference = self._reference_beside()
+        try:
+            with self._decoding():
+                batch, adv_stats, untrained, filter_stats = self._sample()
+        except BaseException:
+            if self._reference is not None:  # (the segment under way ends: the trainer's model is free again)
+                self._reference.close()
+            self._reference = None
+            raise
+        reference, self._reference = self._reference, None
+        if reference is not None:  # its last segments, before anything else uses the trainer's model
+            self._known_reference = reference.results()
         if cfg.rollout.max_staleness > 0:
             waited = self._waited
             self._grow_ahead()  # the next step's trees, sampled by these weights while this step updates
@@ -356,6 +371,26 @@ class Trainer:
         return batch, samples, metrics
 
     # ------------------------------------------------------------------------------------------- staleness
+
+    def _reference_beside(self) -> ReferenceAhead | None:
+        """A worker for this step's reference pass beside its rollouts, where that pays and cannot change a number:
+        the rollouts pipelined (`rollout.pipeline`), an engine that samples outside the trainer's model, a KL term,
+        synchronous (`rollout.max_staleness: 0`: nothing updates meanwhile) and one process (`mhgpo.rl.reference_ahead`)."""
+        cfg = self.cfg
+        if not (
+            cfg.optim.kl_beta != 0
+            and cfg.rollout.max_staleness == 0
+            and self.ranks.world == 1
+            and self.setup.engine_scratch is not None
+            and rollout_pipelined(cfg)
+        ):
+            return None
+        workflow = self.setup.workflow
+        return ReferenceAhead(
+            self.setup.policy.reference_segment,
+            lambda agent: workflow.sampling(agent).temperature,
+            lambda agent: (cfg.train_roles is None or agent in cfg.train_roles) and agent not in cfg.frozen_roles,
+        )
 
     def _busy(self) -> float | None:
         """The servers' busy seconds so far (an engine in other processes; else None)."""
@@ -471,6 +506,7 @@ class Trainer:
                 on_error="skip",
                 grouped=False,
                 pipeline=rollout_pipelined(self.cfg),
+                on_call=self._reference.on_call if self._reference is not None else None,
             )
         if pinned is not None:  # (an engine that samples between updates holds the current version throughout)
             batch.versions = [self.step if version is None else int(version)] * len(batch.examples)
@@ -558,8 +594,9 @@ class Trainer:
         if critic is not None:
             metrics.update(critic.update(samples))
             metrics["actor_updated"] = float(self.step >= self.cfg.critic.warmup_steps)
+        known, self._known_reference = self._known_reference, None
         if critic is None or metrics["actor_updated"]:
-            metrics.update(self.setup.policy.update(samples))
+            metrics.update(self.setup.policy.update(samples, known))
         metrics["seconds/train"] = time.perf_counter() - t
         waited_before = self._handover_waited()
         if self.setup.engine_scratch is not None:  # the new weights to the engine, checked (a gap stops the run)
