@@ -17,6 +17,12 @@ step's update) of `seconds/step`, `seconds/rollout` (the rollouts, or the wait f
 evaluated greedily on the first N questions of `--val-data` (`mhgpo eval`, in the trainer's process on its cores)
 and the off-policy run's F1 is compared with the synchronous one's question by question (mean paired difference and
 its 95% bootstrap interval, per seed and over all seeds' questions). The rows go to `--out` as JSON.
+
+`--compare pipeline`: both runs synchronous, with `rollout.pipeline` off and then on (the tool calls, rewards and
+reference pass beside the rollouts): `seconds/reference` is what the update still spends on the reference pass,
+`reference/ahead` the share of the trained samples whose reference came from beside the rollouts.
+
+    python benchmarks/bench_server.py --compare pipeline --steps 4 --start RUN
 """
 
 from __future__ import annotations
@@ -41,7 +47,17 @@ KEYS = (
     "idle/trainer",
     "idle/server",
     "staleness/mean",
+    "seconds/reference",
+    "reference/ahead",
 )
+# what each run of a seed sets, by --compare: (label, overrides) of the first and the second run
+SETTINGS = {
+    "staleness": (("max_staleness 0", ["rollout.max_staleness=0"]), ("max_staleness 1", ["rollout.max_staleness=1"])),
+    "pipeline": (
+        ("pipeline off", ["rollout.max_staleness=0", "rollout.pipeline=false"]),
+        ("pipeline on", ["rollout.max_staleness=0", "rollout.pipeline=true"]),
+    ),
+}
 
 
 def free_port() -> int:
@@ -68,21 +84,22 @@ def start_server(args: argparse.Namespace, model: str, log: Path) -> tuple[subpr
     return process, url
 
 
-def train(args: argparse.Namespace, url: str, seed: int, start: str | None, staleness: int, out: Path) -> dict:
+def train(args: argparse.Namespace, url: str, seed: int, start: str | None, setting: int, out: Path) -> dict:
+    label, overrides = SETTINGS[args.compare][setting]
     command = ["taskset", "-c", args.trainer_cpus, sys.executable, "-m", "mhgpo", "train"]
     command += ["--config", str(args.config), "--output-dir", str(out)]
     command += [f"steps={args.steps}", f"seed={seed}", "warm_start.enabled=false", "eval_every=0", "report_to=[]"]
     command += [f"model={start}"] if start else []
     command += [f"save_every={args.steps}", f"precision={args.precision}", "generation.engine=vllm_server"]
-    command += [f"generation.server_urls=[{url}]", f"rollout.max_staleness={staleness}"]
+    command += [f"generation.server_urls=[{url}]", *overrides]
     command += ["optim.gradient_checkpointing=false", *args.overrides]
     started = time.perf_counter()
     subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "TQDM_DISABLE": "1"})
     total = time.perf_counter() - started
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     later = rows[1:-1] or rows[1:] or rows  # the steady state: neither the first step nor the last
-    result: dict = {key: sum(r[key] for r in later) / len(later) for key in KEYS}
-    result.update(seed=seed, staleness=staleness, steps=len(rows), total_seconds=total, start=start)
+    result: dict = {key: sum(r.get(key, 0.0) for r in later) / len(later) for key in KEYS}
+    result.update(seed=seed, setting=setting, label=label, steps=len(rows), total_seconds=total, start=start)
     result["per_step"] = [{key: r.get(key) for key in ("step", *KEYS, "staleness/max", "reward/mean")} for r in rows]
     if args.val_limit:
         result.update(validate(args, seed, out))
@@ -107,16 +124,18 @@ def validate(args: argparse.Namespace, seed: int, run: Path) -> dict:
 
 
 def compare(rows: list[dict]) -> list[str]:
-    """Lines of a table: per seed and over all seeds, off-policy minus synchronous validation F1, paired by question."""
+    """Lines of a table: per seed and over all seeds, the second setting's validation F1 minus the first's (off-policy
+    minus synchronous), paired by question."""
     from mhgpo.experiments.stats import paired_bootstrap, paired_questions
 
+    first, second = (rows[0]["label"], next(r["label"] for r in rows if r["setting"] == 1))
     lines = [
-        "| seed | F1, max_staleness 0 | F1, max_staleness 1 | paired Δ (95% interval) | questions |",
+        f"| seed | F1, {first} | F1, {second} | paired Δ (95% interval) | questions |",
         "|---|---|---|---|---|",
     ]
     pooled: list[float] = []
     for seed in sorted({r["seed"] for r in rows}):
-        sync, stale = (next(r for r in rows if r["seed"] == seed and r["staleness"] == k) for k in (0, 1))
+        sync, stale = (next(r for r in rows if r["seed"] == seed and r["setting"] == k) for k in (0, 1))
         diffs = [100 * d for d in paired_questions(stale["val/questions"], sync["val/questions"])]
         pooled += diffs
         mean, low, high = paired_bootstrap(diffs)
@@ -133,6 +152,12 @@ def compare(rows: list[dict]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--compare",
+        choices=sorted(SETTINGS),
+        default="staleness",
+        help="what a seed's two runs differ in: max_staleness 0 / 1, or synchronous with rollout.pipeline off / on",
+    )
     parser.add_argument("--config", default=str(REPO / "mhgpo" / "config" / "demo.yaml"))
     parser.add_argument("--seeds", default="0", help="comma-separated seeds: each runs both settings")
     parser.add_argument("--start", action="append", default=[], help="a warm start (once, or once per seed)")
@@ -158,17 +183,17 @@ def main() -> None:
         start = starts[i] if starts else None
         process, url = start_server(args, start or args.model, work / f"server-seed{seed}.log")
         try:
-            for staleness in (0, 1):
-                rows.append(train(args, url, seed, start, staleness, work / f"seed{seed}-staleness{staleness}"))
+            for setting in (0, 1):
+                rows.append(train(args, url, seed, start, setting, work / f"seed{seed}-{args.compare}{setting}"))
                 Path(args.out).write_text(json.dumps(rows, indent=1))  # what finished, if a later run fails
         finally:
             process.terminate()
             process.wait(60)
-    print("| seed | max_staleness | " + " | ".join(KEYS) + " | val F1 |")
+    print("| seed | setting | " + " | ".join(KEYS) + " | val F1 |")
     print("|---" * (len(KEYS) + 3) + "|")
     for row in rows:
         val = f"{row['val/f1']:.1f}" if "val/f1" in row else ""
-        print(f"| {row['seed']} | {row['staleness']} | " + " | ".join(f"{row[k]:.3g}" for k in KEYS) + f" | {val} |")
+        print(f"| {row['seed']} | {row['label']} | " + " | ".join(f"{row[k]:.3g}" for k in KEYS) + f" | {val} |")
     if args.val_limit:
         print("\n".join(["", *compare(rows)]))
     if not args.keep:

@@ -177,13 +177,13 @@ class StepMeter:
             self.gen["prompt_tokens"] += len(g.prompt_ids)
         return out
 
-    def _reference(self, samples: list[Any]) -> Any:
-        out, seconds = self._timed(self._originals[1], samples)
+    def _reference(self, samples: list[Any], *known: Any) -> Any:
+        out, seconds = self._timed(self._originals[1], samples, *known)
         self.ref_seconds += seconds
         return out
 
-    def _update(self, samples: list[Any]) -> Any:
-        out, seconds = self._timed(self._originals[2], samples)
+    def _update(self, samples: list[Any], *known: Any) -> Any:
+        out, seconds = self._timed(self._originals[2], samples, *known)
         self.update_seconds += seconds
         self.updated += [s for s in samples if s.output_ids]
         return out
