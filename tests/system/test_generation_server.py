@@ -207,6 +207,9 @@ def test_synchronous_on_the_server_the_rollouts_and_metrics_are_the_in_process_e
         for k, v in a.items():
             if k.startswith(("seconds/", "memory/")):
                 continue
+            if k == "reference/ahead":  # the pipelined server's reference pass ran beside its rollouts, all of it
+                assert (v, b[k]) == (0.0, 1.0)
+                continue
             if k.startswith(ENGINE_LOGPROB_KEYS):
                 assert abs(b[k] - v) < 1e-5, k
             else:
@@ -261,15 +264,17 @@ def test_one_step_off_policy_every_trained_tree_is_one_version_old(
     first, later = rows[0], rows[1:]
     assert first["engine/old_logprob_gap"] < IN_SYNC and first["engine/is_masked"] == 0.0
     # one update old at a large learning rate: the trainer's log-probs moved away from the sampler's, once an update
-    # had a gradient (a step whose groups all have equal rewards has none; Adam moves the weights on after one that
-    # had); before that the older version holds the same weights
+    # had a gradient (a step whose groups all have equal rewards has none but the KL term's; Adam moves the weights on after one that
+    # had); before that the older version holds nearly the same weights
     informative = [r["groups"] - r["zero_variance_groups"] > 0 for r in rows]
     assert any(informative[:2])  # (the seed's draws: a move is checked)
     for k, r in enumerate(later, start=1):  # the trees of step k + 1 were sampled before update k
         if any(informative[:k]):
             assert r["engine/old_logprob_gap"] > 100 * IN_SYNC and r["engine/is_ess"] < 1
-        else:
-            assert r["engine/old_logprob_gap"] < IN_SYNC and r["engine/is_ess"] > 1 - 1e-6
+        else:  # no signal yet: the weights moved by Adam's step on the KL term's rounding alone (the reference pass
+            # cuts its micro-batches by segment, the update's forward by the step: ~1e-7 of KL at the warm start),
+            # 30x and more below an informative update's move (measured: a gap of 3.1e-4, ESS 1 - 2.5e-7)
+            assert r["engine/old_logprob_gap"] < 10 * IN_SYNC and r["engine/is_ess"] > 1 - 1e-5
     assert all(0.0 <= r["engine/is_masked"] <= 1.0 for r in later)
     assert all(0.0 <= r["idle/trainer"] <= 1.0 and 0.0 <= r["idle/server"] <= 1.0 for r in rows)
     assert all(r["engine/logprob_gap_mean"] < IN_SYNC for r in rows)  # the check: the server holds each update
