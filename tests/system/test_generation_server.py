@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,10 @@ def _start(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "mhgpo", "serve-generation", "--model", str(model_dir), "--precision", "fp32"]
     command += ["--port", str(port), "--kv-cache-gb", "1", "--lora-rank", "16", "--adapters", "8", "--full-weights"]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    # (a session of its own: killed, the server's engine process goes with it)
+    process = subprocess.Popen(
+        command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(process, url, START_SECONDS, log)
@@ -65,8 +69,17 @@ def _stop(process: subprocess.Popen) -> None:
     try:
         process.wait(30)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(30)
+        pass
+    _kill(process)  # (and whatever of the server outlived its main process)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL the server and its engine process (vLLM's engine core outlives a killed API server)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(30)
 
 
 def _config(model_dir: Path, world: Path, out: Path, url: str, **extra: object):
@@ -290,8 +303,7 @@ def test_a_server_that_dies_stops_the_run_in_one_line_with_the_completed_steps_s
 
     def learn_then_kill(samples, metrics):  # the server dies once the first step's update is handed over
         result = real(samples, metrics)
-        process.kill()
-        process.wait(60)
+        _kill(process)
         return result
 
     trainer.learn = learn_then_kill
@@ -299,7 +311,7 @@ def test_a_server_that_dies_stops_the_run_in_one_line_with_the_completed_steps_s
         with pytest.raises(ServiceError) as info:
             trainer.run()
     finally:
-        process.kill()
+        _kill(process)
     line = str(info.value)
     assert "\n" not in line and line.startswith(f"step 2: generation server {url}: cannot connect")
     assert list_checkpoints(out)[-1].name == "step_1"
