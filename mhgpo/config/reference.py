@@ -127,7 +127,7 @@ def valid_values() -> dict[type, dict[str, list[Valid]]]:
         c.RewardConfig: {"aggr": [ch.AGGREGATORS]},
         c.OptimConfig: {
             "lr": [POSITIVE],
-            **counts(("weight_decay", "warmup_steps", "kl_beta"), [AT_LEAST_0]),
+            **counts(("weight_decay", "warmup_steps", "kl_beta", "entropy_coef"), [AT_LEAST_0]),
             "schedule": [ch.SCHEDULES],
             **counts(("max_grad_norm", "clip_eps"), [POSITIVE]),
             **counts(("ppo_epochs", "micro_batch_tokens", "logprob_chunk"), [AT_LEAST_1]),

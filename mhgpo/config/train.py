@@ -61,6 +61,12 @@ class OptimConfig:
     """The ratio's clip range: [1 - clip_eps, 1 + clip_eps]."""
     kl_beta: float = 0.001
     """The weight of the KL term to the reference policy (0: none, and no reference pass)."""
+    # The objective gains - entropy_coef * H, H the entropy of the policy's whole next-token distribution at each
+    # trained output token (at the sampling temperature, before top-p), averaged as the objective averages tokens:
+    # a push back towards exploring when an agent's samples turn identical and its groups stop carrying a gradient.
+    # Logged as `entropy` (the per-role `ROLE/entropy` is the sampled tokens' estimate, always logged).
+    entropy_coef: float = 0.0
+    """The weight of an entropy bonus on the trained tokens (0: none, as the paper)."""
     micro_batch_tokens: int = 4096
     """Prompt and output tokens per forward/backward (padding included; a shared prompt counted once)."""
     logprob_chunk: int = 256
@@ -106,7 +112,7 @@ class OptimConfig:
                 raise InputError(f"optim.role_lr.{role}: must be positive, got {lr}")
         for key in ("ppo_epochs", "micro_batch_tokens", "logprob_chunk"):
             at_least(self, key, 1, "optim.")
-        for key in ("warmup_steps", "weight_decay", "kl_beta"):
+        for key in ("warmup_steps", "weight_decay", "kl_beta", "entropy_coef"):
             if getattr(self, key) < 0:
                 raise InputError(f"optim.{key}: must be >= 0, got {getattr(self, key)}")
         for key in ("max_grad_norm", "clip_eps"):

@@ -57,16 +57,32 @@ def check_pairs(prompts: list[list[int]], outputs: list[list[int]], temperature:
             raise ValueError(f"prompt {i} is empty: the first output token would have no context")
 
 
+def _scaled_logits(hidden: torch.Tensor, head: Any, temperature: float, cap: float | None) -> torch.Tensor:
+    """``head(hidden)`` soft-capped where the model caps, over ``temperature``: hidden (N, H) -> (N, V) float32."""
+    logits = head(hidden).float()  # (N, V)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap  # (N, V)
+    return logits / temperature  # (N, V)
+
+
 def _token_logprobs(
     hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, cap: float | None
 ) -> torch.Tensor:
     """``log_softmax(head(hidden) / T)`` at ``targets``: hidden (N, H), targets (N,) -> (N,) float32."""
-    logits = head(hidden).float()  # (N, V)
-    if cap is not None:
-        logits = torch.tanh(logits / cap) * cap  # (N, V)
-    logits = logits / temperature  # (N, V)
+    logits = _scaled_logits(hidden, head, temperature, cap)  # (N, V)
     picked = logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
     return picked - torch.logsumexp(logits, dim=-1)  # (N,)
+
+
+def _token_logprobs_entropy(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, cap: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_token_logprobs` and the entropy of each position's whole distribution ``softmax(head(hidden) / T)``,
+    ``logsumexp(z) - sum(softmax(z) * z)``: two (N,) float32."""
+    logits = _scaled_logits(hidden, head, temperature, cap)  # (N, V)
+    lse = torch.logsumexp(logits, dim=-1)  # (N,)
+    picked = logits.gather(1, targets.unsqueeze(1)).squeeze(1)  # (N,)
+    return picked - lse, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # (N,) (N,)
 
 
 def output_hidden_states(
@@ -170,6 +186,37 @@ def output_logprobs(
     ``chunk_size`` bounds the number of positions whose full-vocabulary logits exist at once; ``share``: samples
     with identical prompts share the prompt's computation (:func:`output_hidden_states`).
     """
+    logp, mask, _ = _output_terms(model, prompts, outputs, temperature, chunk_size, pad_id, share, entropy=False)
+    return logp, mask
+
+
+def output_logprobs_entropy(
+    model: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+    pad_id: int = 0,
+    share: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`output_logprobs` and, from the same forward, the entropy of the policy's whole next-token distribution
+    at each output position (at ``temperature``, before any top-p): ``(logp, mask, entropy)``, the third (B, T_out)
+    float32, differentiable, 0 where ``mask`` is False (the entropy term of `optim.entropy_coef`)."""
+    logp, mask, entropy = _output_terms(model, prompts, outputs, temperature, chunk_size, pad_id, share, entropy=True)
+    assert entropy is not None
+    return logp, mask, entropy
+
+
+def _output_terms(
+    model: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    temperature: float,
+    chunk_size: int,
+    pad_id: int,
+    share: bool,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     check_pairs(prompts, outputs, temperature)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
@@ -180,7 +227,8 @@ def output_logprobs(
     for row, out in enumerate(outputs):
         mask[row, : len(out)] = True
     if batch == 0 or t_out == 0:
-        return torch.zeros((batch, t_out), dtype=torch.float32, device=device), mask
+        zeros = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)
+        return zeros, mask, zeros.clone() if entropy else None
 
     backbone, head = backbone_and_head(model)
     cap = _soft_cap(causal_lm(model))
@@ -188,15 +236,19 @@ def output_logprobs(
     targets = torch.tensor([t for out in outputs for t in out], dtype=torch.long, device=device)  # (N,)
 
     needs_grad = torch.is_grad_enabled() and picked_hidden.requires_grad
+    terms = _token_logprobs_entropy if entropy else _token_logprobs
     pieces = []
     for start in range(0, targets.shape[0], chunk_size):
         h = picked_hidden[start : start + chunk_size]  # (n, H)
         t = targets[start : start + chunk_size]  # (n,)
         if needs_grad:
-            pieces.append(checkpoint(_token_logprobs, h, t, head, temperature, cap, use_reentrant=False))  # (n,)
+            pieces.append(checkpoint(terms, h, t, head, temperature, cap, use_reentrant=False))  # (n,) or two
         else:
-            pieces.append(_token_logprobs(h, t, head, temperature, cap))  # (n,)
-    flat = torch.cat(pieces)  # (N,)
-    logp = torch.zeros((batch, t_out), dtype=torch.float32, device=device)  # (B, T_out)
-    logp = logp.masked_scatter(mask, flat)  # (B, T_out), row-major order matches `rows`
-    return logp, mask
+            pieces.append(terms(h, t, head, temperature, cap))  # (n,) or two
+
+    def scattered(flat: torch.Tensor) -> torch.Tensor:  # (N,) -> (B, T_out), row-major order matches `rows`
+        return torch.zeros((batch, t_out), dtype=torch.float32, device=device).masked_scatter(mask, flat)
+
+    if not entropy:
+        return scattered(torch.cat(pieces)), mask, None
+    return scattered(torch.cat([p[0] for p in pieces])), mask, scattered(torch.cat([p[1] for p in pieces]))

@@ -34,7 +34,7 @@ from mhgpo.config import LoraConfig, OptimConfig
 from mhgpo.errors import NotFinite
 from mhgpo.model import packing
 from mhgpo.model.distributed import Single, shares
-from mhgpo.model.logprobs import output_logprobs
+from mhgpo.model.logprobs import output_logprobs, output_logprobs_entropy
 from mhgpo.model.lora import Reference, peft_lora_config
 from mhgpo.model.modules import (
     add_negated_adapters,
@@ -206,10 +206,12 @@ class Policy:
         with autocast(self.precision, module_device(model)), casts_off:
             yield
 
-    def _logprobs(self, model: torch.nn.Module, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, model: torch.nn.Module, batch: list[Sample], entropy: bool = False) -> tuple[torch.Tensor, ...]:
+        """``(logp, mask)`` of ``batch`` under ``model``, and with ``entropy`` the policy's entropy at each output
+        position as a third (:func:`mhgpo.model.logprobs.output_logprobs_entropy`), all (b, T)."""
         as_agent = self.acting_as(batch[0].agent) if model is self.model else nullcontext()
         with as_agent, self._computing(model):
-            return output_logprobs(
+            return (output_logprobs_entropy if entropy else output_logprobs)(
                 model,
                 [s.prompt_ids for s in batch],
                 [s.output_ids for s in batch],
@@ -338,10 +340,11 @@ class Policy:
         ahead = self.known_reference / len(mine) if self.cfg.kl_beta != 0 and mine else 0.0
 
         cap = self.cfg.engine_is_cap
+        bonus = self.cfg.entropy_coef
 
         def batch_loss(idx: list[int], weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             batch = [samples[i] for i in idx]
-            logp, mask = self._logprobs(self.model, batch)  # (b, T) (b, T)
+            logp, mask, *entropy = self._logprobs(self.model, batch, entropy=bonus != 0)  # (b, T) (b, T) [(b, T)]
             old = pad_rows([torch.tensor(s.old_logprobs, dtype=logp.dtype) for s in batch], logp.shape[1])  # (b, T)
             ref_b = pad_rows([ref[i] for i in idx], logp.shape[1]).to(logp.dtype) if ref is not None else None
             adv = _advantages(batch, logp.shape[1], logp.dtype)  # (b,) or (b, T)
@@ -349,7 +352,7 @@ class Policy:
             if cap is not None or self.loss_engine:  # the engine's (the old ones where it reported none: weight 1)
                 rows = [s.engine_logprobs if s.engine_logprobs is not None else s.old_logprobs for s in batch]
                 sampler = pad_rows([torch.tensor(r, dtype=logp.dtype) for r in rows], logp.shape[1]).to(logp.device)
-            return self.loss(
+            loss, stats = self.loss(
                 logp,
                 old.to(logp.device),
                 None if ref_b is None else ref_b.to(logp.device),
@@ -361,6 +364,11 @@ class Policy:
                 **({"engine_logp": sampler} if sampler is not None else {}),
                 **({"is_cap": cap} if cap is not None else {}),
             )
+            if entropy:  # the entropy bonus, weighted as the objective's tokens: - c * sum_{i,t} mask * w_i * H_it
+                h = entropy[0].masked_fill(~mask, 0.0)  # (b, T)
+                loss = loss - bonus * (weights.to(h.device)[:, None] * h).sum()
+                stats = {**stats, "entropy": float(h.detach().sum()) / max(int(mask.sum()), 1)}
+            return loss, stats
 
         applied_by_group = self.scheduler.get_last_lr()  # this update's rates (the scheduler then moves on)
         applied = applied_by_group[0]
@@ -372,6 +380,7 @@ class Policy:
             samples,
             batch_loss,
             ("kl", "clip_fraction", "ratio")
+            + (("entropy",) if bonus != 0 else ())
             + (("is_weight", "is_clipped") if cap is not None else ())
             + self.loss_stats,
             by_agent=bool(self.roles),

@@ -248,3 +248,25 @@ def output_logprobs_reference(
         logp[row, : len(out)] = all_logp[positions, targets]  # (T,)
         mask[row, : len(out)] = True
     return logp, mask
+
+
+def output_entropy_reference(
+    model: Any,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """The entropy term of :func:`mhgpo.model.logprobs.output_logprobs_entropy`, one sample at a time from a full
+    forward pass: ``-sum_v p_v log p_v`` of ``softmax(logits / T)`` at each output position, (B, T_out), 0 past a
+    sample's output. Slow; for tests."""
+    check_pairs(prompts, outputs, temperature)
+    t_out = max((len(o) for o in outputs), default=0)
+    entropy = torch.zeros((len(prompts), t_out), dtype=torch.float32, device=module_device(model))  # (B, T_out)
+    for row, (prompt, out) in enumerate(zip(prompts, outputs)):
+        if not out:
+            continue
+        ids = torch.tensor([list(prompt) + list(out)], dtype=torch.long, device=entropy.device)  # (1, L)
+        logits = model(input_ids=ids).logits.float()[0, len(prompt) - 1 : len(prompt) - 1 + len(out)]  # (T, V)
+        p = torch.softmax(logits / temperature, dim=-1)  # (T, V)
+        entropy[row, : len(out)] = -(p * torch.log(p)).nansum(-1)  # (T,); 0 log 0 = 0
+    return entropy

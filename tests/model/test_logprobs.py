@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhgpo.model.logprobs import output_logprobs
+from mhgpo.model.logprobs import output_logprobs, output_logprobs_entropy
 from mhgpo.model.trained import load_model
-from mhgpo.rl.reference import output_logprobs_reference
+from mhgpo.rl.reference import output_entropy_reference, output_logprobs_reference
 
 
 @pytest.fixture()
@@ -175,6 +175,35 @@ def test_lora_wrapped_model(model, batch) -> None:
     with peft_model.disable_adapter(), torch.no_grad():
         plain, _ = output_logprobs(peft_model, prompts, outputs)
     torch.testing.assert_close(plain, base, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("chunk_size", "temperature"), [(512, 1.0), (3, 0.7)])
+def test_entropy_matches_reference_values_and_gradients(model, batch, chunk_size: int, temperature: float) -> None:
+    """The entropy of the whole next-token distribution at each output position, from the same forward as the
+    log-probs (which stay those of output_logprobs bit for bit), against a full softmax per sample; its gradient
+    through the checkpointed chunks against the reference's."""
+    prompts, outputs = batch
+    weights = torch.linspace(0.5, 1.5, 13)  # (T_out,) a non-uniform loss
+    logp, mask, entropy = output_logprobs_entropy(model, prompts, outputs, temperature, chunk_size=chunk_size)
+    with torch.no_grad():
+        plain, plain_mask = output_logprobs(model, prompts, outputs, temperature, chunk_size=chunk_size)
+    assert torch.equal(logp.detach(), plain) and torch.equal(mask, plain_mask)
+    assert entropy.shape == (5, 13) and entropy.requires_grad
+    assert (entropy[~mask] == 0).all() and (entropy[mask] > 0).all()
+    assert (entropy[mask] < torch.log(torch.tensor(float(model.config.vocab_size)))).all()
+    (entropy * weights).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    ref = output_entropy_reference(model, prompts, outputs, temperature)
+    torch.testing.assert_close(entropy.detach(), ref.detach(), atol=1e-5, rtol=0)
+    (ref * weights).sum().backward()
+    for name, p in model.named_parameters():
+        assert grads[name].abs().sum() > 0, name
+        torch.testing.assert_close(grads[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+    with torch.no_grad():  # by hand for one position: -sum p log p of softmax(logits / T)
+        ids = torch.tensor([prompts[2] + outputs[2]])  # (1, L)
+        p = torch.softmax(model(input_ids=ids).logits[0, len(prompts[2]) - 1] / temperature, dim=-1)  # (V,)
+    assert entropy[2, 0].item() == pytest.approx(-(p * p.log()).sum().item(), abs=1e-5)
 
 
 def test_bad_inputs(model) -> None:

@@ -256,6 +256,43 @@ def test_a_learning_rate_per_role_moves_each_adapter_at_its_own_rate(tiny_model_
         Policy(load_model(str(tiny_model_dir), device="cpu").model, 0, optim, LoraConfig(r=4), 10)
 
 
+@pytest.mark.parametrize("coef", [0.0, 0.05])
+def test_the_entropy_bonus_is_the_whole_loss_when_advantages_are_zero(tiny_model_dir: Path, coef: float) -> None:
+    """`optim.entropy_coef`: with every advantage 0 and no KL term the objective is - c * sum_i w_i sum_t H_it
+    alone (w the step-wide token weights), the update raises the policy's entropy and logs its token mean; at c = 0
+    nothing moves and no entropy is logged."""
+    from mhgpo.rl.losses import token_weights
+    from mhgpo.rl.reference import output_entropy_reference
+
+    loaded = load_model(str(tiny_model_dir), device="cpu")
+    torch.manual_seed(0)
+    optim = OptimConfig(
+        lr=1e-3, kl_beta=0.0, gradient_checkpointing=False, micro_batch_tokens=40, logprob_chunk=3, entropy_coef=coef
+    )
+    policy = Policy(loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(r=4), 10)
+    samples = sampled(policy, loaded, "answerer", n=4) + sampled(policy, loaded, "reranker", n=3, seed=1)
+    for s in samples:
+        s.advantage = 0.0
+
+    def entropy() -> torch.Tensor:  # (N, T) by the slow reference, the trained adapter on
+        with torch.no_grad():
+            return output_entropy_reference(
+                policy.model, [s.prompt_ids for s in samples], [s.output_ids for s in samples]
+            )
+
+    before, params = entropy(), [p.detach().clone() for p in policy.params]
+    got = policy.update(samples)
+    lengths = [len(s.output_ids) for s in samples]
+    w = token_weights([s.agent for s in samples], lengths)  # (N,)
+    if coef == 0:
+        assert "entropy" not in got and got["loss"] == 0.0
+        assert all(torch.equal(p.detach(), b) for p, b in zip(policy.params, params))
+        return
+    assert got["loss"] == pytest.approx(-coef * float((w[:, None] * before).sum()), rel=1e-5)
+    assert got["entropy"] == pytest.approx(float(before.sum()) / sum(lengths), rel=1e-5)
+    assert float((w[:, None] * entropy()).sum()) > float((w[:, None] * before).sum())
+
+
 def test_role_lr_is_refused_without_an_adapter_per_role():
     from mhgpo.config import SFTConfig, TrainConfig
 
