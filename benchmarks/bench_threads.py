@@ -5,7 +5,10 @@ layer (B initialised at random, so the adapters compute), in one process, at 1 t
 - the prefill of 16 prompts of 250-300 tokens (a Reranker call's shape);
 - one greedy decoding step of those 16 rows (decoding 33 tokens minus decoding 1, so the prefill drops out).
 
-    python benchmarks/bench_threads.py [--precision fp32|bf16-mixed] [--threads 1,2]
+    python benchmarks/bench_threads.py [--precision fp32|bf16-mixed] [--threads 1,2] [--compile]
+
+`--compile`: the decoding steps run the model through `torch.compile(dynamic=True)` (compiled at the first
+setting's warm-up, its seconds printed).
 
 Run it on quiet cores: a core that another process holds makes the wider setting look worse than it is.
 """
@@ -21,6 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed"])
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--compile", action="store_true", help="decode through torch.compile(dynamic=True)")
     args = parser.parse_args()
 
     import torch
@@ -44,6 +48,11 @@ def main() -> None:
     prompts = [[rng.randrange(1000, 40000) for _ in range(rng.randrange(250, 300))] for _ in range(16)]
     decoder = HFGenerator(model, loaded.tokenizer, batch_size=16, precision=args.precision)
     decoder.eos_ids = [-1]  # no row stops early: every step decodes 16 rows
+    if args.compile:
+        decoder.model = torch.compile(model, dynamic=True)  # the decoding steps' forward; prefill stays eager
+        started = time.perf_counter()
+        decoder.generate(prompts, SamplingParams(max_new_tokens=4, temperature=0.0))
+        print(f"torch.compile: first decoding steps {time.perf_counter() - started:.0f} s")
 
     def forward_backward() -> None:
         model.train()
