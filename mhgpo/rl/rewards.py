@@ -5,12 +5,14 @@ on each step's `RolloutBatch`; the arithmetic is in `mhgpo.rl.advantages`."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mhgpo.config.tables import ADVANTAGE_SCHEMES
 from mhgpo.rl.advantages import aggregated, group_advantages, propagate_rewards, scheme_groups, total_rewards
 from mhgpo.rl.behaviour import agent_behaviour
-from mhgpo.rl.tree import RolloutBatch
+from mhgpo.rl.tree import Node, RolloutBatch
 from mhgpo.team.workflow import Workflow
 
 
@@ -88,6 +90,11 @@ def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
         tokens = [-lp for n in mine for lp in n.logprobs]
         if tokens:  # the sampled tokens' mean -log π (at the sampling temperature, before top-p): the entropy's
             out[f"{agent}/entropy"] = float(np.mean(tokens))  # Monte Carlo estimate along the sampled outputs
+            # no_choice: the sampled tokens top-p left no alternative to. The nucleus is the top token alone exactly
+            # when that token's π (at the sampling temperature) reaches top_p, and then it is the token drawn; with
+            # two or more in it the drawn token's π is below top_p. So the share of tokens with π >= top_p
+            out[f"{agent}/no_choice"] = float(np.mean(np.array(tokens) <= -math.log(workflow.sampling(agent).top_p)))
+        out.update(_identical_groups(agent, trained))
     out.update(agent_behaviour(llm, workflow))
     if leaves:  # the trained samples whose reward the aggregator (`reward.aggr`) decides
         parents = np.array([n.parent_id for n in batch.nodes], dtype=np.int64)  # (N,)
@@ -95,6 +102,21 @@ def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
         in_loss = np.array([n.kind == "llm" and n.trained for n in batch.nodes])  # (N,)
         out["aggregated_samples"] = float((aggregated(parents, terminal) & in_loss).sum())
     return out
+
+
+def _identical_groups(agent: str, trained: list[Node]) -> dict[str, float]:
+    """``{agent}/identical_groups``: of the agent's advantage groups of two or more trained samples, the share whose
+    outputs are all the same tokens: sampling that no longer explores (over a group of one prompt the policy gradient
+    of such a group is zero whatever its rewards, its advantages summing to zero on one output). Nothing when the
+    agent has no such group (MAPPO's samples are groups of one)."""
+    outputs: dict[int, list[tuple[int, ...]]] = {}
+    for n in trained:
+        if n.group_id >= 0:
+            outputs.setdefault(n.group_id, []).append(tuple(n.output_ids))
+    shared = [v for v in outputs.values() if len(v) > 1]
+    if not shared:
+        return {}
+    return {f"{agent}/identical_groups": float(np.mean([len(set(v)) == 1 for v in shared]))}
 
 
 def question_rewards(batch: RolloutBatch) -> dict[str, float]:

@@ -156,6 +156,39 @@ def test_step_metrics_count_the_samples_that_carry_a_gradient():
         assert m[f"{agent}/informative"] == sum(n.advantage != 0 for n in trained) / len(trained)
 
 
+def test_step_metrics_say_where_sampling_stopped_exploring():
+    """no_choice: the share of an agent's sampled tokens whose nucleus held that token alone (its pi reaches top_p);
+    identical_groups: the share of its advantage groups whose samples are the same tokens."""
+    batch, system, _ = rollout("fof", n_questions=3)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    system.config.reranker.top_p, system.config.answerer.top_p = 0.85, 0.75  # each agent's own top_p is its threshold
+    m = step_metrics(batch, system)
+    for agent, top_p in ((REWRITER, 0.9), (RERANKER, 0.85), (ANSWERER, 0.75)):
+        logprobs = [lp for n in batch.llm_nodes() if n.agent == agent for lp in n.logprobs]  # -0.01, -0.02, ...
+        sure = sum(np.exp(lp) >= top_p for lp in logprobs)
+        assert 0 < sure < len(logprobs) and m[f"{agent}/no_choice"] == sure / len(logprobs)
+        assert m[f"{agent}/identical_groups"] == 0.0  # the fake generator never repeats an output
+    by_group = groups(batch)
+    reranker_groups = sorted(g for g, members in by_group.items() if members[0].agent == RERANKER)
+    assert len(reranker_groups) == 3 and all(len(by_group[g]) == G for g in reranker_groups)
+    first = by_group[reranker_groups[0]]
+    for n in first[1:]:  # one group of three samples the same tokens
+        n.output_ids = list(first[0].output_ids)
+    m = step_metrics(batch, system)
+    assert m["reranker/identical_groups"] == 1 / 3 and m["rewriter/identical_groups"] == 0.0
+    first[-1].output_ids = first[-1].output_ids + [7]  # one token more in one sample: not identical
+    assert step_metrics(batch, system)["reranker/identical_groups"] == 0.0
+
+
+def test_identical_groups_leave_out_groups_of_one():
+    batch, system, _ = rollout("fof", n_questions=2)
+    assign_rewards(batch, "mean", True, np.random.default_rng(0))
+    for i, n in enumerate(batch.llm_nodes()):  # every sample a group of its own, as MAPPO's are
+        n.group_id = i
+    m = step_metrics(batch, system)
+    assert not any(k.endswith("/identical_groups") for k in m) and "reranker/no_choice" in m
+
+
 def test_question_rewards_average_each_trees_leaves():
     batch, _, _ = rollout("fof", n_questions=3)
     got = question_rewards(batch)
