@@ -92,8 +92,10 @@ def step_metrics(batch: RolloutBatch, workflow: Workflow) -> dict[str, float]:
             out[f"{agent}/entropy"] = float(np.mean(tokens))  # Monte Carlo estimate along the sampled outputs
             # no_choice: the sampled tokens top-p left no alternative to. The nucleus is the top token alone exactly
             # when that token's π (at the sampling temperature) reaches top_p, and then it is the token drawn; with
-            # two or more in it the drawn token's π is below top_p. So the share of tokens with π >= top_p
-            out[f"{agent}/no_choice"] = float(np.mean(np.array(tokens) <= -math.log(workflow.sampling(agent).top_p)))
+            # two or more in it the drawn token's π is below top_p. So the share of tokens with π >= top_p (none
+            # at top_p 1, where the nucleus is the whole vocabulary: a log-prob that rounds to 0 is not counted)
+            top_p = workflow.sampling(agent).top_p
+            out[f"{agent}/no_choice"] = float(np.mean(np.array(tokens) <= -math.log(top_p))) if top_p < 1 else 0.0
         out.update(_identical_groups(agent, trained))
     out.update(agent_behaviour(llm, workflow))
     if leaves:  # the trained samples whose reward the aggregator (`reward.aggr`) decides

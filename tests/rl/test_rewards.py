@@ -174,8 +174,12 @@ def test_step_metrics_say_where_sampling_stopped_exploring():
     first = by_group[reranker_groups[0]]
     for n in first[1:]:  # one group of three samples the same tokens
         n.output_ids = list(first[0].output_ids)
+    system.config.rewriter.top_p = 1.0  # the whole vocabulary: a token is never alone, even one whose log-prob is 0
+    assert batch.llm_nodes()[0].agent == REWRITER
+    batch.llm_nodes()[0].logprobs[0] = 0.0
     m = step_metrics(batch, system)
     assert m["reranker/identical_groups"] == 1 / 3 and m["rewriter/identical_groups"] == 0.0
+    assert m["rewriter/no_choice"] == 0.0
     first[-1].output_ids = first[-1].output_ids + [7]  # one token more in one sample: not identical
     assert step_metrics(batch, system)["reranker/identical_groups"] == 0.0
 
