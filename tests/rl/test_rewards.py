@@ -172,7 +172,7 @@ def test_step_metrics_say_where_sampling_stopped_exploring():
     reranker_groups = sorted(g for g, members in by_group.items() if members[0].agent == RERANKER)
     assert len(reranker_groups) == 3 and all(len(by_group[g]) == G for g in reranker_groups)
     first = by_group[reranker_groups[0]]
-    for n in first[1:]:  # one group of three samples the same tokens
+    for n in first[1:]:  # one of the three groups samples one output G times
         n.output_ids = list(first[0].output_ids)
     system.config.rewriter.top_p = 1.0  # the whole vocabulary: a token is never alone, even one whose log-prob is 0
     assert batch.llm_nodes()[0].agent == REWRITER
