@@ -58,6 +58,8 @@ ROWS: dict[str, dict[str, object]] = {
     "warm_rr_30min": {**RECIPE, "budget_minutes": 30.0},
     "warm_rr_per_role": {**RECIPE, "lora.enabled": True, "lora.per_role": True},
     "warm_rr_filter": {**RECIPE, "filter_zero_variance": True},
+    "warm_is_top_p1": {**RECIPE, "sampler": "is", **{f"search.{r}.top_p": 1.0 for r in ROLES}},
+    "warm_is_entropy": {**RECIPE, "sampler": "is", "optim.entropy_coef": 0.003},
 }
 NOT_TRAINED = {"untrained", "untrained_llm", "warm", "warm_llm"}  # validated without RL
 
