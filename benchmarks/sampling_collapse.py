@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 import tempfile
 from collections import defaultdict
@@ -44,7 +43,10 @@ def windows_of(text: str) -> list[tuple[int, int]]:
 
 def rollout_groups(run: Path, windows: list[tuple[int, int]]) -> dict[str, dict[str, dict[str, float]]]:
     """Per window (``"lo-hi"``) and role: groups, identical, equal_rewards, equal_but_different (shares)."""
-    files = sorted(p for p in (run / "rollouts").glob("step_*.jsonl") if re.fullmatch(r"step_\d+", p.stem))
+    from mhgpo.io import read_jsonl
+    from mhgpo.run.report import load_run
+
+    files = load_run(run).rollout_files  # rollouts/step_N.jsonl, in step order
     if not files:
         raise SystemExit(f"{run}: no rollout files (rollouts/step_*.jsonl)")
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -54,8 +56,7 @@ def rollout_groups(run: Path, windows: list[tuple[int, int]]) -> dict[str, dict[
             if not lo <= int(path.stem[5:]) <= hi:
                 continue
             groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
-            for line in path.read_text().splitlines():
-                node = json.loads(line)
+            for node in read_jsonl(path)[0]:
                 if node.get("kind") == "llm" and node.get("trained") and node.get("group_id", -1) >= 0:
                     groups[(node["question_id"], node["group_id"])].append(node)
             for members in groups.values():
