@@ -69,23 +69,27 @@ def curve_verdict(results: list[dict]) -> str:
 
 
 def _step_columns(found: dict[int, dict]) -> list[int]:
-    return sorted({p["step"] for r in found.values() for p in r["val_curve"]})
+    """The steps validated on the way (every point but each seed's last): seeds stopped by a CPU budget end at
+    different steps, so their ends share one column instead of one column each."""
+    return sorted({p["step"] for r in found.values() for p in r["val_curve"][:-1]})
 
 
 def row_table(row: str, found: dict[int, dict]) -> list[str]:
     """One row's per-seed table: start, F1 at each validated step, the paired change, CPU hours."""
     steps = _step_columns(found)
-    head = ["seed", "warm start healthy", *(f"step {s}" for s in steps), "Δ F1 end − start [95% CI]", "+/− (p)"]
+    head = ["seed", "warm start healthy", *(f"step {s}" for s in steps), "end (step)", "Δ F1 end − start [95% CI]"]
+    head.append("+/− (p)")
     kept = {seed: served(r) for seed, r in found.items()}
     if any(kept.values()):
         head.append("Δ where the start worked [95% CI] (questions)")
     lines = [f"`{row}`: {curve_verdict(list(found.values()))}", "", "| " + " | ".join([*head, "CPU h"]) + " |"]
     lines.append("|" + "---|" * (len(head) + 1))
     for seed, r in sorted(found.items()):
-        at = {p["step"]: p for p in r["val_curve"]}
+        at = {p["step"]: p for p in r["val_curve"][:-1]}
+        end = r["val_curve"][-1]
         mean, low, high, (up, down, p) = seed_change(r)
         health = {True: "yes", False: "no", None: "—"}[(r.get("start") or {}).get("healthy")]
-        cells = [str(seed), health, *(_cell(at[s]) if s in at else "" for s in steps)]
+        cells = [str(seed), health, *(_cell(at[s]) if s in at else "" for s in steps), f"{_cell(end)} ({end['step']})"]
         cells += [f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]", f"{up}/{down} ({p:.2g})"]
         if any(kept.values()):
             where = kept[seed]

@@ -3,6 +3,7 @@ earlier comparison scripts included), the verdict rule, what is still to run, an
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -730,7 +731,7 @@ def test_a_curves_verdict_tells_a_gain_where_the_start_worked_from_a_repair():
     assert curve_verdict([learned, repair]).endswith("where the start worked: flat within noise")
     assert curve_verdict([learned, learned]) == ("rises on every seed; where the start worked: rises on every seed")
     table = "\n".join(row_table("warm_is", {0: learned, 1: repair}))
-    assert "| 0 | — | 0.0 | 87.5 | +87.5 [" in table and "| 35/0 (" in table
+    assert "| 0 | — | 0.0 | 87.5 (50) | +87.5 [" in table and "| 35/0 (" in table
     assert "Δ where the start worked [95% CI] (questions)" in table
     assert table.count("(20) |") == 2 and "| +75.0 [" in table and "| +0.0 [+0.0, +0.0] (20) |" in table
     # the questions on which the start broke a format are not where it worked: learned's gain there is a repair
@@ -741,6 +742,14 @@ def test_a_curves_verdict_tells_a_gain_where_the_start_worked_from_a_repair():
     bare = _curve_result([(0.0, None)] * 4, [1.0] * 4)
     assert curve_verdict([bare, bare]) == "rises on every seed"
     assert "where the start worked" not in "\n".join(row_table("warm_is", {0: bare}))
+    # seeds a CPU budget stopped at different steps: one column per step validated on the way, their ends in one
+    early, late = copy.deepcopy(bare), copy.deepcopy(bare)
+    early["val_curve"] = [{"step": s, "cpu_minutes": s, "f1": f} for s, f in [(0, 0.0), (25, 40.0), (44, 60.0)]]
+    late["val_curve"] = [{"step": s, "cpu_minutes": s, "f1": f} for s, f in [(0, 0.0), (25, 50.0), (50, 70.0), (51, 80.0)]]
+    lines = row_table("warm_is", {0: early, 1: late})
+    assert lines[2].startswith("| seed | warm start healthy | step 0 | step 25 | step 50 | end (step) | Δ F1 end")
+    assert lines[4].startswith("| 0 | — | 0.0 | 40.0 |  | 60.0 (44) | +100.0 [")
+    assert lines[5].startswith("| 1 | — | 0.0 | 50.0 | 70.0 | 80.0 (51) | +100.0 [")
 
 
 def test_a_kept_run_whose_record_or_evaluation_config_is_not_one_is_named(tmp_path):

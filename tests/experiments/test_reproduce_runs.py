@@ -187,13 +187,14 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
     page = (out / "reproduction.md").read_text()
     assert "## Learning curves" in page and "![validation F1 by step and by CPU minutes](images/curves-" in page
     assert [p.suffix for p in (out / "images").iterdir()] == [".png"]
-    head = "| seed | warm start healthy | step 0 | step 2 | step 4 | Δ F1 end − start [95% CI] | +/− (p) | CPU h |"
+    head = "| seed | warm start healthy | step 0 | step 2 | end (step) | Δ F1 end − start [95% CI] | +/− (p) | CPU h |"
     assert head in page
     health = {True: "yes", False: "no", None: "—"}[start["healthy"]]
     cells = [f"{curve[0]['f1']:.1f}"]
     cells += [
         f"{p['f1']:.1f} ({p['paired'][0]:+.1f} [{p['paired'][1]:+.1f}, {p['paired'][2]:+.1f}])" for p in curve[1:]
     ]
+    cells[-1] += f" ({curve[-1]['step']})"  # the last point is the end column's, with its step
     assert f"| 0 | {health} | {' | '.join(cells)} | " in page
 
 
