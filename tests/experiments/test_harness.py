@@ -745,7 +745,9 @@ def test_a_curves_verdict_tells_a_gain_where_the_start_worked_from_a_repair():
     # seeds a CPU budget stopped at different steps: one column per step validated on the way, their ends in one
     early, late = copy.deepcopy(bare), copy.deepcopy(bare)
     early["val_curve"] = [{"step": s, "cpu_minutes": s, "f1": f} for s, f in [(0, 0.0), (25, 40.0), (44, 60.0)]]
-    late["val_curve"] = [{"step": s, "cpu_minutes": s, "f1": f} for s, f in [(0, 0.0), (25, 50.0), (50, 70.0), (51, 80.0)]]
+    late["val_curve"] = [
+        {"step": s, "cpu_minutes": s, "f1": f} for s, f in [(0, 0.0), (25, 50.0), (50, 70.0), (51, 80.0)]
+    ]
     lines = row_table("warm_is", {0: early, 1: late})
     assert lines[2].startswith("| seed | warm start healthy | step 0 | step 25 | step 50 | end (step) | Δ F1 end")
     assert lines[4].startswith("| 0 | — | 0.0 | 40.0 |  | 60.0 (44) | +100.0 [")
