@@ -77,8 +77,8 @@ def _step_columns(found: dict[int, dict]) -> list[int]:
 def row_table(row: str, found: dict[int, dict]) -> list[str]:
     """One row's per-seed table: start, F1 at each validated step, the paired change, CPU hours."""
     steps = _step_columns(found)
-    head = ["seed", "warm start healthy", *(f"step {s}" for s in steps), "end (step)", "Δ F1 end − start [95% CI]"]
-    head.append("+/− (p)")
+    head = ["seed", "warm start healthy", *(f"step {s}" for s in steps)]
+    head += ["end (step)", "Δ F1 end − start [95% CI]", "+/− (p)"]
     kept = {seed: served(r) for seed, r in found.items()}
     if any(kept.values()):
         head.append("Δ where the start worked [95% CI] (questions)")
