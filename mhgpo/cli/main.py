@@ -221,6 +221,7 @@ def _row_eval_config(args: argparse.Namespace, overrides: list[str]):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from mhgpo.data.forms import form_line, is_form_metric
     from mhgpo.rl.evaluation import METRICS, PREDICTIONS, metrics_table
     from mhgpo.run.evaluate import EvalInterrupted, run_evaluation
 
@@ -242,8 +243,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     metrics = result.metrics
     console.print(metrics_table({f"{cfg.system} / {cfg.data}": metrics}))
-    behaviour = {k: v for k, v in metrics.items() if "/" in k}
+    behaviour = {k: v for k, v in metrics.items() if "/" in k and not is_form_metric(k)}
     console.print("  ".join(f"{k} {v:.2f}" for k, v in behaviour.items()))
+    if forms := form_line(metrics):
+        console.print(f"by question form: {forms}", soft_wrap=True)
     new = len(result.predictions) - metrics.get("resumed", 0)
     console.print(
         f"{new} questions in {metrics['seconds']:.1f} s ({new / max(metrics['seconds'], 1e-9):.2f} "

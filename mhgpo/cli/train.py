@@ -232,17 +232,40 @@ class DemoStages:
         )
 
 
+FORM_ROWS = (  # (metric, label, format) of the demo's F1-by-question-form table
+    ("form/yes_no/f1", "yes/no questions: F1", "{:.1f}"),
+    ("form/yes_no/yes_share", "  share answered 'yes'", "{:.2f}"),
+    ("form/choice/f1", "'A or B?' questions: F1", "{:.1f}"),
+    ("form/choice/second_share", "  share answered B", "{:.2f}"),
+    ("form/other/f1", "other questions: F1", "{:.1f}"),
+)
+
+
 def _print_behaviour(console, rows: dict[str, dict]) -> None:
     from rich.table import Table
 
+    from mhgpo.data.forms import is_form_metric
+
     first = next(iter(rows.values()))
-    keys = [k for k in first if "/" in k and all(k in m for m in rows.values())]
+    keys = [k for k in first if "/" in k and not is_form_metric(k) and all(k in m for m in rows.values())]
     table = Table(title="agent behaviour (dev set)")
     table.add_column("")
     for name in rows:
         table.add_column(name, justify="right")
     for k in keys:
         table.add_row(k, *(f"{m[k]:.2f}" for m in rows.values()))
+    console.print(table)
+    forms = [(k, label, f) for k, label, f in FORM_ROWS if all(k in m for m in rows.values())]
+    if not forms:
+        return
+    table = Table(title="F1 by question form (dev set)", caption="a constant answer scores ~50 on the first two")
+    table.add_column("")
+    for name in rows:
+        table.add_column(name, justify="right")
+    for k, label, f in forms:
+        if k.endswith("/f1"):
+            label += f" ({int(first[k[: -len('f1')] + 'n'])} q)"
+        table.add_row(label, *(f.format(m[k]) for m in rows.values()))
     console.print(table)
 
 

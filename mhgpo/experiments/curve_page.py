@@ -9,7 +9,11 @@ noise (the paired bootstrap interval above 0), *falls* when below it on every se
 again on the questions on which each start's team already worked (no agent broke its format, and every gold passage
 the Reranker was shown it passed on: `format_broken` false and `gold_dropped` 0 in its per-question records), which
 says what RL added to a working team there, the rest of a gain being a repair of broken formats or dropped passages;
-a row on a broken warm start (`mhgpo.experiments.curves.healthy`) is named as a repair, not as learning.
+and again on the questions no constant answer scores (neither yes/no nor "..., A or B?": `mhgpo.data.forms`), where
+the records say the forms: a team that answers "yes" to every yes/no question and the second name to every choice
+gains there without reading, so only these questions' change is reasoning learned; a row on a broken warm start
+(`mhgpo.experiments.curves.healthy`) is named as a repair, not as learning. Per row, a second table gives F1 by
+question form from start to end, with the share of each constant answer.
 """
 
 from __future__ import annotations
@@ -59,13 +63,92 @@ def _word(changes: list[tuple[float, float, float, tuple[int, int, float]]]) -> 
 def curve_verdict(results: list[dict]) -> str:
     """rises / falls / flat within noise over the seeds (see the module's docstring), on all the questions and, where
     the starts count the gold passages their team dropped, on the questions on which each start worked (what RL
-    added to a team that worked there; the rest of a gain is a repair); `repair` where a start was broken."""
+    added to a team that worked there; the rest of a gain is a repair), and, where the records say the forms, on the
+    questions no constant answer scores; `repair` where a start was broken."""
     word = _word([seed_change(r) for r in results])
     subsets = [served(r) for r in results]
     if all(subsets):
         word += "; where the start worked: " + _word([seed_change(r, where) for r, where in zip(results, subsets)])
+    others = [other_change(r) for r in results]
+    if all(c is not None for c in others):
+        word += "; on the questions no constant answer scores: " + _word(others)
+        worked = [other_change(r, worked=True) for r in results]
+        if all(c is not None for c in worked):
+            word += ", on those where the start worked: " + _word(worked)
     broken = any((r.get("start") or {}).get("healthy") is False for r in results)
     return word + (" (from a broken warm start: a repair)" if broken else "")
+
+
+def by_form(questions: list[dict], form: str) -> list[dict]:
+    """The per-question records of one question form (`form`: `mhgpo.data.forms.question_form`)."""
+    return [q for q in questions if q.get("form") == form]
+
+
+def has_forms(result: dict) -> bool:
+    """Whether a result's start and end records say each question's form (results of older versions do not)."""
+    return all("form" in q for q in result["start_questions"]) and all("form" in q for q in result["val_questions"])
+
+
+def other_change(result: dict, worked: bool = False) -> tuple[float, float, float, tuple[int, int, float]] | None:
+    """:func:`seed_change` on the questions of form `other` (neither yes/no nor "A or B?": where no constant answer
+    scores), with `worked` only those of them on which the start worked (:func:`served`); None where the result
+    does not say the forms (or, with `worked`, the gold passages dropped) or has no such question."""
+    if not has_forms(result):
+        return None
+    start = served(result) if worked else result["start_questions"]
+    where = by_form(start, "other") if start is not None else []
+    return seed_change(result, where) if where else None
+
+
+def _share(questions: list[dict], word: str) -> str:
+    """The share of `questions` whose answer is the constant `word` ("—" where the records do not say it: results
+    filled in from the questions alone)."""
+    if any("picked" not in q for q in questions):
+        return "—"
+    return f"{sum(q['picked'] == word for q in questions) / len(questions):.2f}"
+
+
+def _mean_f1(questions: list[dict]) -> str:
+    return f"{100 * sum(float(q['f1']) for q in questions) / len(questions):.1f}"
+
+
+def form_table(row: str, found: dict[int, dict]) -> list[str]:
+    """One row's per-seed F1 by question form, start → end: on yes/no questions with the share answered "yes", on
+    "A or B?" questions with the share answered B (a constant scores ~50 on both), on the rest (where no constant
+    scores) with the paired change; empty when no seed's result says the forms."""
+    seeds = {seed: r for seed, r in sorted(found.items()) if has_forms(r)}
+    if not seeds:
+        return []
+    head = ["seed", "yes/no F1", "answered 'yes'", "A or B? F1", "answered B", "other F1", "Δ other [95% CI]"]
+    head += ["+/− (p)", "Δ other where the start worked [95% CI] (questions)"]
+    lines = [f"`{row}` by question form, start → end:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for seed, r in seeds.items():
+        start, end = r["start_questions"], r["val_questions"]
+        cells = [str(seed)]
+        for form, word in (("yes_no", "yes"), ("choice", "second")):
+            a, b = by_form(start, form), by_form(end, form)
+            if a and b:
+                shares = _share(a, word), _share(b, word)
+                cells += [f"{_mean_f1(a)} → {_mean_f1(b)} ({len(a)})", "—" if "—" in shares else " → ".join(shares)]
+            else:
+                cells += ["—", "—"]
+        a, b = by_form(start, "other"), by_form(end, "other")
+        change = other_change(r)
+        if a and b and change is not None:
+            mean, low, high, (up, down, p) = change
+            cells += [f"{_mean_f1(a)} → {_mean_f1(b)} ({len(a)})", f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"]
+            cells.append(f"{up}/{down} ({p:.2g})")
+        else:
+            cells += ["—", "—", "—"]
+        worked = other_change(r, worked=True)
+        if worked is not None:
+            mean, low, high, (up, down, _) = worked
+            where = by_form(served(r) or [], "other")
+            cells.append(f"{mean:+.1f} [{low:+.1f}, {high:+.1f}] ({len(where)}; {up}/{down})")
+        else:
+            cells.append("—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _step_columns(found: dict[int, dict]) -> list[int]:
@@ -162,6 +245,7 @@ def curves_markdown(by_data: list[tuple[str, str, Results]], images: Path | None
             parts += [f"![validation F1 by step and by CPU minutes]({Path(link).as_posix()})", ""]
         for row, seeds in found.items():
             parts += row_table(row, seeds)
+            parts += form_table(row, seeds)
     if not parts:
         return ""
     intro = (
@@ -171,6 +255,10 @@ def curves_markdown(by_data: list[tuple[str, str, Results]], images: Path | None
         "own paired change over the start and interval, where the run kept that validation's questions; the last "
         "column, where the starts count the gold passages their team dropped, is the same change on the questions "
         "on which the start worked (no agent broke its format, every gold passage shown passed on): what RL added "
-        "where the team already worked, the rest of a gain being a repair of broken formats or dropped passages.\n"
+        "where the team already worked, the rest of a gain being a repair of broken formats or dropped passages. "
+        "The second table of a row, where its records say each question's form, gives F1 by form from start to end: "
+        'on yes/no questions and on "..., A or B?" choices (where a constant answer, "yes" or option B, scores '
+        "about 50 without reading; with the share of answers that are that constant, where the records say it) and "
+        "on the other questions, whose paired change, alone and where the start worked, no constant can make.\n"
     )
     return intro + "\n" + "\n".join(parts)

@@ -3,7 +3,8 @@ warm start and validation and shared by every row that starts from it; the warm 
 validation, :func:`keep_start`), the row's own validations every
 `val_every` steps, and whether a warm start is healthy.
 
-A curve (`val_curve` in a result) is a list of points `{"step", "cpu_minutes", "f1", "em", "acc"}`: step 0 is the
+A curve (`val_curve` in a result) is a list of points `{"step", "cpu_minutes", "f1", "em", "acc"}` (and `forms`, F1
+by question form: `mhgpo.data.forms`, where the validation reported it): step 0 is the
 starting model (0 CPU minutes), each later point the run's checkpoint at that step, validated greedily on the same
 questions, with the CPU minutes its steps' rollouts and updates had taken (validation, loading and checkpoints left
 out: a row's machine time, comparable between rows). Its first point also carries the per-question F1 of the start,
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mhgpo.config import TrainConfig, to_dict
+from mhgpo.data.forms import is_form_metric, picked, question_form
 from mhgpo.experiments.results import is_count, is_number, waiting_lock
 from mhgpo.experiments.stats import paired_bootstrap, paired_questions
 from mhgpo.io import atomic_write_json
@@ -95,7 +97,8 @@ def _point(cfg: TrainConfig, metrics: dict[str, Any], predictions: list[dict]) -
         **{k: float(metrics[k]) for k in SCORES},
         "n": int(metrics["n"]),
         "model": Path(cfg.model).name,
-        "behaviour": {k: float(v) for k, v in metrics.items() if "/" in k},
+        "behaviour": {k: float(v) for k, v in metrics.items() if "/" in k and not is_form_metric(k)},
+        "forms": {k: float(v) for k, v in metrics.items() if is_form_metric(k)},
         "healthy": healthy(metrics),
         "questions": [question_record(p, ("f1",)) for p in predictions],
     }
@@ -127,10 +130,16 @@ def format_broken(prediction: dict) -> bool | None:
 
 
 def question_record(prediction: dict, scores: tuple[str, ...]) -> dict:
-    """A prediction's per-question record in a result: its id, ``scores`` and, where its trace says them, the gold
-    passages its team dropped (:func:`gold_dropped`) and whether it broke a format (:func:`format_broken`): a start's
-    questions with neither are those on which its team already worked (`mhgpo.experiments.curve_page`)."""
+    """A prediction's per-question record in a result: its id, ``scores``, its question's form (`form`:
+    :func:`mhgpo.data.forms.question_form`) and, on a comparison, the constant its answer is (`picked`: yes / no,
+    first / second, or null), and, where its trace says them, the gold passages its team dropped
+    (:func:`gold_dropped`) and whether it broke a format (:func:`format_broken`): a start's questions with neither
+    are those on which its team already worked (`mhgpo.experiments.curve_page`)."""
     record = {"id": prediction["id"], **{k: prediction[k] for k in scores}}
+    if isinstance(prediction.get("question"), str) and isinstance(prediction.get("answers"), list):
+        record["form"] = question_form(prediction["question"], prediction["answers"])
+        if record["form"] != "other":
+            record["picked"] = picked(prediction["question"], prediction["answers"], prediction.get("prediction") or "")
     dropped, broken = gold_dropped(prediction), format_broken(prediction)
     if dropped is not None:
         record["gold_dropped"] = dropped
@@ -170,10 +179,15 @@ def curve(start: dict, history: list[dict], questions: Callable[[int], list[dict
     question in F1 points: ``[mean, low, high]`` (95% paired bootstrap,
     :func:`~mhgpo.experiments.stats.paired_bootstrap`)."""
     first = {"step": 0, "cpu_minutes": 0.0, **{k: start[k] for k in SCORES}}
+    if start.get("forms"):
+        first["forms"] = dict(start["forms"])
     points = []
     for h in history:
         point = {"step": int(h["step"]), "cpu_minutes": float(h.get("cpu_minutes", 0.0))}
         point.update({k: h[f"val/{k}"] for k in SCORES})
+        forms = {k[len("val/") :]: v for k, v in h.items() if is_form_metric(k[len("val/") :])}
+        if forms:
+            point["forms"] = forms
         found = questions(point["step"]) if questions is not None else None
         diffs = paired_questions(found, start["questions"]) if found else []
         if diffs:

@@ -2,7 +2,8 @@
 
 An evaluation folder holds `eval_config.yaml`, `predictions.jsonl` (one line per question with the gold answers,
 the prediction and each agent's trace; `mhgpo eval` appends each batch as it finishes) and, at the end,
-`metrics.json` (n, acc, em, f1 in percent, seconds, per-agent behaviour). The metrics are computed from the
+`metrics.json` (n, acc, em, f1 in percent, seconds, per-agent behaviour, F1 by question form:
+`mhgpo.data.forms`). The metrics are computed from the
 prediction lines alone, so an evaluation continued with `mhgpo eval --resume` scores the questions of every session.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mhgpo.config.eval import MAX_PROMPT_TOKENS
+from mhgpo.data.forms import form_metrics
 from mhgpo.data.metrics import score
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError
@@ -45,7 +47,8 @@ wire.register(EvalResult)  # (gathered from the ranks of a data-parallel validat
 
 
 def chain_record(example: Example, chain: list[Node]) -> dict[str, Any]:
-    """One predictions.jsonl line from the nodes of a one-chain rollout (in order)."""
+    """One predictions.jsonl line from the nodes of a one-chain rollout (in order); `type` where the data gives the
+    question one."""
     leaf = chain[-1]
     prediction = leaf.final_answer or ""
     s = score(prediction, example.answers)
@@ -53,16 +56,10 @@ def chain_record(example: Example, chain: list[Node]) -> dict[str, Any]:
     trace["steps"] = [
         {**call_record(n), "output": n.output} if n.kind == "llm" else {"agent": n.agent, "tool": n.info} for n in chain
     ]
-    return {
-        "id": example.id,
-        "question": example.question,
-        "answers": list(example.answers),
-        "prediction": prediction,
-        "acc": s["acc"],
-        "em": s["em"],
-        "f1": s["f1"],
-        "trace": trace,
-    }
+    record = {"id": example.id, "question": example.question, "answers": list(example.answers)}
+    if example.type:
+        record["type"] = example.type
+    return {**record, "prediction": prediction, "acc": s["acc"], "em": s["em"], "f1": s["f1"], "trace": trace}
 
 
 def evaluate_examples(
@@ -142,24 +139,27 @@ def _result(predictions: list[dict[str, Any]], failures: list[Any], workflow: Wo
 
 
 def summarise(predictions: list[dict[str, Any]], workflow: Workflow, seconds: float) -> dict[str, float]:
-    """n, Acc / EM / F1 (percent) and each agent's behaviour (`agent_behaviour`), from prediction records."""
+    """n, Acc / EM / F1 (percent), each agent's behaviour (`agent_behaviour`) and F1 by question form
+    (`mhgpo.data.forms.form_metrics`), from prediction records."""
     metrics: dict[str, float] = {"n": len(predictions)}
     for key in ("acc", "em", "f1"):
         metrics[key] = 100 * float(np.mean([p[key] for p in predictions])) if predictions else 0.0
     metrics["seconds"] = seconds
     calls = [s for p in predictions for s in p["trace"]["steps"] if "tool" not in s]
     metrics.update(agent_behaviour(calls, workflow))
+    metrics.update(form_metrics(predictions))
     return metrics
 
 
 def finished_predictions(folder: Path, examples: list[Example]) -> list[dict[str, Any]]:
     """The prediction records an interrupted evaluation in `folder` finished, checked against the questions being
-    evaluated (a last line cut short by a killed process is dropped from the file)."""
+    evaluated: their ids, questions and gold answers (the metrics, F1 by question form included, are computed from
+    these lines); a last line cut short by a killed process is dropped from the file."""
     path = Path(folder) / PREDICTIONS
     rows, cut = read_jsonl(path)
     if cut:
         atomic_write_jsonl(path, rows)
-    known = {e.id for e in examples}
+    known = {e.id: e for e in examples}
     seen: set[str] = set()
     kept = []
     for number, row in enumerate(rows, 1):
@@ -173,6 +173,14 @@ def finished_predictions(folder: Path, examples: list[Example]) -> list[dict[str
             raise InputError(
                 f"{path}:{number}: question id {row.get('id')!r} is not among the questions being evaluated"
             )
+        asked = known[row["id"]]
+        if row.get("question") != asked.question or row.get("answers") != list(asked.answers):
+            raise InputError(
+                f"{path}:{number}: question {row['id']!r} has another question or gold answers than the data's; "
+                f"start a new evaluation with another --output-dir"
+            )
+        if asked.type and "type" not in row:  # (a line of a version that did not write it)
+            row["type"] = asked.type
         if row["id"] not in seen:
             seen.add(row["id"])
             kept.append(row)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from mhgpo.config import TrainConfig, dump_config, rollout_pipelined, to_dict
+from mhgpo.data.forms import is_form_metric
 from mhgpo.data.records import Example
 from mhgpo.errors import InputError, NotFinite, RunError, ServiceError
 from mhgpo.model import sharding
@@ -143,7 +144,7 @@ class Trainer:
         self.step = 0
         self.position = 0  # questions consumed so far (defines the data order)
         self.failures = 0  # questions whose rollout failed so far (training and validation)
-        self.val_history: list[dict[str, float]] = []  # per validation: step, val/f1, val/em, val/acc, cpu_minutes
+        self.val_history: list[dict[str, float]] = []  # per validation: step, val/f1 ..., cpu_minutes
         self.first_rewards: dict[str, float] = {}  # question id -> its mean reward on its first visit
         self.cpu_seconds = 0.0  # the process's CPU time in the completed steps' rollouts and updates
         self.last_eval: tuple[int, Any] | None = None  # (step, EvalResult) of the latest validation
@@ -742,6 +743,7 @@ class Trainer:
         if self.ranks.is_main:
             write_validation(self.run_dir, step, res.predictions)
         scores = {f"val/{k}": res.metrics[k] for k in ("f1", "em", "acc")}
+        scores.update({f"val/{k}": v for k, v in res.metrics.items() if is_form_metric(k)})  # F1 by question form
         self.val_history.append({"step": step, **scores, "cpu_minutes": self.cpu_seconds / 60})
         return {**scores, "seconds/eval": time.perf_counter() - t}
 

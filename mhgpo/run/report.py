@@ -1,10 +1,11 @@
 """`mhgpo report`: read run directories and write `report.md`, `report.html` (images embedded) and PNG plots.
 
 What a reader looks for in an RL run of a team of agents: the team (its agents and tools by name, how often each
-is called), reward and validation F1 over steps, each agent's format penalty and behaviour over steps (the
-measures its workflow logs), how similar the outputs inside a group are (the paper's intra-group similarity),
-where the time and memory go, a results table in the layout of the paper's Table 1, and example traces from the
-first and the last step. Anything missing from a run directory is reported as missing.
+is called), reward and validation F1 over steps (and by question form: yes/no, "A or B?", other), each agent's
+format penalty and behaviour over steps (the measures its workflow logs), how similar the outputs inside a group
+are (the paper's intra-group similarity), where the time and memory go, a results table in the layout of the
+paper's Table 1, and example traces from the first and the last step. Anything missing from a run directory is
+reported as missing.
 
 Run directories may come from anyone: text taken from them (questions, outputs, answers, labels, folder names) is
 escaped so that it cannot make markdown or HTML structure, and the HTML page embeds only the PNG plots this module
@@ -247,6 +248,7 @@ def plot_runs(runs: list[Run], out: Path) -> dict[str, Path]:
     figures = {  # each drawn and saved in turn (one figure open at a time); None: nothing to plot
         "reward_and_val_f1": lambda: _plot_reward_and_val_f1(trained),
         "learning": lambda: _plot_learning(trained),
+        "question_forms": lambda: _plot_forms(trained),
         "penalties": lambda: _plot_penalties(trained, agents),
         "behaviour": lambda: _plot_behaviour(trained, agents),
         "intra_group_similarity": lambda: _plot_similarity(trained),
@@ -374,6 +376,36 @@ def _plot_learning(trained: list[Run]):
     ax2.set(
         title="train reward on a revisit minus the first visit", xlabel="RL step", ylabel="Δ reward (same questions)"
     )
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=7)
+    return fig
+
+
+FORM_LINES = {"yes_no": "-", "choice": "--", "other": ":"}  # a question form's line style
+
+
+def _plot_forms(trained: list[Run]):
+    """Validation F1 by question form over steps (`val/form/FORM/f1`: yes/no, "A or B?", other) and the share of
+    the comparison answers that are a constant ("yes", option B: `mhgpo.data.forms`); None for runs logged
+    without them. A rise on the comparison questions with the share going to 1 is a constant answer, not reading."""
+    have = [r for r in trained if any(k.startswith("val/form/") for m in r.metrics for k in m)]
+    if not have:
+        return None
+    fig, (ax1, ax2) = _figure(2)
+    for r in have:
+        color = None
+        for form, style in FORM_LINES.items():
+            xs, ys = _series(r, f"val/form/{form}/f1")
+            if xs:
+                line = ax1.plot(xs, ys, style, marker="o", color=color, label=_plain(f"{r.label}: {form}"))[0]
+                color = line.get_color()
+        for key, style, what in (("yes_no/yes_share", "-", "'yes'"), ("choice/second_share", "--", "option B")):
+            xs, ys = _series(r, f"val/form/{key}")
+            if xs:
+                line = ax2.plot(xs, ys, style, marker="o", color=color, label=_plain(f"{r.label}: {what}"))[0]
+                color = line.get_color()
+    ax1.set(title="validation F1 by question form", xlabel="RL step", ylabel="F1 (%)")
+    ax2.set(title="share of comparison answers that are a constant", xlabel="RL step", ylabel="share", ylim=(0, 1.05))
     for ax in (ax1, ax2):
         ax.legend(fontsize=7)
     return fig
@@ -537,6 +569,7 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
     titles = {
         "reward_and_val_f1": "Training reward and validation F1",
         "learning": "Validation F1 by CPU time and the train reward on revisits",
+        "question_forms": "Validation F1 by question form, and the constant answers",
         "penalties": "Format penalty per agent",
         "behaviour": "Agent behaviour",
         "intra_group_similarity": "Intra-group similarity",

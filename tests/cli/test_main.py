@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mhgpo.data.formats import context_corpus, load_corpus_jsonl, load_hotpotqa
+from mhgpo.data.forms import form_line, form_metrics, is_form_metric
 from mhgpo.data.metrics import score
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,6 +196,10 @@ def test_eval_writes_metrics_and_predictions_that_agree(cli, world, dev_file, ti
         np.mean([p["prediction"].lower().startswith("document") for p in predictions])
     )
     assert metrics["rewriter/num_subqueries"] == float(np.mean([len(p["trace"]["subqueries"]) for p in predictions]))
+    # F1 by question form, from the predictions alone; printed on a line of its own, not among the behaviour
+    assert {k: v for k, v in metrics.items() if is_form_metric(k)} == form_metrics(predictions)
+    line = next(x for x in res.stdout.splitlines() if x.startswith("by question form: "))
+    assert line == "by question form: " + form_line(metrics) and "form/" not in res.stdout
 
 
 def test_eval_without_corpus_searches_the_records_paragraphs(cli, dev_file, tiny_model_dir, tmp_path) -> None:
@@ -403,7 +408,8 @@ def test_demo_prints_a_before_and_after_table(cli, world, dev_file, tiny_model_d
         m = json.loads((run / folder / "metrics.json").read_text())
         assert m["n"] == 2
         assert _table_row(res.stdout, label) == [label, "2", f"{m['acc']:.1f}", f"{m['em']:.1f}", f"{m['f1']:.1f}"]
-    assert "agent behaviour" in res.stdout
+    assert "agent behaviour" in res.stdout and "form/" not in res.stdout  # F1 by form: a table of its own
+    assert "F1 by question form (dev set)" in res.stdout and " questions:" in res.stdout
     # the demo's `precision: auto`: each stage (the validations, the warm start, RL) says what auto decided, and why
     said = [line for line in res.stderr.splitlines() if line.startswith("mhgpo: precision ")]
     assert len(said) >= 3 and all("(auto: " in line for line in said), said

@@ -696,6 +696,18 @@ def test_a_questions_record_counts_the_gold_passages_its_team_dropped_and_its_br
         "gold_dropped": 0,
         "format_broken": True,
     }
+    # with its question and gold answers: the question's form, and on a comparison the constant its answer is
+    asked = {"question": "Who came first, Ann Berg or Bo Lund?", "answers": ["Ann Berg"], "prediction": "Bo Lund"}
+    assert question_record({**_prediction("d", 0.0), **asked}, ("f1",)) == {
+        "id": "d",
+        "f1": 0.0,
+        "form": "choice",
+        "picked": "second",
+    }
+    asked = {"question": "Were both born in Oslo?", "answers": ["no"], "prediction": "Oslo"}
+    assert question_record({**_prediction("e", 0.0), **asked}, ("f1",))["picked"] is None  # neither constant
+    asked = {"question": "Who wrote Tosca?", "answers": ["Ada Brun"], "prediction": "Ada"}
+    assert question_record({**_prediction("f", 0.5), **asked}, ("f1",)) == {"id": "f", "f1": 0.5, "form": "other"}
 
 
 def _curve_result(start: list[tuple[float, int | None]], end: list[float], broken: int = 0) -> dict:
@@ -752,6 +764,52 @@ def test_a_curves_verdict_tells_a_gain_where_the_start_worked_from_a_repair():
     assert lines[2].startswith("| seed | warm start healthy | step 0 | step 25 | step 50 | end (step) | Δ F1 end")
     assert lines[4].startswith("| 0 | — | 0.0 | 40.0 |  | 60.0 (44) | +100.0 [")
     assert lines[5].startswith("| 1 | — | 0.0 | 50.0 | 70.0 | 80.0 (51) | +100.0 [")
+
+
+def _form_result() -> dict:
+    """A row whose whole gain is constant answers: 10 yes/no questions (gold yes, no, ...) answered wrong at the
+    start and "yes" at the end, 10 choices (gold first, second, ...) answered with neither name at the start and the
+    second at the end, 20 other questions unchanged."""
+    yes_no = [("yes_no", g, "no" if g == "yes" else "yes", "yes") for g in ("yes", "no") * 5]
+    choice = [("choice", g, None, "second") for g in ("first", "second") * 5]
+    start, end = [], []
+    for i, (form, gold, before, after) in enumerate(yes_no + choice):
+        start.append({"id": f"q{i}", "f1": float(before == gold), "form": form, "picked": before})
+        end.append({"id": f"q{i}", "f1": float(after == gold), "form": form, "picked": after})
+    start += [{"id": f"o{i}", "f1": 0.5, "form": "other"} for i in range(20)]
+    end += [{"id": f"o{i}", "f1": 0.5, "form": "other"} for i in range(20)]
+    result = _curve_result([(q["f1"], None) for q in start], [q["f1"] for q in end])
+    result["start_questions"], result["val_questions"] = start, end
+    return result
+
+
+def test_a_curves_verdict_reads_the_questions_no_constant_answer_scores_apart():
+    from mhgpo.experiments.curve_page import curve_verdict, form_table, other_change
+
+    constant = _form_result()
+    assert other_change(constant)[:3] == (0.0, 0.0, 0.0) and other_change(constant, worked=True) is None
+    assert curve_verdict([constant, constant]) == (
+        "rises on every seed; on the questions no constant answer scores: flat within noise"
+    )
+    lines = form_table("warm_is", {0: constant})
+    assert lines[0] == "`warm_is` by question form, start → end:"
+    assert lines[4] == (
+        "| 0 | 0.0 → 50.0 (10) | 0.50 → 1.00 | 0.0 → 50.0 (10) | 0.00 → 1.00 | 50.0 → 50.0 (20) "
+        "| +0.0 [+0.0, +0.0] | 0/0 (1) | — |"
+    )
+    # where the start's records count the gold passages dropped: the same on those where the start worked
+    for q in constant["start_questions"]:
+        q["gold_dropped"] = int(q["id"] == "o0")
+    constant["val_questions"][20]["f1"] = 1.0  # o0: a repaired question, not where the start worked
+    constant["val_questions"][21]["f1"] = 1.0  # o1: the start worked there
+    assert curve_verdict([constant]).endswith("on those where the start worked: flat within noise")  # [+0.0, ...]
+    assert form_table("warm_is", {0: constant})[4].endswith("| +2.6 [+0.0, +7.9] (19; 1/0) |")  # 50 points / 19
+    # results that do not say the forms (older versions; filled in from the questions without `picked`)
+    bare = _curve_result([(0.0, None)] * 4, [1.0] * 4)
+    assert form_table("warm_is", {0: bare}) == [] and curve_verdict([bare]) == "rises on every seed"
+    for q in constant["start_questions"] + constant["val_questions"]:
+        q.pop("picked", None)
+    assert "| 0.0 → 50.0 (10) | — | 0.0 → 50.0 (10) | — |" in form_table("warm_is", {0: constant})[4]
 
 
 def test_a_kept_run_whose_record_or_evaluation_config_is_not_one_is_named(tmp_path):

@@ -151,7 +151,13 @@ def test_a_row_validated_every_n_steps_keeps_its_curve(world, tiny_model_dir, tm
     rr = collect(folder)["warm_rr"][0]
     assert rr["steps"] == 4 and rr["settings"]["val_every"] == 2  # 4 × 50 s fill 3.5 minutes
     curve = rr["val_curve"]
-    assert [p["step"] for p in curve] == [0, 2, 4] and set(curve[0]) == {"step", "cpu_minutes", "f1", "em", "acc"}
+    assert [p["step"] for p in curve] == [0, 2, 4]
+    assert set(curve[0]) == {"step", "cpu_minutes", "f1", "em", "acc", "forms"}  # F1 by question form
+    validated = [m for m in rr["steps_metrics"] if "val/f1" in m]
+    assert [p["forms"] for p in curve[1:]] == [
+        {k[len("val/") :]: v for k, v in m.items() if k.startswith(("val/form/", "val/type/"))} for m in validated
+    ]
+    assert sum(curve[2]["forms"].get(f"form/{f}/n", 0) for f in ("yes_no", "choice", "other")) == 2
     assert curve[0]["cpu_minutes"] == 0.0 < curve[1]["cpu_minutes"] < curve[2]["cpu_minutes"]
     assert curve[2]["cpu_minutes"] == pytest.approx(rr["steps_cpu_minutes"], rel=1e-9)
     assert (curve[-1]["f1"], curve[-1]["acc"], curve[-1]["em"]) == (rr["val_f1"], rr["val_acc"], rr["val_em"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mhgpo.config import EvalConfig, load_config
+from mhgpo.data.forms import form_metrics, is_form_metric
 
 SEARCH = ["search.rewriter.max_new_tokens=12", "search.reranker.max_new_tokens=6", "search.answerer.max_new_tokens=8"]
 
@@ -38,5 +39,10 @@ def test_batched_evaluation_equals_one_question_at_a_time(tiny_model_dir, world,
         assert {k: v for k, v in batched.metrics.items() if k != "seconds"} == {
             k: v for k, v in alone.metrics.items() if k != "seconds"
         }
+    # each record says its question's type; the metrics give F1 by question form from the records alone
+    assert [p["type"] for p in alone.predictions] == [e.type for e in examples] and all(e.type for e in examples)
+    forms = form_metrics(alone.predictions)
+    assert {k: v for k, v in alone.metrics.items() if is_form_metric(k)} == forms
+    assert forms["form/yes_no/n"] + forms["form/choice/n"] + forms["form/other/n"] == len(examples)
     outputs = {s["output"] for p in alone.predictions for s in p["trace"]["steps"] if "tool" not in s}
     assert len(outputs) >= 3  # the questions lead to different outputs: the comparison sees something

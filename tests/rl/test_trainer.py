@@ -212,9 +212,10 @@ def test_run_directory_holds_config_metrics_rollouts_events_and_checkpoints(refe
     assert [h["step"] for h in trainer.val_history] == [2, 4]
     assert trainer.val_history[-1] == {
         "step": 4,
-        **{k: rows[-1][k] for k in VAL_KEYS},
+        **{k: v for k, v in rows[-1].items() if k.startswith("val/")},  # F1 by question form with the scores
         "cpu_minutes": rows[-1]["seconds/cpu_steps"] / 60,
     }
+    assert sum(rows[-1].get(f"val/form/{f}/n", 0) for f in ("yes_no", "choice", "other")) == cfg.val_limit
     # each validation's questions, as `mhgpo eval` writes its predictions
     assert sorted(p.name for p in (out / "validation").iterdir()) == ["step_000002.jsonl", "step_000004.jsonl"]
     for step in (2, 4):

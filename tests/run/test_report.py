@@ -27,7 +27,7 @@ def short_run(tmp_path_factory: pytest.TempPathFactory, reference_run) -> Path:
 def test_report_from_a_short_run(short_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
     md = build_report([short_run], out).read_text()
-    expected = ["reward_and_val_f1.png", "learning.png", "penalties.png", "behaviour.png"]
+    expected = ["reward_and_val_f1.png", "learning.png", "question_forms.png", "penalties.png", "behaviour.png"]
     expected += ["intra_group_similarity.png", "cost.png"]
     for name in expected:
         data = (out / name).read_bytes()

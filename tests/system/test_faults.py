@@ -564,6 +564,40 @@ def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_th
     assert_same_eval(out, full_eval)
 
 
+def test_eval_resume_refuses_a_finished_line_whose_question_or_answers_are_not_the_datas(
+    tiny_model_dir,
+    world,
+    tmp_path,
+    capsys,
+    monkeypatch,  # noqa: F811
+) -> None:
+    """The metrics (F1 by question form among them) are computed from the finished lines' questions and answers:
+    a line that changed them is refused, naming the file and line, and nothing is rewritten."""
+    import mhgpo.rl.evaluation as evaluate
+
+    out = tmp_path / "eval"
+    real, calls = evaluate.run_rollouts, []
+
+    def run_rollouts(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # Ctrl-C during the second batch
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "run_rollouts", run_rollouts)
+    assert cli(capsys, *eval_args(tiny_model_dir, world, out))[0] == 130
+    monkeypatch.setattr(evaluate, "run_rollouts", real)
+    path = out / "predictions.jsonl"
+    rows = read_rows(path)
+    for change in ({"answers": ["yes"]}, {"question": "Who?"}, {"answers": 5}):
+        planted = [dict(rows[0]), {**rows[1], **change}, *rows[2:]]
+        path.write_text("".join(json.dumps(r) + "\n" for r in planted))
+        before = path.read_bytes()
+        rc, _, err = cli(capsys, "eval", "--resume", out)
+        assert_one_line_error(rc, err, rf"{path}:2: question .* has another question or gold answers than the data's")
+        assert path.read_bytes() == before and not (out / "metrics.json").exists()
+
+
 def test_a_real_sigint_to_an_eval_process(tiny_model_dir, world, tmp_path, cache_dir) -> None:  # noqa: F811
     out = tmp_path / "eval"
     env = {**os.environ, "MHGPO_CACHE": str(cache_dir), "PYTHONPATH": str(REPO)}
