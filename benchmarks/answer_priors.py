@@ -9,8 +9,9 @@ where the team's answers were worse than a constant. This reads prediction files
 `DIR/predictions.jsonl`, or a run's own `RUN/validation/step_NNNNNN.jsonl`) and prints, per file, on the questions
 all of them share:
 
-- F1 by form: `yes/no` (gold answer yes or no), `choice` (a question ending "..., A or B?" whose gold is A or B),
-  `other` (the rest: bridge questions);
+- F1 by form (`mhgpo.data.forms.question_form`, as validations report it): `yes_no` (gold answer yes or no),
+  `choice` (two options around the question's last " or ", the gold one of them), `other` (the rest: bridge
+  questions);
 - on yes/no questions the share of answers "yes"; on choice questions the shares naming the first and the second;
 - the Reranker's most common selection and its share, and the gold passages it passed on per question (from the
   predictions' traces, where they count them).
@@ -23,7 +24,6 @@ docs/learning.md ("Learning curves at length") has its figures for MHGPO-RR seed
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -31,21 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-CHOICE = re.compile(r",\s*(?P<a>[^,]+?)\s+or\s+(?P<b>[^,]+?)\s*\?\s*$")
-
-
-def normal(text: str) -> str:
-    return text.strip().rstrip("?.!").strip().lower()
-
-
-def form(question: str, gold: str) -> tuple[str, tuple[str, str] | None]:
-    """`yes/no`, `choice` (with its two names) or `other`."""
-    if normal(gold) in ("yes", "no"):
-        return "yes/no", None
-    m = CHOICE.search(question)
-    if m and normal(gold) in (normal(m["a"]), normal(m["b"])):
-        return "choice", (normal(m["a"]), normal(m["b"]))
-    return "other", None
+from mhgpo.data.forms import picked, question_form  # noqa: E402
 
 
 def reranker_info(prediction: dict) -> dict:
@@ -59,14 +45,9 @@ def summary(rows: dict[str, dict], ids: list[str]) -> dict:
     selections, gold_shown, traced = Counter(), 0, 0
     for i in ids:
         p = rows[i]
-        kind, names = form(p["question"], p["answers"][0])
+        kind = question_form(p["question"], p["answers"])
         f1[kind].append(float(p["f1"]))
-        answer = normal(p.get("prediction") or "")
-        if kind == "yes/no":
-            said["yes"] += answer == "yes"
-        elif kind == "choice":
-            said["first"] += answer == names[0]
-            said["second"] += answer == names[1]
+        said[picked(p["question"], p["answers"], p.get("prediction") or "")] += 1
         info = reranker_info(p)
         if "selected" in info:
             selections[tuple(info["selected"])] += 1
@@ -78,7 +59,7 @@ def summary(rows: dict[str, dict], ids: list[str]) -> dict:
         "questions": len(ids),
         "f1": 100 * sum(sum(v) for v in f1.values()) / max(len(ids), 1),
         "f1_by_form": {k: (n[k], 100 * sum(v) / n[k]) for k, v in sorted(f1.items())},
-        "yes_share": said["yes"] / n["yes/no"] if n.get("yes/no") else None,
+        "yes_share": said["yes"] / n["yes_no"] if n.get("yes_no") else None,
         "first_share": said["first"] / n["choice"] if n.get("choice") else None,
         "second_share": said["second"] / n["choice"] if n.get("choice") else None,
     }
