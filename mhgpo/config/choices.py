@@ -12,6 +12,7 @@ SYSTEMS = ("mas", "llm")  # the built-in teams; any other `system` names a workf
 RR_REGROUP = ("fork", "role", "all")
 AGGREGATORS = ("mean", "max", "min", "rand")  # reward.aggr
 SCHEDULES = ("constant", "cosine")  # optim.schedule
+SFT_WEIGHTINGS = ("output", "token")  # warm_start.loss_weighting, mhgpo sft's loss_weighting
 REFERENCES = ("init", "base")  # the KL term's reference policy
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")  # the `precision` key: see mhgpo/model/precision.py
 RETRIEVERS = ("bm25", "dense")  # retrieval.retriever (or the URL of a retrieval service: is_retriever_url)

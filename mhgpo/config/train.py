@@ -13,6 +13,7 @@ from mhgpo.config.choices import (
     REFERENCES,
     RR_REGROUP,
     SCHEDULES,
+    SFT_WEIGHTINGS,
     TRACKERS,
     is_retriever_url,
     one_of,
@@ -215,6 +216,11 @@ class WarmStartConfig:
     """Steps of linear learning-rate warm-up (0: none)."""
     balance_roles: bool = False
     """Every batch holds the roles in equal shares (else drawn at random from all demonstrations)."""
+    loss_weighting: str = "output"
+    """How the cross-entropy weighs the gold tokens: `output` (each demonstration's token mean, then each role's mean
+    over its demonstrations: the RL objective's weights; a short output weighs as much as a long one, so where gold
+    outputs share a beginning, the token that ends the shorter ones outweighs the one that goes on) or `token`
+    (each role's tokens alike, as a language model's loss: an output weighs by its length; then the roles' mean)."""
     limit: int | None = None
     """Training questions to draw demonstrations from (null: all of data)."""
     data: str | None = None
@@ -232,6 +238,10 @@ class WarmStartConfig:
             raise InputError(f"warm_start.lr: must be positive, got {self.lr}")
         if self.schedule not in SCHEDULES:
             raise InputError(f"warm_start.schedule: expected {one_of(SCHEDULES)}, got {self.schedule!r}")
+        if self.loss_weighting not in SFT_WEIGHTINGS:
+            raise InputError(
+                f"warm_start.loss_weighting: expected {one_of(SFT_WEIGHTINGS)}, got {self.loss_weighting!r}"
+            )
         if self.warmup_steps < 0:
             raise InputError(f"warm_start.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if self.limit is not None and self.limit < 1:
@@ -535,6 +545,11 @@ class SFTConfig(TrainingRunConfig):
     """Demonstrations per optimiser step (all roles mixed)."""
     balance_roles: bool = False
     """Every batch holds the roles in equal shares (else drawn at random from all demonstrations)."""
+    loss_weighting: str = "output"
+    """How the cross-entropy weighs the gold tokens: `output` (each demonstration's token mean, then each role's mean
+    over its demonstrations: the RL objective's weights; a short output weighs as much as a long one, so where gold
+    outputs share a beginning, the token that ends the shorter ones outweighs the one that goes on) or `token`
+    (each role's tokens alike, as a language model's loss: an output weighs by its length; then the roles' mean)."""
     limit: int | None = None
     """Training questions to draw demonstrations from (null: all)."""
     output_dir: str = "runs/sft"
@@ -564,6 +579,8 @@ class SFTConfig(TrainingRunConfig):
                 raise InputError(f"{key}: must be >= 0, got {getattr(self, key)}")
         if self.limit is not None and self.limit < 1:
             raise InputError(f"limit: must be at least 1, got {self.limit}")
+        if self.loss_weighting not in SFT_WEIGHTINGS:
+            raise InputError(f"loss_weighting: expected {one_of(SFT_WEIGHTINGS)}, got {self.loss_weighting!r}")
         if self.optim.role_lr:
             raise InputError("optim.role_lr: a warm start trains one shared adapter; set it on the RL run instead")
         if self.lora.per_role:

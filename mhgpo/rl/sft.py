@@ -256,7 +256,7 @@ class SFTTrainer(Trainer):
         """One optimiser step (per-agent mean token NLL, grad norm); the held-out format accuracy when the step
         validates."""
         t0 = time.perf_counter()
-        metrics.update(sft_update(self.setup.policy, samples))
+        metrics.update(sft_update(self.setup.policy, samples, self.cfg.loss_weighting))
         metrics["seconds/train"] = time.perf_counter() - t0
         if self._evaluates_at(self.step + 1) and self.held:
             metrics.update(format_accuracy(self.held, self.setup.workflow, self.setup.generator))
@@ -274,9 +274,29 @@ class SFTTrainer(Trainer):
         return (every > 0 and step % every == 0) or step == self.cfg.steps
 
 
-def sft_update(policy: Any, samples: list[Sample]) -> dict[str, float]:
-    """One optimiser step of the weighted cross-entropy on `samples`, accumulated over packed micro-batches."""
-    weights = token_weights([s.agent for s in samples], [len(s.output_ids) for s in samples])  # (B,)
+def sft_weights(samples: list[Sample], weighting: str = "output") -> torch.Tensor:
+    """(B,) per-token weights of one step's samples: `output`, the RL objective's (`token_weights`: each sample's
+    token mean, its role's sample mean, the roles' mean); `token`, each role's tokens alike (``w_i = 1 / (n_roles *
+    T_role)``, T_role the role's output tokens in the step), the roles' mean. Either way each role's weights add up
+    to 1 / n_roles over its tokens."""
+    agents, lengths = [s.agent for s in samples], [len(s.output_ids) for s in samples]
+    if weighting == "output":
+        return token_weights(agents, lengths)
+    if weighting != "token":
+        raise ValueError(f"unknown weighting {weighting!r}")
+    tokens: dict[Any, int] = {}
+    for agent, n in zip(agents, lengths):
+        tokens[agent] = tokens.get(agent, 0) + n
+    present = [a for a, n in tokens.items() if n > 0]
+    return torch.tensor(
+        [1.0 / (len(present) * tokens[a]) if tokens[a] > 0 else 0.0 for a in agents], dtype=torch.float32
+    )
+
+
+def sft_update(policy: Any, samples: list[Sample], weighting: str = "output") -> dict[str, float]:
+    """One optimiser step of the weighted cross-entropy on `samples` (weighed as `weighting` says: `sft_weights`),
+    accumulated over packed micro-batches."""
+    weights = sft_weights(samples, weighting)  # (B,)
     nll: dict[str, list[float]] = {}
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)

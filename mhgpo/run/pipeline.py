@@ -56,6 +56,7 @@ def warm_start_config(cfg: TrainConfig, out: Path) -> SFTConfig:
         steps=ws.steps,
         batch_size=ws.batch_size,
         balance_roles=ws.balance_roles,
+        loss_weighting=ws.loss_weighting,
         limit=ws.limit,
         output_dir=str(out),
         val_limit=0,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mhgpo.config import RetrievalConfig, SearchConfig, SFTConfig, load_config
+from mhgpo.config import RetrievalConfig, SearchConfig, SFTConfig, TrainConfig, load_config
 from mhgpo.config.eval import AgentSampling
 from mhgpo.data.formats import load_hotpotqa
 from mhgpo.errors import InputError
@@ -147,6 +147,47 @@ def test_sft_loss_is_the_role_averaged_cross_entropy_and_ignores_the_micro_batch
         torch.testing.assert_close(d1[name], d2[name], rtol=1e-5, atol=1e-7)
 
 
+def test_sft_loss_under_token_weighting_is_each_roles_token_mean(tiny_model_dir: Path, tiny_lm) -> None:
+    from mhgpo.config import LoraConfig, OptimConfig
+
+    samples = _samples(tiny_lm)
+    loaded = load_model(str(tiny_model_dir), device="cpu")
+    optim = OptimConfig(lr=1e-3, kl_beta=0.0, micro_batch_tokens=40, gradient_checkpointing=False)
+    policy = Policy(
+        loaded.model, loaded.tokenizer.pad_token_id, optim, LoraConfig(enabled=False), 1, keep_reference=False
+    )
+    nll: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for s in samples:
+            logp, _ = policy.logprobs([s])
+            nll.setdefault(s.agent, []).extend((-logp[0, : len(s.output_ids)]).tolist())
+    metrics = sft_update(policy, samples, "token")
+    assert metrics["loss"] == pytest.approx(sum(sum(v) / len(v) for v in nll.values()) / len(nll), rel=1e-6)
+
+
+def test_token_weighting_weighs_each_roles_tokens_alike() -> None:
+    """`token`: every token of a role weighs the same (an output by its length), each role 1 / n_roles in all;
+    `output`: the RL objective's weights. Where two gold outputs share a beginning ("0" and "0, 3"), the token that
+    ends the short one outweighs the one that goes on under `output`, not under `token`."""
+    from mhgpo.rl.sft import sft_weights
+
+    def sample(agent: str, n: int) -> Sample:
+        return Sample([1], list(range(n)), [], 0.0, agent)
+
+    samples = [sample("reranker", 2), sample("reranker", 2), *[sample("reranker", 4)] * 3, sample("answerer", 3)]
+    w = sft_weights(samples, "token")
+    assert w.tolist() == pytest.approx([1 / 32] * 5 + [1 / 6])  # 16 Reranker tokens, 3 Answerer tokens
+    lengths = torch.tensor([2.0, 2.0, 4.0, 4.0, 4.0, 3.0])
+    assert float((w * lengths)[:5].sum()) == pytest.approx(0.5) and float(w[5] * 3) == pytest.approx(0.5)
+    assert torch.equal(sft_weights(samples), token_weights([s.agent for s in samples], [2, 2, 4, 4, 4, 3]))
+    # after the shared "0": the stop token of the two "0" (samples 0, 1) against the "," of the three "0, 3"
+    out = sft_weights(samples, "output")
+    assert float(out[:2].sum()) > float(out[2:5].sum()) and float(w[:2].sum()) < float(w[2:5].sum())
+    assert sft_weights([sample("a", 0), sample("b", 2)], "token").tolist() == [0.0, 0.5]  # a role without tokens
+    with pytest.raises(ValueError, match="unknown weighting"):
+        sft_weights(samples, "sample")
+
+
 def test_sft_loss_weights_masked_tokens_zero() -> None:
     logp = torch.tensor([[-1.0, -2.0, -50.0], [-3.0, -99.0, -99.0]])
     mask = torch.tensor([[True, True, False], [True, False, False]])
@@ -212,6 +253,10 @@ def test_sft_resume_continues_exactly(tiny_model_dir: Path, world: Path, tmp_pat
 def test_sft_config_errors_name_the_key(tiny_model_dir: Path, world: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="batch_size"):
         sft_config(tiny_model_dir, world, tmp_path / "x", batch_size=0)
+    with pytest.raises(InputError, match="loss_weighting: expected output or token, got .sample."):
+        sft_config(tiny_model_dir, world, tmp_path / "z", loss_weighting="sample")
+    with pytest.raises(InputError, match="warm_start.loss_weighting: expected output or token"):
+        load_config(TrainConfig, None, ["warm_start.loss_weighting=tokens"])
     with pytest.raises(InputError, match="roles: unknown role 'planner'"):
         run_sft(sft_config(tiny_model_dir, world, tmp_path / "y", roles="[planner]"), progress=False)
 

@@ -50,14 +50,17 @@ def test_the_warm_start_config_is_the_runs(tiny_model_dir: Path, world: Path, tm
     assert sft.search == cfg.search and sft.retrieval == cfg.retrieval  # the same prompts
     assert sft.lora.r == 8 and not sft.lora.per_role  # one shared adapter, merged before RL adds its own
     assert (sft.optim.schedule, sft.optim.warmup_steps, sft.balance_roles) == ("constant", 0, False)
+    assert sft.loss_weighting == "output"
     cfg = warm_config(
         tiny_model_dir,
         world,
         tmp_path / "run2",
         **{"warm_start.schedule": "cosine", "warm_start.warmup_steps": 1, "warm_start.balance_roles": "true"},
+        **{"warm_start.loss_weighting": "token"},
     )
     sft = warm_start_config(cfg, tmp_path / "run2" / WARM_START_DIR)
     assert (sft.optim.schedule, sft.optim.warmup_steps, sft.balance_roles) == ("cosine", 1, True)
+    assert sft.loss_weighting == "token"
     with pytest.raises(InputError, match="warm_start.schedule: expected"):
         warm_config(tiny_model_dir, world, tmp_path / "run3", **{"warm_start.schedule": "linear"})
 
