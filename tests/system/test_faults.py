@@ -524,6 +524,22 @@ def assert_same_eval(got: Path, want: Path) -> None:
     assert a == b
 
 
+def interrupt_eval_at(monkeypatch, batch: int):
+    """Make an evaluation's `batch`-th batch of rollouts raise KeyboardInterrupt (Ctrl-C); returns the undo."""
+    import mhgpo.rl.evaluation as evaluate
+
+    real, calls = evaluate.run_rollouts, []
+
+    def run_rollouts(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == batch:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "run_rollouts", run_rollouts)
+    return lambda: monkeypatch.setattr(evaluate, "run_rollouts", real)
+
+
 def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_them(
     full_eval,
     tiny_model_dir,
@@ -532,18 +548,8 @@ def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_th
     capsys,
     monkeypatch,  # noqa: F811
 ) -> None:
-    import mhgpo.rl.evaluation as evaluate
-
     out = tmp_path / "eval"
-    real, calls = evaluate.run_rollouts, []
-
-    def run_rollouts(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:  # Ctrl-C during the third batch
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(evaluate, "run_rollouts", run_rollouts)
+    restore = interrupt_eval_at(monkeypatch, 3)  # Ctrl-C during the third batch
     rc, _, err = cli(capsys, *eval_args(tiny_model_dir, world, out))
     assert rc == 130
     assert err.strip().splitlines()[-1] == (
@@ -553,7 +559,7 @@ def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_th
     kept = read_rows(out / "predictions.jsonl")
     assert kept == read_rows(full_eval / "predictions.jsonl")[:4]
     assert sorted(p.name for p in out.iterdir()) == ["eval_config.yaml", "predictions.jsonl"]
-    monkeypatch.setattr(evaluate, "run_rollouts", real)
+    restore()
     with (out / "predictions.jsonl").open("a") as f:
         f.write('{"id": "cut sh')  # and a line cut short by a kill
     rc, stdout, err = cli(capsys, "eval", "--resume", out)
@@ -564,29 +570,13 @@ def test_ctrl_c_during_eval_keeps_the_finished_questions_and_resume_completes_th
     assert_same_eval(out, full_eval)
 
 
-def test_eval_resume_refuses_a_finished_line_whose_question_or_answers_are_not_the_datas(
-    tiny_model_dir,
-    world,
-    tmp_path,
-    capsys,
-    monkeypatch,  # noqa: F811
-) -> None:
+def test_eval_resume_refuses_lines_whose_question_changed(tiny_model_dir, world, tmp_path, capsys, monkeypatch) -> None:  # noqa: F811,E501
     """The metrics (F1 by question form among them) are computed from the finished lines' questions and answers:
     a line that changed them is refused, naming the file and line, and nothing is rewritten."""
-    import mhgpo.rl.evaluation as evaluate
-
     out = tmp_path / "eval"
-    real, calls = evaluate.run_rollouts, []
-
-    def run_rollouts(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # Ctrl-C during the second batch
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(evaluate, "run_rollouts", run_rollouts)
+    restore = interrupt_eval_at(monkeypatch, 2)  # Ctrl-C during the second batch
     assert cli(capsys, *eval_args(tiny_model_dir, world, out))[0] == 130
-    monkeypatch.setattr(evaluate, "run_rollouts", real)
+    restore()
     path = out / "predictions.jsonl"
     rows = read_rows(path)
     for change in ({"answers": ["yes"]}, {"question": "Who?"}, {"answers": 5}):
