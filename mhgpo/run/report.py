@@ -569,7 +569,7 @@ def build_report(run_dirs: list[Path], out: Path) -> Path:
     titles = {
         "reward_and_val_f1": "Training reward and validation F1",
         "learning": "Validation F1 by CPU time and the train reward on revisits",
-        "question_forms": "Validation F1 by question form, and the constant answers",
+        "question_forms": "Validation F1 by question form and the constant answers",
         "penalties": "Format penalty per agent",
         "behaviour": "Agent behaviour",
         "intra_group_similarity": "Intra-group similarity",
